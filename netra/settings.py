@@ -1,0 +1,61 @@
+"""Every environment variable Netra reads, with its type and meaning (one place, typed).
+
+A malformed value is an error that names the variable; nothing here is read on a launch path.
+Add a variable by adding one `Setting` to `SETTINGS`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class SettingError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    type: type
+    default: Any
+    meaning: str
+
+    def read(self) -> Any:
+        raw = os.environ.get(self.name)
+        if raw is None or raw == "":
+            return self.default
+        if self.type is bool:
+            low = raw.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise SettingError(f"{self.name}={raw!r}: expected one of 1/0/true/false/yes/no/on/off")
+        try:
+            return self.type(raw)
+        except (TypeError, ValueError) as exc:
+            raise SettingError(f"{self.name}={raw!r}: expected {self.type.__name__} ({self.meaning})") from exc
+
+
+SETTINGS: dict[str, Setting] = {
+    s.name: s
+    for s in (
+        Setting("NETRA_BUILD_DIR", Path, REPO_ROOT / "build", "where `netra kernels build` writes code objects"),
+        Setting("NETRA_RUN_DIR", Path, REPO_ROOT / "run", "launch records, logs, sockets and pid files"),
+        Setting("NETRA_LOG_LEVEL", str, "INFO", "logging level of netra processes"),
+        Setting("NETRA_DISABLE_TACTICS", bool, False, "force every op onto its fallback (A/B control arm)"),
+    )
+}
+
+
+def get(name: str) -> Any:
+    try:
+        setting = SETTINGS[name]
+    except KeyError as exc:
+        raise SettingError(f"unknown setting {name!r}; known: {sorted(SETTINGS)}") from exc
+    return setting.read()
