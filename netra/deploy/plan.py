@@ -1,0 +1,269 @@
+"""One profile + one node topology (+ launch overrides) -> one resolved plan with a canonical hash.
+
+Every identity of a worker derives from the profile, the worker index and the overrides: its GPU,
+NUMA node, CPU set and memory node (placement), its engine and response-layer ports, its command
+lines, environment and log paths. `Plan.canonical_json()` (sorted keys, compact) and `Plan.sha256()`
+identify exactly what `netra launch` starts; the launch record keeps that hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from netra import settings
+from netra.deploy.profile import Profile, ProfileError, _to_plain, canonical_json
+from netra.deploy.topology import Placement, PlacementError, Topology, format_cpulist, place, read_topology
+
+LOOPBACK = "127.0.0.1"
+PLAN_VERSION = 1
+
+
+class PlanError(ValueError):
+    """The profile cannot be turned into a plan here; the message names the cause."""
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Launch-time overrides (so that tests and several launches share one host without collisions)."""
+
+    front_port: int | None = None
+    front_host: str | None = None
+    # Worker i's engine listens on port_base + 2i and its response layer on port_base + 2i + 1.
+    port_base: int | None = None
+    run_dir: Path | None = None
+    workers: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"front_port": self.front_port, "front_host": self.front_host, "port_base": self.port_base,
+                "run_dir": str(self.run_dir) if self.run_dir else None, "workers": self.workers}
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    index: int
+    gpu: int | None  # index in PCI bus order among the target vendor's GPUs
+    gpu_pci: str | None
+    numa_node: int | None
+    cpus: tuple[int, ...]  # physical cores of the share and all their SMT siblings
+    physical_cores: int
+    mem_node: int | None  # memory bound to this node (MPOL_BIND) when known
+    engine_port: int
+    serve_port: int
+    engine_argv: tuple[str, ...]
+    engine_env: dict[str, str]
+    serve_argv: tuple[str, ...]
+    serve_env: dict[str, str]
+    engine_log: str
+    serve_log: str
+    # Options the worker must report at GET /server_info (the audit compares them).
+    engine_expect: dict[str, Any]
+
+    @property
+    def cpulist(self) -> str:
+        return format_cpulist(self.cpus)
+
+    @property
+    def engine_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.engine_port}"
+
+    @property
+    def serve_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.serve_port}"
+
+
+@dataclass(frozen=True)
+class FrontPlan:
+    host: str
+    port: int
+    balance: str
+    worker_processes: int
+    worker_connections: int
+    keepalive: int
+    worker_rlimit_nofile: int
+    max_fails: int
+    fail_timeout_s: int
+    read_timeout_s: int
+    connect_timeout_s: int
+    upstreams: tuple[str, ...]  # host:port of each worker's response layer, in worker order
+    conf_path: str
+    pid_path: str
+    error_log: str
+    access_log: str
+
+    @property
+    def url(self) -> str:
+        host = LOOPBACK if self.host in ("0.0.0.0", "::") else self.host
+        return f"http://{host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    profile_name: str
+    profile_sha256: str
+    profile: dict[str, Any]
+    overrides: dict[str, Any]
+    target: str
+    engine_kind: str
+    dp: int
+    run_dir: str
+    record_path: str
+    topology: str
+    workers: tuple[WorkerPlan, ...]
+    front: FrontPlan
+    supervisor: dict[str, Any]
+    version: int = PLAN_VERSION
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_plain(self)
+
+    def canonical_json(self) -> str:
+        return canonical_json(self.to_dict())
+
+    def sha256(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+
+def default_run_dir(profile: Profile) -> Path:
+    return Path(settings.get("NETRA_RUN_DIR")) / profile.name
+
+
+def _netra_engine_argv(profile: Profile, port: int) -> tuple[list[str], dict[str, Any]]:
+    """`netra engine` flags, spelled as SGLang spells them where SGLang has them."""
+    e = profile.engine
+    assert e.preset is not None  # profile cross-checks
+    argv = ["netra", "engine", "--preset", e.preset, "--host", LOOPBACK, "--port", str(port),
+            "--max-running-requests", str(e.max_running_requests), "--context-length", str(e.context_length),
+            "--chunked-prefill-size", str(e.chunked_prefill_size)]
+    if e.cuda_graph_bs:
+        argv += ["--cuda-graph-bs", *[str(b) for b in e.cuda_graph_bs]]
+    argv += ["--stream-interval", str(e.stream_interval)]
+    if e.incremental_streaming_output:
+        argv.append("--incremental-streaming-output")
+    argv += ["--kv-cache-dtype", e.kv_cache_dtype]
+    if e.mamba_ssm_dtype is not None:
+        argv += ["--mamba-ssm-dtype", e.mamba_ssm_dtype]
+    argv += ["--device", e.device, "--seed", str(e.seed)]
+    if e.model_path is not None:
+        argv += ["--model-path", e.model_path]
+    expect: dict[str, Any] = {
+        "preset": e.preset, "port": port, "max_running_requests": e.max_running_requests,
+        "context_length": e.context_length, "chunked_prefill_size": e.chunked_prefill_size,
+        "stream_interval": e.stream_interval, "incremental_streaming_output": e.incremental_streaming_output,
+        "kv_cache_dtype": e.kv_cache_dtype, "device": e.device, "seed": e.seed,
+    }
+    if e.cuda_graph_bs:
+        expect["cuda_graph_bs"] = list(e.cuda_graph_bs)
+    if e.mamba_ssm_dtype is not None:
+        expect["mamba_ssm_dtype"] = e.mamba_ssm_dtype
+    return argv, expect
+
+
+def _sglang_expect(profile: Profile, port: int) -> dict[str, Any]:
+    """What SGLang's /server_info reports for the options the profile sets (its dest names)."""
+    e = profile.engine
+    expect: dict[str, Any] = {
+        "port": port, "max_running_requests": e.max_running_requests, "context_length": e.context_length,
+        "chunked_prefill_size": e.chunked_prefill_size, "stream_interval": e.stream_interval,
+        "incremental_streaming_output": e.incremental_streaming_output, "kv_cache_dtype": e.kv_cache_dtype,
+        "disable_radix_cache": e.disable_radix_cache, "enable_metrics": e.enable_metrics,
+    }
+    if e.mem_fraction_static is not None:
+        expect["mem_fraction_static"] = e.mem_fraction_static
+    if e.cuda_graph_bs:
+        expect["cuda_graph_bs_decode"] = list(e.cuda_graph_bs)
+    if e.mamba_ssm_dtype is not None:
+        expect["mamba_ssm_dtype"] = e.mamba_ssm_dtype
+    if e.speculative is not None:
+        expect["speculative_algorithm"] = e.speculative.algorithm
+    return expect
+
+
+def _sglang_module() -> Any:
+    try:
+        from netra.deploy import sglang
+    except ModuleNotFoundError as exc:
+        if exc.name != "netra.deploy.sglang":
+            raise
+        raise PlanError("this profile runs SGLang workers, but SGLang command rendering "
+                        "(netra.deploy.sglang) is not available in this checkout") from None
+    return sglang
+
+
+def _engine(profile: Profile, place_: Placement, port: int) -> tuple[list[str], dict[str, str], dict[str, Any]]:
+    env: dict[str, str] = {"OMP_NUM_THREADS": str(max(1, place_.physical_cores))}
+    gpus = [place_.gpu.index] if place_.gpu is not None else []
+    if profile.engine.kind == "sglang":
+        sg = _sglang_module()
+        argv = [str(a) for a in sg.render_argv(profile, host=LOOPBACK, port=port)]
+        env.update({str(k): str(v) for k, v in sg.worker_env(profile, gpus).items()})
+        expect = _sglang_expect(profile, port)
+    else:
+        argv, expect = _netra_engine_argv(profile, port)
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    if profile.gpu_vendor == "nvidia":
+        # GPU indices above are PCI bus order; CUDA's default order is "fastest first".
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    return argv, env, expect
+
+
+def make_plan(profile: Profile, topology_dir: str | Path | None = None, overrides: Overrides | None = None,
+              *, topology: Topology | None = None) -> Plan:
+    """Resolve a profile into a plan; raises PlanError / PlacementError naming the cause."""
+    ov = overrides or Overrides()
+    dp = ov.workers if ov.workers is not None else profile.dp
+    if dp < 1:
+        raise PlanError(f"--workers {dp}: at least one worker is needed")
+    topo = topology if topology is not None else read_topology(topology_dir)
+    placements = place(topo, profile.gpu_vendor, dp)
+    run_dir = Path(ov.run_dir if ov.run_dir is not None else default_run_dir(profile)).absolute()
+    for name, port in (("--front-port", ov.front_port), ("--port-base", ov.port_base)):
+        if port is not None and not 1 <= port <= 65535:
+            raise PlanError(f"{name} {port}: not a TCP port")
+    if ov.port_base is not None and ov.port_base + 2 * dp - 1 > 65535:
+        raise PlanError(f"--port-base {ov.port_base}: {2 * dp} ports do not fit below 65536")
+    workers: list[WorkerPlan] = []
+    for i, pl in enumerate(placements):
+        if ov.port_base is not None:
+            engine_port, serve_port = ov.port_base + 2 * i, ov.port_base + 2 * i + 1
+        else:
+            engine_port, serve_port = profile.ports.engine_base + i, profile.ports.serve_base + i
+        argv, env, expect = _engine(profile, pl, engine_port)
+        serve_argv = ["netra", "serve", "--upstream", f"http://{LOOPBACK}:{engine_port}", "--host", LOOPBACK,
+                      "--port", str(serve_port), "--stream-interval", str(profile.engine.stream_interval),
+                      "--model-name", profile.serve.model_name]
+        workers.append(WorkerPlan(
+            index=i, gpu=pl.gpu.index if pl.gpu else None, gpu_pci=pl.gpu.pci if pl.gpu else None,
+            numa_node=pl.numa_node, cpus=pl.cpus, physical_cores=pl.physical_cores, mem_node=pl.mem_node,
+            engine_port=engine_port, serve_port=serve_port, engine_argv=tuple(argv),
+            engine_env=dict(sorted(env.items())), serve_argv=tuple(serve_argv), serve_env={},
+            engine_log=str(run_dir / f"worker{i}.engine.log"), serve_log=str(run_dir / f"worker{i}.serve.log"),
+            engine_expect=expect))
+    f = profile.front
+    front_port = ov.front_port if ov.front_port is not None else f.port
+    ports = [front_port] + [p for w in workers for p in (w.engine_port, w.serve_port)]
+    if len(set(ports)) != len(ports):
+        raise PlanError(f"port collision in the plan: {sorted(ports)}")
+    front = FrontPlan(
+        host=ov.front_host or f.host, port=front_port, balance=f.balance, worker_processes=f.worker_processes,
+        worker_connections=f.worker_connections, keepalive=f.keepalive,
+        worker_rlimit_nofile=f.worker_rlimit_nofile, max_fails=f.max_fails, fail_timeout_s=f.fail_timeout_s,
+        read_timeout_s=f.read_timeout_s, connect_timeout_s=f.connect_timeout_s,
+        upstreams=tuple(f"{LOOPBACK}:{w.serve_port}" for w in workers),
+        conf_path=str(run_dir / "nginx.conf"), pid_path=str(run_dir / "nginx.pid"),
+        error_log=str(run_dir / "nginx.error.log"), access_log=str(run_dir / "nginx.access.log"))
+    notes = []
+    if profile.uses_gpus and not topo.has_numa:
+        notes.append(f"{topo.source} has no NUMA information: workers share all cores, memory unbound")
+    return Plan(
+        profile_name=profile.name, profile_sha256=profile.sha256(), profile=profile.to_dict(),
+        overrides=ov.to_dict(), target=profile.target, engine_kind=profile.engine.kind, dp=dp,
+        run_dir=str(run_dir), record_path=str(run_dir / "launch.json"), topology=topo.describe(),
+        workers=tuple(workers), front=front, supervisor=_to_plain(profile.supervisor), notes=tuple(notes))
+
+
+__all__ = ["Overrides", "PlacementError", "Plan", "PlanError", "ProfileError", "WorkerPlan", "make_plan"]
