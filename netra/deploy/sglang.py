@@ -1,0 +1,390 @@
+"""SGLang worker commands: render them from a profile, and check them with SGLang's own parser.
+
+`render_argv(profile, host=, port=)` turns a profile with ``engine.kind: sglang`` into the worker's
+``python3 -m sglang.launch_server ...`` command, spelled as the pinned SGLang (0.5.23, see
+`requirements/nodeps.txt`) spells its options. `worker_env(profile, gpus)` is the environment that
+pins the worker to its GPU(s).
+
+`check_argv(argv)` parses a rendered command with ``sglang.srt.server_args.prepare_server_args`` —
+SGLang's own parser, from the pinned wheel — and returns the parsed record's fields. The article's
+DP8 run was silently invalid because a wrapper dropped engine options; this is the check that a
+rendered option is one SGLang knows, spelled exactly (argparse would otherwise accept an
+abbreviation), with a value SGLang accepts, and that it lands on the field Netra meant
+(`check_profile`).
+
+Why a subprocess: the pinned wheel is installed with ``--no-deps`` (its full dependency set is
+CUDA/ROCm-only), so importing its parser needs two documented shims that must not leak into the
+caller's process (see `_import_server_args`), and ``prepare_server_args`` reconfigures the root
+logger. One child process parses a whole batch of commands (~3 s, mostly ``import torch``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+SGLANG_VERSION = "0.5.23"
+LAUNCH_PREFIX: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
+# The child's command-line switch (this module run with `python -m netra.deploy.sglang`).
+_CHILD_FLAG = "--netra-parse-stdin"
+_CHILD_TIMEOUT_S = 180.0
+
+# Visible-devices variable per GPU target: CUDA for sm90, HIP for gfx950 (ROCm also honours
+# CUDA_VISIBLE_DEVICES through HIP, but HIP_VISIBLE_DEVICES is the one its runtime documents).
+VISIBLE_DEVICES_VAR: dict[str, str] = {"sm90": "CUDA_VISIBLE_DEVICES", "gfx950": "HIP_VISIBLE_DEVICES"}
+
+
+class SGLangArgsError(ValueError):
+    """A rendered SGLang command that SGLang's parser rejects, or that lost an option on the way."""
+
+
+class SGLangUnavailable(RuntimeError):
+    """The pinned SGLang wheel (or its parser's few imports) is not installed here."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """One rendered option: its exact 0.5.23 spelling, the ServerArgs field it sets, and the value
+    that field must hold after parsing (None for store-true flags: the field must be True)."""
+
+    flag: str
+    dest: str
+    value: Any = None
+
+    def tokens(self) -> list[str]:
+        if self.value is None:
+            return [self.flag]
+        if isinstance(self.value, list | tuple):
+            return [self.flag, *(str(v) for v in self.value)]
+        return [self.flag, str(self.value)]
+
+    def expected(self) -> Any:
+        if self.value is None:
+            return True
+        if isinstance(self.value, tuple):
+            return list(self.value)
+        return self.value
+
+
+@dataclass(frozen=True)
+class ServerArgsView:
+    """The fields of the ServerArgs record SGLang's parser built from one command (JSON-plain values).
+
+    Attribute access reads a field (``view.max_running_requests``); unknown names raise AttributeError.
+    """
+
+    argv: tuple[str, ...]
+    fields: Mapping[str, Any] = field(repr=False)
+    sglang_version: str = ""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            return self.fields[name]
+        except KeyError:
+            raise AttributeError(f"SGLang ServerArgs has no field {name!r}") from None
+
+
+# --- rendering --------------------------------------------------------------------------------------
+
+
+def _require_sglang(profile: Any) -> None:
+    if profile.engine.kind != "sglang":
+        raise ValueError(f"profile {profile.name!r}: engine.kind is {profile.engine.kind!r}, not sglang")
+    if profile.target not in VISIBLE_DEVICES_VAR:
+        raise ValueError(f"profile {profile.name!r}: SGLang workers need a GPU target, not {profile.target!r}")
+
+
+def options(profile: Any, *, host: str, port: int) -> list[Option]:
+    """The worker's SGLang options, in rendering order, each with the field it must set."""
+    _require_sglang(profile)
+    e = profile.engine
+    opts = [
+        Option("--model-path", "model_path", e.model_path),
+        Option("--served-model-name", "served_model_name", profile.serve.model_name),
+        Option("--host", "host", host),
+        Option("--port", "port", int(port)),
+        # One GPU per worker: DP happens across workers behind nginx, never inside SGLang.
+        Option("--tp-size", "tp_size", 1),
+        Option("--dp-size", "dp_size", 1),
+        Option("--random-seed", "random_seed", e.seed),
+        Option("--max-running-requests", "max_running_requests", e.max_running_requests),
+        Option("--context-length", "context_length", e.context_length),
+        Option("--chunked-prefill-size", "chunked_prefill_size", e.chunked_prefill_size),
+        Option("--stream-interval", "stream_interval", e.stream_interval),
+    ]
+    revision = getattr(getattr(profile, "checkpoint", None), "revision", None)
+    if revision:
+        opts.append(Option("--revision", "revision", revision))
+    if e.mem_fraction_static is not None:
+        opts.append(Option("--mem-fraction-static", "mem_fraction_static", e.mem_fraction_static))
+    if e.cuda_graph_bs:
+        # The explicit bucket list plus its maximum: SGLang pads a batch up to the next captured size,
+        # and a max below max_running_requests leaves the top of the range eager (the launcher
+        # refuses that; here we only spell what the profile says).
+        opts.append(Option("--cuda-graph-bs-decode", "cuda_graph_bs_decode", tuple(e.cuda_graph_bs)))
+        opts.append(Option("--cuda-graph-max-bs-decode", "cuda_graph_max_bs_decode", max(e.cuda_graph_bs)))
+    else:
+        opts.append(Option("--disable-cuda-graph", "disable_cuda_graph"))
+    if e.kv_cache_dtype != "auto":
+        opts.append(Option("--kv-cache-dtype", "kv_cache_dtype", e.kv_cache_dtype))
+    if e.mamba_ssm_dtype is not None:
+        opts.append(Option("--mamba-ssm-dtype", "mamba_ssm_dtype", e.mamba_ssm_dtype))
+    if e.disable_radix_cache:
+        opts.append(Option("--disable-radix-cache", "disable_radix_cache"))
+    if e.incremental_streaming_output:
+        opts.append(Option("--incremental-streaming-output", "incremental_streaming_output"))
+    if e.enable_metrics:
+        opts.append(Option("--enable-metrics", "enable_metrics"))
+    backend = getattr(e, "attention_backend", None)
+    if backend:
+        opts.append(Option("--attention-backend", "attention_backend", backend))
+    spec = e.speculative
+    if spec is not None:
+        opts.append(Option("--speculative-algorithm", "speculative_algorithm", spec.algorithm))
+        opts.append(Option("--speculative-draft-model-path", "speculative_draft_model_path",
+                           spec.draft_model_path))
+        if spec.algorithm == "DFLASH":
+            # 0.5.23: for DFLASH the block size is the verify window; it is the same quantity as
+            # --speculative-num-draft-tokens and SGLang refuses the two when they differ, so only the
+            # DFLASH spelling is rendered.
+            opts.append(Option("--speculative-dflash-block-size", "speculative_dflash_block_size",
+                               spec.num_draft_tokens))
+        else:
+            opts.append(Option("--speculative-num-draft-tokens", "speculative_num_draft_tokens",
+                               spec.num_draft_tokens))
+        if spec.num_steps is not None:
+            opts.append(Option("--speculative-num-steps", "speculative_num_steps", spec.num_steps))
+        if spec.eagle_topk is not None:
+            opts.append(Option("--speculative-eagle-topk", "speculative_eagle_topk", spec.eagle_topk))
+        if spec.draft_window_size is not None:
+            opts.append(Option("--speculative-draft-window-size", "speculative_draft_window_size",
+                               spec.draft_window_size))
+    return opts
+
+
+def render_argv(profile: Any, *, host: str, port: int) -> list[str]:
+    """The worker's launch command: ``python3 -m sglang.launch_server`` and its options."""
+    argv = list(LAUNCH_PREFIX)
+    for opt in options(profile, host=host, port=port):
+        argv += opt.tokens()
+    return argv
+
+
+def expected_fields(profile: Any, *, host: str, port: int) -> dict[str, Any]:
+    """ServerArgs field -> the value the rendered command must give it."""
+    return {opt.dest: opt.expected() for opt in options(profile, host=host, port=port)}
+
+
+def worker_env(profile: Any, gpus: list[int]) -> dict[str, str]:
+    """The worker's environment: the visible-devices variable for its GPU(s) plus the profile's own.
+
+    In a container with an NVIDIA device reservation the runtime already narrows the GPUs, and the
+    one GPU shows up as index 0: callers there pass ``gpus=[0]`` (netra/deploy/compose.py does).
+    """
+    _require_sglang(profile)
+    if not gpus:
+        raise ValueError(f"profile {profile.name!r}: a worker needs at least one GPU")
+    if any(not isinstance(g, int) or isinstance(g, bool) or g < 0 for g in gpus):
+        raise ValueError(f"profile {profile.name!r}: GPU indices must be non-negative integers, got {gpus}")
+    env: dict[str, str] = {}
+    for source in (getattr(profile, "env", None), getattr(profile.engine, "env", None)):
+        if source:
+            env.update({str(k): str(v) for k, v in dict(source).items()})
+    var = VISIBLE_DEVICES_VAR[profile.target]
+    if var in env:
+        raise ValueError(f"profile {profile.name!r}: env sets {var}; placement owns it")
+    env[var] = ",".join(str(g) for g in gpus)
+    return env
+
+
+# --- checking with SGLang's parser ------------------------------------------------------------------
+
+_CACHE: dict[tuple[str, ...], ServerArgsView | str] = {}
+
+
+def check_argv(argv: Sequence[str]) -> ServerArgsView:
+    """Parse one rendered command with SGLang's `prepare_server_args`; raise naming a bad option."""
+    return check_argvs([argv])[0]
+
+
+def parse_many(argvs: Iterable[Sequence[str]]) -> list[ServerArgsView | str]:
+    """Parse many commands in one child process: a `ServerArgsView` per accepted command, SGLang's
+    error (naming the option) per rejected one. Results are cached per command for this process."""
+    keys = [tuple(str(t) for t in a) for a in argvs]
+    todo = sorted({k for k in keys if k not in _CACHE})
+    if todo:
+        reply = _run_child([list(k) for k in todo])
+        version = str(reply.get("sglang_version", ""))
+        for key, res in zip(todo, reply["results"], strict=True):
+            if "error" in res:
+                _CACHE[key] = str(res["error"])
+            else:
+                _CACHE[key] = ServerArgsView(argv=key, fields=res["fields"], sglang_version=version)
+    return [_CACHE[k] for k in keys]
+
+
+def check_argvs(argvs: Iterable[Sequence[str]]) -> list[ServerArgsView]:
+    """Parse many commands; raise `SGLangArgsError` listing every rejected command and the option
+    SGLang named, or `SGLangUnavailable` when the parser cannot be imported here."""
+    keys = [tuple(str(t) for t in a) for a in argvs]
+    results = parse_many(keys)
+    errors = [f"{r}  [command: {' '.join(k)}]" for k, r in zip(keys, results, strict=True) if isinstance(r, str)]
+    if errors:
+        raise SGLangArgsError(f"SGLang {SGLANG_VERSION} rejects {len(errors)} command(s):\n  "
+                              + "\n  ".join(errors))
+    return [r for r in results if isinstance(r, ServerArgsView)]
+
+
+def check_profile(profile: Any, *, host: str = "127.0.0.1", port: int = 30000) -> ServerArgsView:
+    """Render, parse, and check that every rendered option set exactly the field it was meant for."""
+    view = check_argv(render_argv(profile, host=host, port=port))
+    problems = compare_fields(view, expected_fields(profile, host=host, port=port))
+    if problems:
+        raise SGLangArgsError(f"profile {profile.name!r}: " + "; ".join(problems))
+    return view
+
+
+def compare_fields(view: ServerArgsView, expected: Mapping[str, Any]) -> list[str]:
+    """Each field whose parsed value differs from what Netra rendered, named with both values."""
+    problems = []
+    for dest, want in expected.items():
+        if dest not in view.fields:
+            problems.append(f"option for {dest!r} reached no ServerArgs field")
+            continue
+        got = view.fields[dest]
+        if got != want:
+            problems.append(f"{dest}: rendered {want!r} but SGLang parsed {got!r}")
+    return problems
+
+
+def _run_child(argvs: list[list[str]]) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "netra.deploy.sglang", _CHILD_FLAG]
+    try:
+        proc = subprocess.run(cmd, input=json.dumps({"argvs": argvs}), capture_output=True, text=True,
+                              timeout=_CHILD_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise SGLangUnavailable(f"SGLang parser child did not answer within {_CHILD_TIMEOUT_S:.0f} s") from exc
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-8:]
+        raise SGLangUnavailable("cannot run SGLang's parser (pip install --no-deps -r requirements/nodeps.txt"
+                                " and the pins in requirements/dev.txt):\n  " + "\n  ".join(tail))
+    reply: dict[str, Any] = json.loads(proc.stdout)
+    return reply
+
+
+# --- the child: import SGLang's parser and parse ------------------------------------------------------
+
+
+def _import_server_args() -> tuple[Any, list[str]]:
+    """Import ``sglang.srt.server_args`` from the pinned wheel; returns it and the shims applied.
+
+    Two shims, both outside the parser:
+    1. ``sglang/__init__.py`` is SGLang's public frontend (the ``sglang.lang`` DSL and Hugging Face
+       transformers patches) and imports transformers; the parser never uses it. The ``sglang``
+       package is registered bare (same ``__path__``, its ``__init__`` not run), so ``sglang.srt.*``
+       imports from the wheel unchanged.
+    2. ``triton`` (a GPU compiler, no CPU wheel that belongs in a CPU venv) is imported at the top of
+       ``sglang.srt.utils.common`` for kernel helpers. When it is absent an inert module stands in;
+       any attribute use raises, so if a parser path ever touched it the check would fail loudly.
+    Everything else on the import chain is real: torch (CPU), msgspec, psutil, pybase64, requests,
+    pyzmq, numpy, orjson, pydantic, fastapi/starlette, PIL.
+    """
+    import importlib.machinery
+    import importlib.util
+    import types
+
+    shims: list[str] = []
+    if "sglang" not in sys.modules:
+        spec = importlib.util.find_spec("sglang")
+        if spec is None or not spec.submodule_search_locations:
+            raise SGLangUnavailable(f"sglang=={SGLANG_VERSION} is not installed (requirements/nodeps.txt)")
+        pkg = types.ModuleType("sglang", "SGLang package, frontend __init__ not run (netra parser shim)")
+        pkg.__path__ = list(spec.submodule_search_locations)
+        pkg.__spec__ = importlib.machinery.ModuleSpec("sglang", None, is_package=True)
+        pkg.__spec__.submodule_search_locations = pkg.__path__
+        sys.modules["sglang"] = pkg
+        shims.append("sglang/__init__ (frontend) skipped")
+    if importlib.util.find_spec("triton") is None:
+
+        class _Absent(types.ModuleType):
+            def __getattr__(self, name: str) -> Any:
+                if name.startswith("__"):
+                    raise AttributeError(name)
+                raise RuntimeError(f"triton.{name}: triton is not installed (netra parser shim)")
+
+        absent = _Absent("triton")
+        absent.__spec__ = importlib.machinery.ModuleSpec("triton", None)
+        sys.modules["triton"] = absent
+        shims.append("triton absent (inert module)")
+    import sglang.srt.server_args as server_args
+
+    return server_args, shims
+
+
+def _parse_one(sa: Any, argv: list[str], known_flags: frozenset[str]) -> dict[str, Any]:
+    if tuple(argv[: len(LAUNCH_PREFIX)]) != LAUNCH_PREFIX:
+        return {"error": f"not an SGLang launch command (must start with {' '.join(LAUNCH_PREFIX)!r})"}
+    args = argv[len(LAUNCH_PREFIX):]
+    # argparse accepts any unambiguous prefix of an option; a rendered command must use the exact
+    # spelling, or a renamed option in a later SGLang would still "parse" by accident.
+    for tok in args:
+        if tok.startswith("--"):
+            flag = tok.split("=", 1)[0]
+            if flag not in known_flags:
+                return {"error": f"option {flag}: not an exact SGLang {SGLANG_VERSION} option"}
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            record = sa.prepare_server_args(args)
+    except SystemExit:
+        lines = [ln for ln in err.getvalue().splitlines() if "error:" in ln]
+        return {"error": lines[-1].split("error:", 1)[1].strip() if lines else err.getvalue().strip()}
+    except Exception as exc:  # a type converter or validator raising: report it, keep parsing the batch
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    algo = getattr(record, "speculative_algorithm", None)
+    if algo is not None:
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        try:
+            SpeculativeAlgorithm.from_string(algo)
+        except ValueError as exc:
+            return {"error": f"option --speculative-algorithm: {exc}"}
+    fields = {f.name: sa._plain(getattr(record, f.name)) for f in sa.record_fields(type(record))}
+    return {"fields": json.loads(json.dumps(fields, default=repr))}
+
+
+def _child_main() -> int:
+    request = json.load(sys.stdin)
+    reply_to = sys.stdout
+    # SGLang may print while importing or parsing; only the JSON reply goes to the real stdout.
+    with contextlib.redirect_stdout(sys.stderr):
+        reply = _child_reply(request)
+    reply_to.write(json.dumps(reply))
+    return 0
+
+
+def _child_reply(request: dict[str, Any]) -> dict[str, Any]:
+    import argparse
+    from importlib import metadata
+
+    sa, shims = _import_server_args()
+    version = metadata.version("sglang")
+    if version != SGLANG_VERSION:
+        raise SGLangUnavailable(f"sglang {version} is installed; Netra renders for {SGLANG_VERSION}")
+    parser = argparse.ArgumentParser()
+    sa.ServerArgs.add_cli_args(parser)
+    known = frozenset(s for action in parser._actions for s in action.option_strings)
+    results = [_parse_one(sa, list(argv), known) for argv in request["argvs"]]
+    return {"sglang_version": version, "shims": shims, "results": results}
+
+
+if __name__ == "__main__" and _CHILD_FLAG in sys.argv:
+    sys.exit(_child_main())

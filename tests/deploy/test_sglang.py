@@ -1,0 +1,185 @@
+"""SGLang worker commands, checked by SGLang's own parser (the pinned 0.5.23 wheel, --no-deps).
+
+All commands these tests parse go through one child process (the `parsed` fixture primes the cache),
+so the module costs one `import torch` + SGLang parser import, not one per test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from netra.deploy import sglang as sg
+from netra.deploy.plan import LOOPBACK, make_plan
+from netra.deploy.profile import Profile, list_profiles, load_profile, profile_from_dict
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURE_BY_TARGET = {"sm90": REPO / "numa/dual-socket-8x-h200", "gfx950": REPO / "numa/dual-socket-8x-mi350x"}
+BUCKETS = [1, 2, 4, 8, 16, 32, 64, 80, 96, 112, 128]
+
+
+def _raw(**engine: Any) -> dict[str, Any]:
+    eng: dict[str, Any] = {"kind": "sglang", "model_path": "Qwen/Qwen3.6-35B-A3B-FP8"}
+    eng.update(engine)
+    return {"name": "t", "description": "test", "target": "sm90", "dp": 1, "engine": eng,
+            "serve": {"model_name": "qwen"}}
+
+
+def _sglang_profiles() -> list[Profile]:
+    return [p for p in (load_profile(n) for n in list_profiles()) if p.engine.kind == "sglang"]
+
+
+def _plan_argvs() -> list[tuple[str, ...]]:
+    return [w.engine_argv for p in _sglang_profiles()
+            for w in make_plan(p, FIXTURE_BY_TARGET[p.target]).workers]
+
+
+EAGLE = profile_from_dict(_raw(speculative={"algorithm": "EAGLE3", "draft_model_path": "d/eagle",
+                                            "num_draft_tokens": 4, "num_steps": 3, "eagle_topk": 1}))
+NO_GRAPHS = profile_from_dict(_raw(kv_cache_dtype="auto", incremental_streaming_output=False,
+                                   enable_metrics=False))
+
+
+def _good() -> list[str]:
+    return sg.render_argv(load_profile("dp8-h200-throughput128"), host=LOOPBACK, port=30000)
+
+
+BAD = {
+    "abbrev": [*_good(), "--context-len", "4096"],
+    "unknown": [*_good(), "--frobnicate"],
+    "choice": [*_good(), "--kv-cache-dtype", "fp9_e4m3"],
+    "int": [*_good(), "--max-running-requests", "many"],
+    "algo": [("DFLOSH" if t == "DFLASH" else t) for t in _good()],
+    "prefix": ["python3", "-m", "sglang.bench_serving", "--model-path", "x"],
+    "dropped": [t for t in _good() if t != "--disable-radix-cache"],
+}
+
+
+@pytest.fixture(scope="module")
+def parsed() -> None:
+    """One child parses every command of this module; later calls hit the per-process cache."""
+    argvs = _plan_argvs() + list(BAD.values())
+    for p in (EAGLE, NO_GRAPHS):
+        argvs.append(sg.render_argv(p, host=LOOPBACK, port=30000))
+    for p in _sglang_profiles():
+        argvs.append(sg.render_argv(p, host="127.0.0.1", port=30000))
+    sg.parse_many(argvs)
+
+
+def test_every_sglang_profile_command_passes_sglang_parser(parsed: None) -> None:
+    profiles = _sglang_profiles()
+    assert {"dp8-throughput128", "dp8-h200-throughput128"} <= {p.name for p in profiles}
+    for p in profiles:
+        plan = make_plan(p, FIXTURE_BY_TARGET[p.target])
+        assert len(plan.workers) == p.dp
+        views = sg.check_argvs([w.engine_argv for w in plan.workers])
+        for w, view in zip(plan.workers, views, strict=True):
+            assert view.sglang_version == sg.SGLANG_VERSION
+            # Every rendered option landed on the field Netra meant, with the value it rendered.
+            assert sg.compare_fields(view, sg.expected_fields(p, host=LOOPBACK, port=w.engine_port)) == []
+            # And what the plan's audit will expect at /server_info is what SGLang parsed.
+            for key, want in w.engine_expect.items():
+                assert view.fields[key] == want, (p.name, w.index, key)
+
+
+@pytest.mark.parametrize("name", ["dp8-throughput128", "dp8-h200-throughput128"])
+def test_throughput128_contract_reaches_sglang(parsed: None, name: str) -> None:
+    view = sg.check_profile(load_profile(name), host="127.0.0.1", port=30000)
+    # The article's batch-128 contract, as SGLang's own record holds it.
+    assert view.max_running_requests == 128
+    assert view.context_length == 65536
+    assert view.chunked_prefill_size == 32768
+    assert view.mem_fraction_static == 0.80
+    assert view.cuda_graph_bs_decode == BUCKETS
+    assert view.cuda_graph_max_bs_decode == 128
+    assert view.kv_cache_dtype == "fp8_e4m3"
+    assert view.mamba_ssm_dtype == "float32"
+    assert view.disable_radix_cache is True
+    assert view.stream_interval == 2
+    assert view.incremental_streaming_output is True
+    assert view.enable_metrics is True
+    assert (view.tp_size, view.dp_size) == (1, 1)
+    assert view.speculative_algorithm == "DFLASH"
+    assert view.speculative_dflash_block_size == 12
+    assert view.speculative_num_draft_tokens is None  # DFLASH spelling only: SGLang refuses both differing
+    assert view.speculative_draft_window_size == 4096
+    assert (view.host, view.port) == ("127.0.0.1", 30000)
+    with pytest.raises(AttributeError, match="no field"):
+        _ = view.no_such_field
+
+
+def test_plan_workers_differ_only_in_port_and_device(parsed: None) -> None:
+    plan = make_plan(load_profile("dp8-throughput128"), FIXTURE_BY_TARGET["gfx950"])
+    ports = [sg.check_argv(w.engine_argv).port for w in plan.workers]
+    assert ports == [30000 + i for i in range(8)]
+    assert [w.engine_env["HIP_VISIBLE_DEVICES"] for w in plan.workers] == [str(i) for i in range(8)]
+    assert all("CUDA_VISIBLE_DEVICES" not in w.engine_env for w in plan.workers)
+
+
+@pytest.mark.parametrize(("case", "named"), [
+    ("abbrev", "--context-len"),  # argparse alone would accept this prefix of --context-length
+    ("unknown", "--frobnicate"),
+    ("choice", "--kv-cache-dtype"),
+    ("int", "--max-running-requests"),
+    ("algo", "DFLOSH"),
+    ("prefix", "sglang.launch_server"),
+])
+def test_bad_command_is_refused_naming_the_option(parsed: None, case: str, named: str) -> None:
+    with pytest.raises(sg.SGLangArgsError) as info:
+        sg.check_argv(BAD[case])
+    assert named in str(info.value)
+
+
+def test_one_bad_command_in_a_batch_names_only_that_one(parsed: None) -> None:
+    results = sg.parse_many([_good(), BAD["choice"], _good()])
+    assert isinstance(results[0], sg.ServerArgsView) and isinstance(results[2], sg.ServerArgsView)
+    assert isinstance(results[1], str) and "fp9_e4m3" in results[1]
+    with pytest.raises(sg.SGLangArgsError, match=r"rejects 1 command"):
+        sg.check_argvs([_good(), BAD["choice"]])
+
+
+def test_dropped_option_is_caught_by_field_comparison(parsed: None) -> None:
+    p = load_profile("dp8-h200-throughput128")
+    view = sg.check_argv(BAD["dropped"])  # still a valid SGLang command ...
+    problems = sg.compare_fields(view, sg.expected_fields(p, host=LOOPBACK, port=30000))
+    # ... but the option did not reach the worker, and the comparison says which.
+    assert problems == ["disable_radix_cache: rendered True but SGLang parsed False"]
+
+
+def test_eagle_family_uses_num_draft_tokens(parsed: None) -> None:
+    argv = sg.render_argv(EAGLE, host=LOOPBACK, port=30000)
+    assert "--speculative-dflash-block-size" not in argv
+    view = sg.check_argv(argv)
+    assert (view.speculative_algorithm, view.speculative_num_draft_tokens) == ("EAGLE3", 4)
+    assert (view.speculative_num_steps, view.speculative_eagle_topk) == (3, 1)
+    assert sg.compare_fields(view, sg.expected_fields(EAGLE, host=LOOPBACK, port=30000)) == []
+
+
+def test_profile_without_graphs_or_optional_flags(parsed: None) -> None:
+    argv = sg.render_argv(NO_GRAPHS, host=LOOPBACK, port=30000)
+    for flag in ("--cuda-graph-bs-decode", "--kv-cache-dtype", "--incremental-streaming-output",
+                 "--enable-metrics", "--mem-fraction-static", "--speculative-algorithm"):
+        assert flag not in argv
+    view = sg.check_argv(argv)
+    assert view.disable_cuda_graph is True
+    assert view.kv_cache_dtype == "auto" and view.enable_metrics is False
+    assert view.speculative_algorithm is None
+
+
+def test_worker_env() -> None:
+    h200 = load_profile("dp8-h200-throughput128")
+    mi350 = load_profile("dp8-throughput128")
+    assert sg.worker_env(h200, [3]) == {"CUDA_VISIBLE_DEVICES": "3"}
+    assert sg.worker_env(mi350, [6]) == {"HIP_VISIBLE_DEVICES": "6"}
+    assert sg.worker_env(h200, [0, 1]) == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    with pytest.raises(ValueError, match="at least one GPU"):
+        sg.worker_env(h200, [])
+    with pytest.raises(ValueError, match="non-negative"):
+        sg.worker_env(h200, [-1])
+
+
+def test_render_refuses_non_sglang_profiles() -> None:
+    with pytest.raises(ValueError, match="not sglang"):
+        sg.render_argv(load_profile("local"), host=LOOPBACK, port=30000)
