@@ -1,0 +1,77 @@
+"""Private helpers shared by the engine's op families: the dispatch hook and the reference's accumulator.
+
+`route` is the one place an op asks Netra dispatch for a tactic. It caches the decision per cheap
+call key (op, dtypes, devices, layout, integer dims) so that the per-call cost on the fallback path
+is a tuple build and a dict lookup, not a `Signature` construction. A launcher for a tactic is
+registered by the kernel side with `bind(op, launcher)`; a tactic selected for an op that has no
+bound launcher is an error (a deployment that promotes a tactic must be able to run it), never a
+silent fallback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from netra import dispatch
+from netra.contract import Signature
+
+Launcher = Callable[..., Any]
+
+_decisions: dict[tuple[Any, ...], dispatch.Decision] = {}
+_launchers: dict[str, Launcher] = {}
+
+
+class TacticBindingError(RuntimeError):
+    pass
+
+
+def bind(op: str, launcher: Launcher) -> None:
+    """Register how to launch the selected tactic of ``op``: ``launcher(decision, **call_args)``."""
+    _launchers[op] = launcher
+
+
+def _key(op: str, tensors: dict[str, torch.Tensor], params: dict[str, int], quant: str) -> tuple[Any, ...]:
+    parts: list[Any] = [op, quant, tuple(params.items())]
+    capturing = False
+    for name, t in tensors.items():
+        parts.append((name, t.dtype, t.device, t.is_contiguous(), t.data_ptr() % 16 == 0))
+        if t.is_cuda:
+            capturing = torch.cuda.is_current_stream_capturing()
+    parts.append(capturing)
+    return tuple(parts)
+
+
+def route(op: str, tensors: dict[str, torch.Tensor], params: dict[str, int],
+          quant: str = "none") -> tuple[Launcher, dispatch.Decision] | None:
+    """The tactic launcher and decision for this call, or None for the op's reference fallback."""
+    key = _key(op, tensors, params, quant)
+    decision = _decisions.get(key)
+    if decision is None:
+        decision = dispatch.select(Signature.of(op=op, tensors=tensors, params=params, quant=quant))
+        _decisions[key] = decision
+    if decision.tactic is None:
+        return None
+    launcher = _launchers.get(op)
+    if launcher is None:
+        raise TacticBindingError(f"dispatch selected {decision.reason} for op {op!r} but no launcher is "
+                                 f"bound (netra.ops._common.bind({op!r}, ...))")
+    return launcher, decision
+
+
+def reset_decisions() -> None:
+    """Forget cached decisions (after `netra.dispatch.reset`, in tests)."""
+    _decisions.clear()
+
+
+def acc_dtype(device: torch.device) -> torch.dtype:
+    """Accumulator of the references' reductions.
+
+    On a CPU, BLAS picks a different blocking (gemv vs gemm) depending on the row count, so a float32
+    row result depends on the batch it shares; float64 accumulation followed by rounding to the
+    model dtype makes every row independent of its batch (the engine's greedy output then does not
+    depend on what else is running). On GPUs the references accumulate in float32, like the kernels.
+    """
+    return torch.float64 if device.type == "cpu" else torch.float32

@@ -1,0 +1,119 @@
+"""Grouped-query attention over a per-request-slot KV cache (FP8 E4M3 or BF16), causal.
+
+Cache layout: ``k_cache, v_cache [slots, max_context, kv_heads, head_dim]``; token t of the request
+in slot s lives at ``[s, t]``. FP8 stores ``k / k_scale`` saturated to ±448 (SGLang's
+``fp8_e4m3`` cache; the scales are 1.0 unless a checkpoint provides them); attention dequantizes
+``q8 · scale`` exactly into the accumulator. Query head h reads KV head ``h // (Hq / Hkv)``.
+
+References: `attention_prefill_ref` (a list of sequences, each a chunk appended to its cached
+prefix) and `attention_decode_ref` (one query per sequence, batched and masked by length). Both
+accumulate in `acc_dtype` and round the output once to the query dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from netra.ops import fp8
+from netra.ops._common import acc_dtype, route
+
+
+def kv_store_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 token_slots: torch.Tensor, positions: torch.Tensor, k_scale: float = 1.0,
+                 v_scale: float = 1.0) -> None:
+    """Write ``k, v [T, Hkv, D]`` at ``cache[token_slots[t], positions[t]]``."""
+    if k_cache.dtype == fp8.E4M3:
+        kq = (k.float() / k_scale).clamp(-fp8.E4M3_MAX, fp8.E4M3_MAX).to(fp8.E4M3)
+        vq = (v.float() / v_scale).clamp(-fp8.E4M3_MAX, fp8.E4M3_MAX).to(fp8.E4M3)
+    else:
+        kq, vq = k.to(k_cache.dtype), v.to(v_cache.dtype)
+    k_cache[token_slots, positions] = kq
+    v_cache[token_slots, positions] = vq
+
+
+def _load(cache: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    out = cache.to(dtype)
+    return out * scale if scale != 1.0 else out
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, sm_scale: float
+            ) -> torch.Tensor:
+    """``q [B, Lq, Hq, D]``, ``k, v [B, Lk, Hkv, D]`` (accumulator dtype), ``mask [B, Lq, Lk]`` True=keep."""
+    b, lq, hq, d = q.shape
+    hkv = k.shape[2]
+    qg = q.reshape(b, lq, hkv, hq // hkv, d)
+    scores = torch.einsum("bqhgd,bkhd->bhgqk", qg, k) * sm_scale
+    scores = scores.masked_fill(~mask[:, None, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("bhgqk,bkhd->bqhgd", probs, v)
+    return out.reshape(b, lq, hq, d)
+
+
+def attention_prefill_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          seq_slots: list[int], seq_starts: list[int], q_lens: list[int], sm_scale: float,
+                          k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+    """``q [T, Hq, D]`` (sequences concatenated); sequence i's queries sit at positions
+    ``seq_starts[i] .. seq_starts[i]+q_lens[i]-1`` and see the cache up to their own position."""
+    acc = acc_dtype(q.device)
+    outs = []
+    offset = 0
+    for slot, start, n in zip(seq_slots, seq_starts, q_lens, strict=True):
+        total = start + n
+        qs = q[offset:offset + n].to(acc)[None]
+        ks = _load(k_cache[slot, :total], k_scale, acc)[None]
+        vs = _load(v_cache[slot, :total], v_scale, acc)[None]
+        qpos = torch.arange(start, total, device=q.device)
+        kpos = torch.arange(total, device=q.device)
+        mask = (kpos[None, :] <= qpos[:, None])[None]
+        outs.append(_attend(qs, ks, vs, mask, sm_scale)[0])
+        offset += n
+    return torch.cat(outs, dim=0).to(q.dtype)
+
+
+def attention_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         slots: torch.Tensor, seq_lens: torch.Tensor, max_len: int, sm_scale: float,
+                         k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+    """``q [B, Hq, D]``: each row attends to ``cache[slots[b], :seq_lens[b]]`` (its own token included)."""
+    acc = acc_dtype(q.device)
+    ks = _load(k_cache[slots, :max_len], k_scale, acc)
+    vs = _load(v_cache[slots, :max_len], v_scale, acc)
+    mask = (torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None])[:, None, :]
+    return _attend(q.to(acc)[:, None], ks, vs, mask, sm_scale)[:, 0].to(q.dtype)
+
+
+def kv_store(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             token_slots: torch.Tensor, positions: torch.Tensor, k_scale: float = 1.0,
+             v_scale: float = 1.0) -> None:
+    hit = route("kv_store", {"k": k, "v": v, "k_cache": k_cache, "slots": token_slots},
+                {"tokens": k.shape[0], "kv_heads": k.shape[1], "head_dim": k.shape[2]})
+    if hit is not None:
+        hit[0](hit[1], k=k, v=v, k_cache=k_cache, v_cache=v_cache, token_slots=token_slots,
+               positions=positions, k_scale=k_scale, v_scale=v_scale)
+        return
+    kv_store_ref(k, v, k_cache, v_cache, token_slots, positions, k_scale, v_scale)
+
+
+def attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_slots: list[int],
+                      seq_starts: list[int], q_lens: list[int], sm_scale: float, k_scale: float = 1.0,
+                      v_scale: float = 1.0) -> torch.Tensor:
+    hit = route("attention_prefill", {"q": q, "k_cache": k_cache},
+                {"tokens": q.shape[0], "q_heads": q.shape[1], "kv_heads": k_cache.shape[2],
+                 "head_dim": q.shape[2]})
+    if hit is not None:
+        return hit[0](hit[1], q=q, k_cache=k_cache, v_cache=v_cache, seq_slots=seq_slots,
+                      seq_starts=seq_starts, q_lens=q_lens, sm_scale=sm_scale, k_scale=k_scale,
+                      v_scale=v_scale)
+    return attention_prefill_ref(q, k_cache, v_cache, seq_slots, seq_starts, q_lens, sm_scale, k_scale,
+                                 v_scale)
+
+
+def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                     seq_lens: torch.Tensor, max_len: int, sm_scale: float, k_scale: float = 1.0,
+                     v_scale: float = 1.0) -> torch.Tensor:
+    hit = route("attention_decode", {"q": q, "k_cache": k_cache, "slots": slots, "seq_lens": seq_lens},
+                {"batch": q.shape[0], "q_heads": q.shape[1], "kv_heads": k_cache.shape[2],
+                 "head_dim": q.shape[2]})
+    if hit is not None:
+        return hit[0](hit[1], q=q, k_cache=k_cache, v_cache=v_cache, slots=slots, seq_lens=seq_lens,
+                      max_len=max_len, sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale)
+    return attention_decode_ref(q, k_cache, v_cache, slots, seq_lens, max_len, sm_scale, k_scale, v_scale)

@@ -1,0 +1,59 @@
+"""GDN's depthwise causal convolution (width K, SiLU), carrying the last K-1 inputs as state.
+
+State layout (SGLang's): ``[slots, channels, K-1]``, oldest input first; a step shifts it left by
+one and appends the new input (a shift, not a ring: no wrap index to get wrong). Weight ``[C, K]``
+with ``w[:, K-1]`` multiplying the current input (``conv1d`` with K-1 left padding).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from netra.ops._common import route
+
+
+def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence: ``x [L, C]``, ``state [C, K-1]`` -> (``silu(conv) [L, C]`` in x's dtype, new state)."""
+    k = weight.shape[1]
+    seq = torch.cat([state.t().to(torch.float32), x.float()], dim=0)  # [K-1+L, C]
+    w = weight.float()
+    length = x.shape[0]
+    y = seq[0:length] * w[:, 0]
+    for j in range(1, k):  # fixed summation order j = 0..K-1
+        y = y + seq[j:j + length] * w[:, j]
+    new_state = seq[length:].t().to(state.dtype)
+    return torch.nn.functional.silu(y).to(x.dtype), new_state
+
+
+def causal_conv1d_update_ref(x: torch.Tensor, weight: torch.Tensor, state_pool: torch.Tensor,
+                             slots: torch.Tensor) -> torch.Tensor:
+    """One step for a batch: ``x [B, C]``; reads and writes ``state_pool[slots]`` in place."""
+    k = weight.shape[1]
+    st = state_pool.index_select(0, slots)  # [B, C, K-1]
+    window = torch.cat([st.float(), x.float()[:, :, None]], dim=-1)  # [B, C, K]
+    w = weight.float()
+    y = window[..., 0] * w[:, 0]
+    for j in range(1, k):
+        y = y + window[..., j] * w[:, j]
+    state_pool.index_copy_(0, slots, window[..., 1:].to(state_pool.dtype))
+    return torch.nn.functional.silu(y).to(x.dtype)
+
+
+def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    hit = route("causal_conv1d_prefill", {"x": x, "w": weight, "state": state},
+                {"tokens": x.shape[0], "channels": x.shape[1], "width": weight.shape[1]})
+    if hit is not None:
+        out: tuple[torch.Tensor, torch.Tensor] = hit[0](hit[1], x=x, weight=weight, state=state)
+        return out
+    return causal_conv1d_ref(x, weight, state)
+
+
+def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, state_pool: torch.Tensor,
+                         slots: torch.Tensor) -> torch.Tensor:
+    hit = route("causal_conv1d_update", {"x": x, "w": weight, "state": state_pool, "slots": slots},
+                {"batch": x.shape[0], "channels": x.shape[1], "width": weight.shape[1]})
+    if hit is not None:
+        return hit[0](hit[1], x=x, weight=weight, state_pool=state_pool, slots=slots)
+    return causal_conv1d_update_ref(x, weight, state_pool, slots)

@@ -1,0 +1,82 @@
+"""FP8 E4M3 helpers shared by the engine's references and the MoE kernels (issue 7).
+
+Formats, as in the FP8 checkpoints (DeepSeek-V3 / Qwen3 ``fp8`` quant method, ``weight_block_size``
+[128, 128]) and SGLang's W8A8 block path:
+
+* weights: ``float8_e4m3fn`` ``[N, K]`` with one FP32 dequantization scale per 128x128 block,
+  ``scale_inv[ceil(N/128), ceil(K/128)]`` (the checkpoint's ``weight_scale_inv``: w ≈ q * scale_inv);
+  a partial edge block has its own scale computed over the elements it holds.
+* activations: quantized per token in groups of 128 along K, one FP32 scale per group
+  ``[T, ceil(K/128)]``; scale = max(|x| over the group, 1e-10) / 448.
+
+Every function works on any leading shape and on CPU or GPU; nothing here allocates persistent state.
+"""
+
+from __future__ import annotations
+
+import torch
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = 448.0  # largest finite float8_e4m3fn
+AMAX_EPS = 1e-10  # SGLang's per_token_group_quant_fp8 floor: an all-zero group gets a tiny scale, not 0/0
+BLOCK = 128
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def block_quantize_weight(w: torch.Tensor, block: tuple[int, int] = (BLOCK, BLOCK)
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w [..., N, K]`` (any float) -> (``q [..., N, K]`` E4M3, ``scale_inv [..., ceil(N/bn), ceil(K/bk)]`` FP32)."""
+    bn, bk = block
+    *lead, n, k = w.shape
+    nb, kb = _ceil_div(n, bn), _ceil_div(k, bk)
+    wf = w.float()
+    padded = torch.zeros(*lead, nb * bn, kb * bk, dtype=torch.float32, device=w.device)
+    padded[..., :n, :k] = wf
+    blocks = padded.reshape(*lead, nb, bn, kb, bk)
+    amax = blocks.abs().amax(dim=(-3, -1)).clamp(min=AMAX_EPS)  # [..., nb, kb]
+    scale = amax / E4M3_MAX
+    q = (blocks / scale[..., :, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX)
+    q = q.reshape(*lead, nb * bn, kb * bk)[..., :n, :k].to(E4M3)
+    return q.contiguous(), scale.contiguous()
+
+
+def expand_block_scale(scale: torch.Tensor, n: int, k: int, block: tuple[int, int] = (BLOCK, BLOCK)
+                       ) -> torch.Tensor:
+    """``scale [..., nb, kb]`` -> per-element ``[..., n, k]`` (FP32)."""
+    s = scale.float().repeat_interleave(block[0], dim=-2).repeat_interleave(block[1], dim=-1)
+    return s[..., :n, :k]
+
+
+def block_dequantize_weight(q: torch.Tensor, scale_inv: torch.Tensor,
+                            block: tuple[int, int] = (BLOCK, BLOCK), dtype: torch.dtype = torch.float32
+                            ) -> torch.Tensor:
+    """E4M3 ``q [..., N, K]`` with block scales -> ``dtype`` (the product is formed in FP32, exact for E4M3)."""
+    n, k = q.shape[-2], q.shape[-1]
+    return (q.float() * expand_block_scale(scale_inv, n, k, block)).to(dtype)
+
+
+def quantize_per_token_group(x: torch.Tensor, group: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [..., K]`` -> (``q [..., K]`` E4M3, ``scale [..., ceil(K/group)]`` FP32), one scale per group of 128.
+
+    The division happens in FP32 on the value as stored (BF16 activations are exact in FP32).
+    """
+    k = x.shape[-1]
+    kb = _ceil_div(k, group)
+    xf = x.float()
+    if kb * group != k:
+        xf = torch.nn.functional.pad(xf, (0, kb * group - k))
+    g = xf.reshape(*x.shape[:-1], kb, group)
+    scale = g.abs().amax(dim=-1).clamp(min=AMAX_EPS) / E4M3_MAX
+    q = (g / scale[..., None]).clamp(-E4M3_MAX, E4M3_MAX).reshape(*x.shape[:-1], kb * group)[..., :k]
+    return q.to(E4M3).contiguous(), scale.contiguous()
+
+
+def dequantize_per_token_group(q: torch.Tensor, scale: torch.Tensor, group: int = BLOCK,
+                               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Inverse of `quantize_per_token_group` (up to E4M3 rounding)."""
+    k = q.shape[-1]
+    s = scale.float().repeat_interleave(group, dim=-1)[..., :k]
+    return (q.float() * s).to(dtype)

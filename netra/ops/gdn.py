@@ -1,0 +1,146 @@
+"""Gated DeltaNet core: gating, the delta-rule recurrence (oracle), its chunked form, the decode step.
+
+Per value head, with matrix state ``S [dk, dv]`` (FP32 arithmetic; stored in the pool's dtype):
+
+    S ← exp(g_t)·S;   u_t = β_t·(v_t − Sᵀk_t);   S ← S + k_t u_tᵀ;   o_t = Sᵀq_t
+
+with q, k L2-normalised (eps 1e-6) and q scaled by dk^-1/2 (FLA's ``use_qk_l2norm_in_kernel``),
+``g = −exp(A_log)·softplus(a + dt_bias)``, ``β = sigmoid(b)``. Key heads are shared by
+``Hv / Hk`` consecutive value heads (value head h reads key head ``h // (Hv/Hk)``).
+
+The chunked form (prefill) solves each chunk of C tokens at once. With G the in-chunk cumulative
+log decay, Γ = exp(G) and D[t,s] = exp(G_t − G_s) (s ≤ t), the deltas satisfy the unit lower
+triangular system ``(I + A) U = βV − (βΓ)⊙(K S₀)`` with ``A[t,s] = β_t D[t,s] (k_t·k_s)`` for s < t;
+then ``O = (Γ⊙Q) S₀ + ((Q Kᵀ)⊙D) U`` and ``S_C = Γ_C S₀ + (K⊙exp(G_C − G))ᵀ U``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from netra.ops._common import route
+
+L2_EPS = 1e-6
+
+
+def gdn_gating_ref(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``a, b [T, Hv]`` -> (log decay ``g`` FP32, ``beta`` FP32)."""
+    g = -torch.exp(a_log.float()) * torch.nn.functional.softplus(a.float() + dt_bias.float())
+    return g, torch.sigmoid(b.float())
+
+
+def _prep(q: torch.Tensor, k: torch.Tensor, num_v_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    qf, kf = q.float(), k.float()
+    qf = qf * torch.rsqrt(qf.pow(2).sum(-1, keepdim=True) + L2_EPS) * (q.shape[-1] ** -0.5)
+    kf = kf * torch.rsqrt(kf.pow(2).sum(-1, keepdim=True) + L2_EPS)
+    ratio = num_v_heads // q.shape[-2]
+    if ratio > 1:
+        qf = qf.repeat_interleave(ratio, dim=-2)
+        kf = kf.repeat_interleave(ratio, dim=-2)
+    return qf, kf
+
+
+def gdn_recurrent_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                      state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-by-token oracle. ``q, k [L, Hk, dk]``, ``v [L, Hv, dv]``, ``g, beta [L, Hv]``,
+    ``state [Hv, dk, dv]`` -> (``o [L, Hv, dv]`` in v's dtype, final state FP32)."""
+    qf, kf = _prep(q, k, v.shape[1])
+    s = state.float().clone()
+    outs = []
+    for t in range(q.shape[0]):
+        s = s * torch.exp(g[t].float())[:, None, None]
+        kv = (s * kf[t][:, :, None]).sum(-2)
+        delta = (v[t].float() - kv) * beta[t].float()[:, None]
+        s = s + kf[t][:, :, None] * delta[:, None, :]
+        outs.append((s * qf[t][:, :, None]).sum(-2))
+    return torch.stack(outs).to(v.dtype), s
+
+
+def gdn_chunked_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                    state: torch.Tensor, chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as `gdn_recurrent_ref`, solved a chunk at a time (FP32)."""
+    qf, kf = _prep(q, k, v.shape[1])
+    qh, kh = qf.transpose(0, 1), kf.transpose(0, 1)  # [H, L, dk]
+    vh = v.float().transpose(0, 1)  # [H, L, dv]
+    gh, bh = g.float().t(), beta.float().t()  # [H, L]
+    s = state.float().clone()
+    outs = []
+    for c0 in range(0, q.shape[0], chunk):
+        qc, kc, vc = qh[:, c0:c0 + chunk], kh[:, c0:c0 + chunk], vh[:, c0:c0 + chunk]
+        gc, bc = gh[:, c0:c0 + chunk], bh[:, c0:c0 + chunk]
+        n = qc.shape[1]
+        cum = gc.cumsum(-1)  # [H, n]
+        gamma = torch.exp(cum)
+        tri = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+        diff = (cum[:, :, None] - cum[:, None, :]).masked_fill(~tri, float("-inf"))
+        decay = torch.exp(diff)  # [H, n, n], zero above the diagonal
+        kk = kc @ kc.transpose(-1, -2)
+        a = (bc[:, :, None] * decay * kk).tril(-1)
+        eye = torch.eye(n, dtype=a.dtype, device=a.device)
+        rhs = bc[:, :, None] * vc - (bc * gamma)[:, :, None] * (kc @ s)
+        u = torch.linalg.solve_triangular(eye + a, rhs, upper=False, unitriangular=True)
+        outs.append((gamma[:, :, None] * qc) @ s + ((qc @ kc.transpose(-1, -2)) * decay) @ u)
+        tail = torch.exp(cum[:, -1:] - cum)  # [H, n]
+        s = gamma[:, -1, None, None] * s + (kc * tail[:, :, None]).transpose(-1, -2) @ u
+    o = torch.cat(outs, dim=1).transpose(0, 1)
+    return o.to(v.dtype), s
+
+
+def gdn_prefill_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                    state_pool: torch.Tensor, seq_slots: list[int], q_lens: list[int]) -> torch.Tensor:
+    """Concatenated sequences; sequence i continues from ``state_pool[seq_slots[i]]`` and writes it back."""
+    outs = []
+    offset = 0
+    for slot, n in zip(seq_slots, q_lens, strict=True):
+        sl = slice(offset, offset + n)
+        o, s = gdn_chunked_ref(q[sl], k[sl], v[sl], g[sl], beta[sl], state_pool[slot])
+        state_pool[slot] = s.to(state_pool.dtype)
+        outs.append(o)
+        offset += n
+    return torch.cat(outs, dim=0)
+
+
+def gdn_decode_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                   state_pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """One token per row: ``q, k [B, Hk, dk]``, ``v [B, Hv, dv]``; updates ``state_pool[slots]`` in place."""
+    qf, kf = _prep(q, k, v.shape[1])
+    s = state_pool.index_select(0, slots).float()  # [B, Hv, dk, dv]
+    s = s * torch.exp(g.float())[:, :, None, None]
+    kv = (s * kf[:, :, :, None]).sum(-2)
+    delta = (v.float() - kv) * beta.float()[:, :, None]
+    s = s + kf[:, :, :, None] * delta[:, :, None, :]
+    o = (s * qf[:, :, :, None]).sum(-2)
+    state_pool.index_copy_(0, slots, s.to(state_pool.dtype))
+    return o.to(v.dtype)
+
+
+def gdn_gating(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    hit = route("gdn_gating", {"a": a, "b": b, "a_log": a_log}, {"tokens": a.shape[0], "v_heads": a.shape[1]})
+    if hit is not None:
+        out: tuple[torch.Tensor, torch.Tensor] = hit[0](hit[1], a=a, b=b, a_log=a_log, dt_bias=dt_bias)
+        return out
+    return gdn_gating_ref(a, b, a_log, dt_bias)
+
+
+def _dims(q: torch.Tensor, v: torch.Tensor) -> dict[str, int]:
+    return {"tokens": q.shape[0], "k_heads": q.shape[1], "v_heads": v.shape[1], "k_dim": q.shape[2],
+            "v_dim": v.shape[2]}
+
+
+def gdn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                state_pool: torch.Tensor, seq_slots: list[int], q_lens: list[int]) -> torch.Tensor:
+    hit = route("gdn_prefill", {"q": q, "k": k, "v": v, "state": state_pool}, _dims(q, v))
+    if hit is not None:
+        return hit[0](hit[1], q=q, k=k, v=v, g=g, beta=beta, state_pool=state_pool, seq_slots=seq_slots,
+                      q_lens=q_lens)
+    return gdn_prefill_ref(q, k, v, g, beta, state_pool, seq_slots, q_lens)
+
+
+def gdn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+               state_pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    hit = route("gdn_decode", {"q": q, "k": k, "v": v, "state": state_pool, "slots": slots}, _dims(q, v))
+    if hit is not None:
+        return hit[0](hit[1], q=q, k=k, v=v, g=g, beta=beta, state_pool=state_pool, slots=slots)
+    return gdn_decode_ref(q, k, v, g, beta, state_pool, slots)

@@ -1,0 +1,75 @@
+"""Dense projections: BF16 weights, or FP8 E4M3 weights with 128x128 block scales (W8A8 dynamic).
+
+`Weight` is what the engine holds for one projection; `linear` dispatches and falls back to
+`linear_ref`. The FP8 reference is the deployed arithmetic: activations quantized per token in
+groups of 128 (FP32 scale), both operands dequantized exactly to the accumulator, one GEMM,
+output rounded once to the activation dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from netra.ops import fp8
+from netra.ops._common import acc_dtype, route
+
+
+@dataclass
+class Weight:
+    """One projection ``[N, K]``: BF16 ``data``, or E4M3 ``data`` plus FP32 ``scale_inv`` block scales."""
+
+    data: torch.Tensor
+    scale_inv: torch.Tensor | None = None
+    block: tuple[int, int] = (fp8.BLOCK, fp8.BLOCK)
+    # The fallback's dequantized copy in the accumulator dtype, made once (identical numerics to
+    # dequantizing on every call; a tactic never reads it).
+    _dequant: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.data.dtype == fp8.E4M3
+
+    @property
+    def out_features(self) -> int:
+        return int(self.data.shape[-2])
+
+    @property
+    def in_features(self) -> int:
+        return int(self.data.shape[-1])
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        if self._dequant is None or self._dequant.dtype != dtype:
+            if self.is_fp8:
+                assert self.scale_inv is not None
+                self._dequant = fp8.block_dequantize_weight(self.data, self.scale_inv, self.block, dtype)
+            else:
+                self._dequant = self.data.to(dtype)
+        return self._dequant
+
+
+def linear_ref(x: torch.Tensor, weight: Weight, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``x [..., K]`` (BF16) @ ``weight [N, K]``ᵀ -> ``[..., N]`` in ``out_dtype`` (default: x's dtype)."""
+    acc = acc_dtype(x.device)
+    out_dtype = out_dtype or x.dtype
+    if weight.is_fp8:
+        q, s = fp8.quantize_per_token_group(x, weight.block[1])
+        xa = fp8.dequantize_per_token_group(q, s, weight.block[1], acc)
+    else:
+        xa = x.to(acc)
+    return torch.matmul(xa, weight.dequantized(acc).t()).to(out_dtype)
+
+
+def linear(x: torch.Tensor, weight: Weight, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Projection through dispatch (op ``linear_fp8_block`` or ``linear_bf16``); fallback `linear_ref`."""
+    op = "linear_fp8_block" if weight.is_fp8 else "linear_bf16"
+    tensors = {"x": x, "w": weight.data}
+    if weight.scale_inv is not None:
+        tensors["w_scale"] = weight.scale_inv
+    hit = route(op, tensors, {"m": x.numel() // max(1, x.shape[-1]), "n": weight.out_features,
+                              "k": weight.in_features}, quant="fp8_e4m3_block128" if weight.is_fp8 else "none")
+    if hit is not None:
+        launcher, decision = hit
+        return launcher(decision, x=x, weight=weight, out_dtype=out_dtype or x.dtype)
+    return linear_ref(x, weight, out_dtype)

@@ -1,0 +1,122 @@
+"""Sparse MoE block: softmax router, top-k with renormalisation, FP8 SiLU-gated experts, a gated shared expert.
+
+`moe_ref` is the layer oracle of the deployed numerics (SGLang's FP8 fused-MoE path), step by step:
+
+1. router logits ``x @ Wrᵀ`` rounded to BF16; softmax in FP32; top-k; renormalised to sum 1 when
+   ``norm_topk_prob`` (FP32 weights).
+2. shared-expert gate ``sigmoid(bf16(x · w_sg))`` in FP32, written as one more route: the shared
+   expert is route k (after the k routed ones) with that weight. This is the route-metadata form a
+   fused kernel uses; the result equals ``routed + sigmoid(x·w_sg)·shared`` up to where rounding happens.
+3. per route: ``x`` quantized per token in groups of 128 (E4M3, FP32 scale); gate_up GEMM against
+   the expert's E4M3 ``w13 [2I, H]`` (128x128 block scales) accumulated in FP32, rounded to BF16;
+   ``SiLU(gate)·up`` in FP32 rounded to BF16; quantized again per token-group; down GEMM against
+   ``w2 [H, I]``, accumulated in FP32, multiplied by the route weight in FP32 and rounded to BF16.
+4. the k+1 route outputs are summed in FP32 in route order and rounded once to BF16.
+
+Expert weights are stacked: ``w13 [E, 2I, H]`` (gate rows first, then up) with scales
+``[E, 2I/128, H/128]``, ``w2 [E, H, I]`` with ``[E, H/128, I/128]``; I must be a multiple of 128
+so the gate/up halves are whole scale blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from netra.ops import fp8
+from netra.ops._common import acc_dtype, route
+from netra.ops.linear import Weight, linear_ref
+
+
+@dataclass
+class MoEWeights:
+    router: Weight  # [E, H] BF16
+    w13: Weight  # [E, 2I, H] E4M3 (or BF16)
+    w2: Weight  # [E, H, I]
+    shared_w13: Weight  # [2Is, H]
+    shared_w2: Weight  # [H, Is]
+    shared_gate: Weight  # [1, H] BF16
+    top_k: int
+    renormalize: bool
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.router.out_features)
+
+
+def moe_route_ref(router_logits: torch.Tensor, top_k: int, renormalize: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``router_logits [T, E]`` (BF16) -> (``weights [T, k]`` FP32, ``ids [T, k]`` int64), highest first."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+def _expert(w: Weight, e: int | None, acc: torch.dtype) -> torch.Tensor:
+    """Expert e's weight in the accumulator dtype (the cached dequantized copy when the engine made one)."""
+    if w._dequant is not None and w._dequant.dtype == acc:
+        return w._dequant if e is None else w._dequant[e]
+    data = w.data if e is None else w.data[e]
+    if not w.is_fp8:
+        return data.to(acc)
+    assert w.scale_inv is not None
+    scale = w.scale_inv if e is None else w.scale_inv[e]
+    return fp8.block_dequantize_weight(data, scale, w.block, acc)
+
+
+def _act_dequant(x: torch.Tensor, fp8_act: bool, acc: torch.dtype) -> torch.Tensor:
+    if not fp8_act:
+        return x.to(acc)
+    q, s = fp8.quantize_per_token_group(x)
+    return fp8.dequantize_per_token_group(q, s, fp8.BLOCK, acc)
+
+
+def expert_mlp_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, route_w: torch.Tensor,
+                   fp8_act: bool) -> torch.Tensor:
+    """One expert on its tokens: ``x [n, H]`` BF16, dequantized ``w13 [2I, H]``, ``w2 [H, I]`` (acc dtype),
+    ``route_w [n]`` FP32 -> ``[n, H]`` BF16 = bf16(route_w · down(bf16(silu(gate)·up)))."""
+    acc = w13.dtype
+    inter = w13.shape[0] // 2
+    gate_up = (_act_dequant(x, fp8_act, acc) @ w13.t()).to(torch.bfloat16)
+    act = (torch.nn.functional.silu(gate_up[:, :inter].float()) * gate_up[:, inter:].float()).to(torch.bfloat16)
+    down = _act_dequant(act, fp8_act, acc) @ w2.t()
+    return (down.float() * route_w[:, None]).to(torch.bfloat16)
+
+
+def moe_ref(x: torch.Tensor, w: MoEWeights) -> torch.Tensor:
+    """``x [T, H]`` BF16 -> ``[T, H]`` BF16 (see the module docstring for the exact arithmetic)."""
+    acc = acc_dtype(x.device)
+    t, k = x.shape[0], w.top_k
+    logits = linear_ref(x, w.router, torch.bfloat16)
+    weights, ids = moe_route_ref(logits, k, w.renormalize)
+    shared_weight = torch.sigmoid(linear_ref(x, w.shared_gate, torch.bfloat16).float())[:, 0]
+    routes = torch.zeros(t, k + 1, x.shape[1], dtype=torch.bfloat16, device=x.device)
+    flat_ids = ids.reshape(-1)
+    order = torch.argsort(flat_ids, stable=True)  # route rows grouped by expert, token order inside
+    counts = torch.bincount(flat_ids, minlength=w.num_experts).tolist()
+    start = 0
+    for e, n in enumerate(counts):
+        if n == 0:
+            continue
+        rows = order[start:start + n]
+        start += n
+        tok, slot = rows // k, rows % k
+        out = expert_mlp_ref(x[tok], _expert(w.w13, e, acc), _expert(w.w2, e, acc), weights[tok, slot],
+                             w.w13.is_fp8)
+        routes[tok, slot] = out
+    routes[:, k] = expert_mlp_ref(x, _expert(w.shared_w13, None, acc), _expert(w.shared_w2, None, acc),
+                                  shared_weight, w.shared_w13.is_fp8)
+    return routes.float().sum(dim=1).to(x.dtype)
+
+
+def moe(x: torch.Tensor, w: MoEWeights) -> torch.Tensor:
+    """The MoE block through dispatch (op ``moe_fp8_block``); fallback `moe_ref`."""
+    hit = route("moe_fp8_block" if w.w13.is_fp8 else "moe_bf16", {"x": x, "w13": w.w13.data, "w2": w.w2.data},
+                {"tokens": x.shape[0], "hidden": x.shape[1], "experts": w.num_experts, "top_k": w.top_k,
+                 "inter": w.w2.in_features}, quant="fp8_e4m3_block128" if w.w13.is_fp8 else "none")
+    if hit is not None:
+        return hit[0](hit[1], x=x, weights=w)
+    return moe_ref(x, w)

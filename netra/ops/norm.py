@@ -1,0 +1,62 @@
+"""RMSNorm family: Gemma-style ``x·(1+w)`` (layer norms, q/k norms) and the GDN output's gated norm.
+
+References compute in FP32 and round once to the input dtype, as SGLang's GemmaRMSNorm and the
+FLA gated norm (``norm_before_gate``) do. Shapes: normalisation over the last dim; any leading dims.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from netra.ops._common import route
+
+
+def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma RMSNorm: ``x / rms(x) · (1 + w)``, FP32 inside, output in x's dtype."""
+    xf = x.float()
+    var = xf.pow(2).mean(dim=-1, keepdim=True)
+    return (xf * torch.rsqrt(var + eps) * (1.0 + weight.float())).to(x.dtype)
+
+
+def add_rmsnorm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused residual add + Gemma RMSNorm: ``r' = x + r`` (rounded to the stream dtype); returns (norm(r'), r')."""
+    new_residual = (x.float() + residual.float()).to(residual.dtype)
+    return rmsnorm_ref(new_residual, weight, eps), new_residual
+
+
+def gated_rmsnorm_ref(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float,
+                      out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """GDN output norm: ``x / rms(x) · w · silu(z)`` (plain weight, not 1+w), FP32 inside."""
+    xf = x.float()
+    var = xf.pow(2).mean(dim=-1, keepdim=True)
+    y = xf * torch.rsqrt(var + eps) * weight.float() * torch.nn.functional.silu(z.float())
+    return y.to(out_dtype or z.dtype)
+
+
+def _dims(x: torch.Tensor) -> dict[str, int]:
+    return {"rows": x.numel() // max(1, x.shape[-1]), "width": x.shape[-1]}
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    hit = route("rmsnorm_gemma", {"x": x, "w": weight}, _dims(x))
+    if hit is not None:
+        return hit[0](hit[1], x=x, weight=weight, eps=eps)
+    return rmsnorm_ref(x, weight, eps)
+
+
+def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    hit = route("add_rmsnorm_gemma", {"x": x, "residual": residual, "w": weight}, _dims(x))
+    if hit is not None:
+        out: tuple[torch.Tensor, torch.Tensor] = hit[0](hit[1], x=x, residual=residual, weight=weight, eps=eps)
+        return out
+    return add_rmsnorm_ref(x, residual, weight, eps)
+
+
+def gated_rmsnorm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float,
+                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    hit = route("gated_rmsnorm", {"x": x, "z": z, "w": weight}, _dims(x))
+    if hit is not None:
+        return hit[0](hit[1], x=x, z=z, weight=weight, eps=eps, out_dtype=out_dtype)
+    return gated_rmsnorm_ref(x, z, weight, eps, out_dtype)

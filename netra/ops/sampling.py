@@ -1,0 +1,93 @@
+"""Token sampling: greedy rows and temperature / top-k / top-p / min-p rows with per-request seeds.
+
+Random rows use the Gumbel-max trick with counter-based noise: the uniform for (request seed, output
+step, token id) is a fixed hash, so a request's tokens depend only on its seed and its own logits,
+never on the batch it shares or the step's launch order, and the whole op is graph-safe (no
+generator state, no host sync). Filters act on the temperature-scaled distribution in this order:
+top-k, then top-p (smallest prefix of the sorted distribution whose mass reaches p; the top token
+always stays), then min-p (drop tokens below ``min_p · p_max``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable
+
+import torch
+
+from netra.ops._common import route
+
+_M32 = 0xFFFFFFFF
+_argmax_fn: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+def _argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Greedy pick through the kernel-lab op (`netra.ops.argmax`) when present; same result as torch.argmax."""
+    global _argmax_fn
+    if _argmax_fn is None:
+        if importlib.util.find_spec("netra.ops.argmax") is not None:
+            _argmax_fn = importlib.import_module("netra.ops.argmax").argmax
+        else:
+            _argmax_fn = lambda x: torch.argmax(x, dim=-1)  # noqa: E731
+    return _argmax_fn(logits)
+
+
+def _mix32(h: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's 32-bit finaliser on int64 tensors holding uint32 values (low bits exact under wraparound)."""
+    h = h ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & _M32
+    h = h ^ (h >> 13)
+    h = (h * 0xC2B2AE35) & _M32
+    return h ^ (h >> 16)
+
+
+def uniform_noise_ref(seeds: torch.Tensor, steps: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """``seeds [B]``, ``steps [B]`` int64, ``token_ids [B, V]`` int64 -> uniforms in (0, 1) FP32 ``[B, V]``."""
+    lo, hi = (seeds & _M32)[:, None], ((seeds >> 32) & _M32)[:, None]
+    h = _mix32((token_ids + 0x9E3779B9) & _M32)
+    h = _mix32(h ^ (steps[:, None] & _M32))
+    h = _mix32(h ^ hi)
+    h = _mix32(h ^ lo)
+    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+def sample_ref(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+               min_p: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """``logits [B, V]`` (FP32); per-row ``temperature`` (0 = greedy), ``top_k`` (-1 or ≥1), ``top_p``,
+    ``min_p``, ``seeds``, ``steps`` -> token ids ``[B]`` int64."""
+    greedy = _argmax(logits)
+    if bool((temperature == 0).all()):
+        return greedy
+    vocab = logits.shape[-1]
+    temp = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    sorted_logits, sorted_ids = torch.sort(logits.float() / temp[:, None], dim=-1, descending=True, stable=True)
+    rank = torch.arange(vocab, device=logits.device)[None, :]
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
+    keep = rank < k[:, None]
+    probs = torch.softmax(sorted_logits.masked_fill(~keep, float("-inf")), dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # mass strictly above this token
+    keep = keep & (before < top_p[:, None])
+    keep = keep & (probs >= min_p[:, None] * probs[:, :1])
+    keep[:, 0] = True
+    logp = torch.log_softmax(sorted_logits.masked_fill(~keep, float("-inf")), dim=-1)
+    u = uniform_noise_ref(seeds, steps, sorted_ids)
+    gumbel = -torch.log(-torch.log(u))
+    pick = torch.argmax(logp + gumbel, dim=-1)
+    sampled = sorted_ids.gather(1, pick[:, None])[:, 0]
+    return torch.where(temperature > 0, sampled, greedy)
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+           min_p: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    hit = route("sample", {"logits": logits, "temperature": temperature},
+                {"batch": logits.shape[0], "vocab": logits.shape[1]})
+    if hit is not None:
+        return hit[0](hit[1], logits=logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                      seeds=seeds, steps=steps)
+    return sample_ref(logits, temperature, top_k, top_p, min_p, seeds, steps)
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """All-greedy batch: argmax per row (the kernel-lab argmax op when it exists)."""
+    return _argmax(logits)
