@@ -1,0 +1,29 @@
+# Netra embedded engine (netra/engine) for NVIDIA Hopper (sm90: H100 / H200), full preset.
+#
+# Based on the same pinned SGLang CUDA image as sglang-sm90.Dockerfile: it carries a CUDA 13 torch,
+# the CUDA toolkit and the CUDA bindings, so one upstream digest covers both sm90 images. SGLang
+# itself is present but unused by this engine. Build from the repository root after
+# `netra kernels build` on an sm90 machine:
+#   docker build -f images/netra-sm90.Dockerfile -t netra/engine-cuda-sm90:0.1.0 .
+FROM lmsysorg/sglang:v0.5.23-cu130
+
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends numactl nginx \
+ && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /opt/netra
+COPY pyproject.toml ./
+COPY netra/ netra/
+COPY kernels/ kernels/
+COPY launcher/ launcher/
+COPY nginx/ nginx/
+COPY images/lock.json images/lock.json
+COPY build/ build/
+ENV NETRA_BUILD_DIR=/opt/netra/build \
+    NETRA_RUN_DIR=/run/netra
+
+RUN pip install --no-cache-dir --no-deps -e . \
+ && python3 -c "import netra.cli, netra.engine, netra.serve" \
+ && netra kernels verify
+
+CMD ["netra", "engine", "--help"]

@@ -1,0 +1,280 @@
+"""The image lock (`images/lock.json`): which container image each profile runs, pinned by digest.
+
+One entry per image, keyed by the name a profile's ``image:`` uses::
+
+    "netra-sglang-cuda-sm90": {
+      "target": "sm90", "engine": "sglang",
+      "reference": "lmsysorg/sglang:v0.5.23-cu130",   # the upstream image the Dockerfile builds FROM
+      "digest": "sha256:<64 hex>" | "unresolved",     # that image's registry digest
+      "dockerfile": "images/sglang-sm90.Dockerfile",
+      "dockerfile_sha256": "<64 hex>",
+      "tag": "netra/sglang-cuda-sm90:0.1.0"           # what the Dockerfile builds (compose runs it)
+    }
+
+A digest is only ever written by someone who read it from the registry (`docker buildx imagetools
+inspect REF`); this machine has no Docker engine and no registry access, so it never guesses one:
+an unknown digest stays ``"unresolved"`` and a strict launch refuses it. Once resolved,
+``python -m netra.deploy.images pin NAME sha256:...`` records it and rewrites the Dockerfile's FROM
+as ``reference@digest`` (and its sha256 in the lock), so the build itself is pinned.
+
+`check(profile, strict)` lists the problems of a profile's image; `lint()` checks every entry
+against its Dockerfile (FROM line, sha256) and that every Dockerfile under `images/` is locked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import sys
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from netra.settings import REPO_ROOT
+
+LOCK_PATH = REPO_ROOT / "images" / "lock.json"
+LOCK_VERSION = 1
+UNRESOLVED = "unresolved"
+DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+TARGETS = ("sm90", "gfx950")
+ENGINES = ("sglang", "netra")
+
+
+class ImageLockError(ValueError):
+    """The image lock itself is malformed; the message names the entry and key."""
+
+
+@dataclass(frozen=True)
+class ImageEntry:
+    name: str
+    target: str
+    engine: str
+    reference: str
+    digest: str
+    dockerfile: str
+    dockerfile_sha256: str
+    tag: str
+
+    @property
+    def resolved(self) -> bool:
+        return self.digest != UNRESOLVED
+
+    @property
+    def pinned_reference(self) -> str:
+        """The upstream reference as the Dockerfile's FROM must spell it."""
+        return f"{self.reference}@{self.digest}" if self.resolved else self.reference
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def load_lock(path: Path = LOCK_PATH) -> dict[str, ImageEntry]:
+    if not path.is_file():
+        raise ImageLockError(f"image lock {path} is missing")
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ImageLockError(f"image lock {path}: not JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("version") != LOCK_VERSION or not isinstance(data.get("images"), dict):
+        raise ImageLockError(f'image lock {path}: expected {{"version": {LOCK_VERSION}, "images": {{...}}}}')
+    keys = [f.name for f in fields(ImageEntry) if f.name != "name"]
+    out: dict[str, ImageEntry] = {}
+    for name, raw in data["images"].items():
+        if not isinstance(raw, dict):
+            raise ImageLockError(f"image lock {path}: images.{name} is not a mapping")
+        unknown = sorted(set(raw) - set(keys))
+        missing = [k for k in keys if k not in raw]
+        if unknown:
+            raise ImageLockError(f"image lock {path}: unknown key images.{name}.{unknown[0]} (allowed: {keys})")
+        if missing:
+            raise ImageLockError(f"image lock {path}: missing key images.{name}.{missing[0]}")
+        bad = [k for k in keys if not isinstance(raw[k], str) or not raw[k]]
+        if bad:
+            raise ImageLockError(f"image lock {path}: images.{name}.{bad[0]} must be a non-empty string")
+        entry = ImageEntry(name=name, **raw)
+        if entry.target not in TARGETS:
+            raise ImageLockError(f"image lock {path}: images.{name}.target {entry.target!r} not in {TARGETS}")
+        if entry.engine not in ENGINES:
+            raise ImageLockError(f"image lock {path}: images.{name}.engine {entry.engine!r} not in {ENGINES}")
+        if entry.digest != UNRESOLVED and not DIGEST_RE.fullmatch(entry.digest):
+            raise ImageLockError(f"image lock {path}: images.{name}.digest {entry.digest!r} is neither "
+                                 f"sha256:<64 hex> nor {UNRESOLVED!r}")
+        if "@" in entry.reference:
+            raise ImageLockError(f"image lock {path}: images.{name}.reference {entry.reference!r} carries a "
+                                 f"digest; keep it in images.{name}.digest")
+        if not SHA256_RE.fullmatch(entry.dockerfile_sha256):
+            raise ImageLockError(f"image lock {path}: images.{name}.dockerfile_sha256 is not 64 hex digits")
+        out[name] = entry
+    return out
+
+
+def write_lock(entries: dict[str, ImageEntry], path: Path = LOCK_PATH) -> None:
+    images = {name: {k: v for k, v in asdict(e).items() if k != "name"} for name, e in sorted(entries.items())}
+    path.write_text(json.dumps({"version": LOCK_VERSION, "images": images}, indent=2, sort_keys=True) + "\n")
+
+
+def from_lines(dockerfile: Path) -> list[str]:
+    """The image reference of every FROM instruction (flags such as --platform and `AS name` dropped)."""
+    refs = []
+    text = re.sub(r"\\\n", " ", dockerfile.read_text())  # join continuation lines
+    for line in text.splitlines():
+        words = line.split()
+        if not words or words[0].upper() != "FROM":
+            continue
+        args = [w for w in words[1:] if not w.startswith("--")]
+        if not args:
+            refs.append("")
+            continue
+        refs.append(args[0])
+    return refs
+
+
+def lint_entry(entry: ImageEntry, root: Path = REPO_ROOT) -> list[str]:
+    """What is wrong between one lock entry and its Dockerfile (empty: consistent)."""
+    path = root / entry.dockerfile
+    if not path.is_file():
+        return [f"image {entry.name}: Dockerfile {entry.dockerfile} is missing"]
+    problems = []
+    got = _sha256(path)
+    if got != entry.dockerfile_sha256:
+        problems.append(f"image {entry.name}: {entry.dockerfile} sha256 is {got[:16]}..., the image lock says "
+                        f"{entry.dockerfile_sha256[:16]}... (edited after the lock: "
+                        f"`python -m netra.deploy.images relock`)")
+    refs = from_lines(path)
+    if len(refs) != 1:
+        problems.append(f"image {entry.name}: {entry.dockerfile} has {len(refs)} FROM lines; the lock pins one")
+    for ref in refs:
+        if "$" in ref:
+            problems.append(f"image {entry.name}: {entry.dockerfile} FROM {ref} is a build argument, not a pin")
+        elif ref != entry.pinned_reference:
+            problems.append(f"image {entry.name}: {entry.dockerfile} builds FROM {ref!r} but the image lock pins "
+                            f"{entry.pinned_reference!r} (mismatched reference)")
+    return problems
+
+
+def lint(path: Path = LOCK_PATH, root: Path = REPO_ROOT) -> list[str]:
+    """Every entry against its Dockerfile, every Dockerfile locked, tags unique, digests flagged."""
+    try:
+        entries = load_lock(path)
+    except ImageLockError as exc:
+        return [str(exc)]
+    problems = [p for e in entries.values() for p in lint_entry(e, root)]
+    locked = {e.dockerfile for e in entries.values()}
+    for df in sorted((root / "images").glob("*.Dockerfile")):
+        rel = df.relative_to(root).as_posix()
+        if rel not in locked:
+            problems.append(f"Dockerfile {rel} is not in the image lock {path}")
+    tags = [e.tag for e in entries.values()]
+    for tag in sorted({t for t in tags if tags.count(t) > 1}):
+        problems.append(f"image tag {tag} is built by more than one lock entry")
+    return problems
+
+
+def unresolved(path: Path = LOCK_PATH) -> list[str]:
+    """Entries whose upstream digest is not resolved yet (each refused by a strict launch)."""
+    return sorted(n for n, e in load_lock(path).items() if not e.resolved)
+
+
+def check(profile: Any, strict: bool, *, path: Path = LOCK_PATH, root: Path = REPO_ROOT) -> list[str]:
+    """Problems with the profile's image; an unresolved digest is one only when `strict`.
+
+    An embedded-engine profile that names no image runs as plain processes and has nothing to check.
+    """
+    name = profile.image
+    kind = profile.engine.kind
+    if name is None:
+        if kind == "sglang":
+            return [f"profile {profile.name!r} runs SGLang workers but names no image (image: in the profile)"]
+        return []
+    try:
+        entries = load_lock(path)
+    except ImageLockError as exc:
+        return [str(exc)]
+    entry = entries.get(name)
+    if entry is None:
+        return [f"image {name!r} of profile {profile.name!r} is not in the image lock {path} "
+                f"(locked: {', '.join(sorted(entries)) or 'none'})"]
+    problems = []
+    if entry.target != profile.target:
+        problems.append(f"image {name!r} is built for {entry.target}, profile {profile.name!r} targets "
+                        f"{profile.target} (mismatched reference)")
+    if entry.engine != kind:
+        problems.append(f"image {name!r} carries the {entry.engine} engine, profile {profile.name!r} runs "
+                        f"{kind} (mismatched reference)")
+    problems += lint_entry(entry, root)
+    if strict and not entry.resolved:
+        problems.append(f"image {name!r}: the digest of {entry.reference} is unresolved in {path}; a strict "
+                        f"launch needs it pinned by digest (`python -m netra.deploy.images pin {name} "
+                        f"sha256:...` with the digest from the registry)")
+    return problems
+
+
+def relock(path: Path = LOCK_PATH, root: Path = REPO_ROOT) -> list[str]:
+    """Record each Dockerfile's current sha256; returns the names whose hash changed."""
+    entries = load_lock(path)
+    changed = []
+    for name, e in entries.items():
+        got = _sha256(root / e.dockerfile)
+        if got != e.dockerfile_sha256:
+            entries[name] = ImageEntry(**{**asdict(e), "dockerfile_sha256": got})
+            changed.append(name)
+    write_lock(entries, path)
+    return changed
+
+
+def pin(name: str, digest: str, path: Path = LOCK_PATH, root: Path = REPO_ROOT) -> ImageEntry:
+    """Record a registry digest for an image's upstream reference and pin the Dockerfile's FROM to it."""
+    if not DIGEST_RE.fullmatch(digest):
+        raise ImageLockError(f"digest {digest!r} is not sha256:<64 hex>")
+    entries = load_lock(path)
+    if name not in entries:
+        raise ImageLockError(f"image {name!r} is not in the image lock (locked: {', '.join(sorted(entries))})")
+    e = entries[name]
+    df = root / e.dockerfile
+    old = e.pinned_reference
+    text = df.read_text()
+    pattern = re.compile(rf"^(FROM\s+(?:--\S+\s+)*){re.escape(old)}(\s|$)", re.MULTILINE)
+    if not pattern.search(text):
+        raise ImageLockError(f"{e.dockerfile}: no FROM {old} line to pin")
+    new = ImageEntry(**{**asdict(e), "digest": digest})
+    df.write_text(pattern.sub(lambda m: f"{m.group(1)}{new.pinned_reference}{m.group(2)}", text))
+    entries[name] = ImageEntry(**{**asdict(new), "dockerfile_sha256": _sha256(df)})
+    write_lock(entries, path)
+    return entries[name]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m netra.deploy.images", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("lint", help="check every lock entry against its Dockerfile")
+    sub.add_parser("relock", help="record each Dockerfile's current sha256")
+    p_pin = sub.add_parser("pin", help="record a registry digest and pin the Dockerfile's FROM to it")
+    p_pin.add_argument("name")
+    p_pin.add_argument("digest")
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "lint":
+            problems = lint()
+            for p in problems:
+                print(p)
+            for n in unresolved():
+                print(f"note: image {n}: upstream digest unresolved (strict launches refuse it)")
+            return 1 if problems else 0
+        if args.cmd == "relock":
+            changed = relock()
+            print("relocked: " + (", ".join(changed) or "nothing changed"))
+            return 0
+        e = pin(args.name, args.digest)
+        print(f"pinned {e.name}: FROM {e.pinned_reference}")
+        return 0
+    except ImageLockError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
