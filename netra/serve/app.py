@@ -1,0 +1,195 @@
+"""The response layer's ASGI app: routes, error shapes, and the per-process state."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import PurePath
+from typing import Any, TypeVar
+
+import httpx
+import orjson
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from netra.serve import openai_api
+from netra.serve.config import ServeConfig
+from netra.serve.errors import OpenAIError
+from netra.serve.metrics import CONTENT_TYPE, Metrics
+from netra.serve.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from netra.serve.tokenizer import ModelText, load_for_worker
+from netra.serve.upstream import Upstream
+
+log = logging.getLogger("netra.serve")
+M = TypeVar("M", bound=BaseModel)
+MAX_BODY_BYTES = 64 << 20
+
+
+class ServeState:
+    """What one process shares across requests: the pooled upstream client, metrics, and the
+    model's tokenizer (loaded on first use, so start-up does not wait for the worker)."""
+
+    def __init__(self, config: ServeConfig, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.upstream = Upstream(config.upstream_base, config.upstream_timeout, config.max_connections,
+                                 transport=transport)
+        self.started = int(time.time())
+        self._info: dict[str, Any] | None = None
+        self._text: ModelText | None = None
+        self._name: str | None = config.model_name
+        self._lock = asyncio.Lock()
+
+    async def model_info(self) -> dict[str, Any]:
+        if self._info is None:
+            self._info = await self.upstream.get_json("/model_info")
+        return self._info
+
+    async def model_text(self) -> ModelText:
+        if self._text is None:
+            async with self._lock:
+                if self._text is None:
+                    info = await self.model_info()
+                    # Reading a large tokenizer.json takes a while: keep the event loop serving.
+                    self._text = await asyncio.to_thread(load_for_worker, info)
+                    log.info("tokenizer loaded from %s", self._text.source)
+        return self._text
+
+    async def model_name(self) -> str:
+        if self._name is None:
+            info = await self.model_info()
+            path = info.get("served_model_name") or info.get("model_path")
+            if isinstance(path, str) and path:
+                self._name = path if not PurePath(path).is_absolute() else PurePath(path).name
+            else:
+                self._name = f"netra-{info.get('preset', 'model')}"
+        return self._name
+
+    def model_name_now(self) -> str:
+        return self._name or "unknown"
+
+
+def _error_response(exc: OpenAIError) -> Response:
+    status = exc.status if exc.status != 499 else 400  # 499 is a log label; the client is gone anyway
+    return Response(orjson.dumps(exc.body()), status_code=status, media_type="application/json")
+
+
+def _validation_message(exc: ValidationError | RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    parts = []
+    param = None
+    for e in errors[:5]:
+        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
+        param = param or loc or None
+        parts.append(f"{loc or 'body'}: {e.get('msg')}")
+    return "; ".join(parts), param
+
+
+async def parse(request: Request, model: type[M]) -> M:
+    body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        raise OpenAIError(413, f"request body of {len(body)} bytes exceeds {MAX_BODY_BYTES}")
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise OpenAIError(400, f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise OpenAIError(400, "request body must be a JSON object")
+    try:
+        return model.model_validate(obj)
+    except ValidationError as exc:
+        msg, param = _validation_message(exc)
+        raise OpenAIError(400, msg, param=param) from exc
+
+
+def create_app(config: ServeConfig, transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
+    state = ServeState(config, transport=transport)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await state.upstream.aclose()
+
+    app = FastAPI(title="netra serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.serve = state
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(request: Request, exc: OpenAIError) -> Response:
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> Response:
+        msg, param = _validation_message(exc)
+        return _error_response(OpenAIError(400, msg, param=param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        return _error_response(OpenAIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}"))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("unexpected error on %s", request.url.path)
+        return _error_response(OpenAIError(500, f"internal error: {type(exc).__name__}: {exc}"))
+
+    async def guarded(endpoint: str, run: Callable[[], Awaitable[Response]]) -> Response:
+        """Count requests that fail before a response exists (streams count themselves)."""
+        state.metrics.in_flight.inc()
+        try:
+            return await run()
+        except OpenAIError as exc:
+            state.metrics.requests.labels(endpoint, str(exc.status)).inc()
+            raise
+        except Exception:
+            state.metrics.requests.labels(endpoint, "500").inc()
+            raise
+        finally:
+            state.metrics.in_flight.dec()
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        async def run() -> Response:
+            return await openai_api.completions(state, request, await parse(request, CompletionRequest))
+
+        return await guarded("completions", run)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        async def run() -> Response:
+            return await openai_api.chat_completions(state, request, await parse(request, ChatCompletionRequest))
+
+        return await guarded("chat", run)
+
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        async def run() -> Response:
+            return await openai_api.generate(state, request, await parse(request, GenerateRequest))
+
+        return await guarded("generate", run)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        name = await state.model_name()
+        info = await state.model_info()
+        card = {"id": name, "object": "model", "created": state.started, "owned_by": "netra",
+                "root": info.get("model_path") or name}
+        return openai_api.json_response({"object": "list", "data": [card]})
+
+    @app.get("/health")
+    async def health() -> Response:
+        ok, why = await state.upstream.health()
+        if ok:
+            return Response(b"", status_code=200)
+        return _error_response(OpenAIError(503, why))
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    return app

@@ -1,0 +1,59 @@
+"""`netra serve`: the response layer for one worker (one process per worker, never one per node)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from netra.serve.config import ENGINES, ServeConfig
+
+_D = ServeConfig()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--upstream", default=_D.upstream, help="the worker's base URL (docs/worker-contract.md)")
+    p.add_argument("--host", default=_D.host, help="address to listen on")
+    p.add_argument("--port", type=int, default=_D.port, help="port to listen on")
+    p.add_argument("--stream-interval", type=int, default=_D.stream_interval,
+                   help="tokens per client stream event (coalescing)")
+    p.add_argument("--model-name", default=_D.model_name,
+                   help="model name in /v1/models and responses (default: from the worker's /model_info)")
+    p.add_argument("--engine", choices=ENGINES, default=_D.engine, help="what the upstream worker runs")
+    p.add_argument("--upstream-timeout", type=float, default=_D.upstream_timeout,
+                   help="seconds to connect, and the longest silence allowed between upstream events")
+    p.add_argument("--max-connections", type=int, default=_D.max_connections,
+                   help="upstream connection pool size")
+    p.add_argument("--log-level", default=None, help="logging level (default: NETRA_LOG_LEVEL)")
+
+
+def config_from_args(args: argparse.Namespace) -> ServeConfig:
+    return ServeConfig(upstream=args.upstream, host=args.host, port=args.port,
+                       stream_interval=args.stream_interval, model_name=args.model_name, engine=args.engine,
+                       upstream_timeout=args.upstream_timeout, max_connections=args.max_connections)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        print(f"netra serve: {exc}")
+        return 2
+    import uvicorn
+
+    from netra import settings
+    from netra.serve.app import create_app
+
+    level = (args.log_level or settings.get("NETRA_LOG_LEVEL")).upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(config)
+    # One event loop per process by design; access logs off: at thousands of events/s they cost CPU.
+    uvicorn.run(app, host=config.host, port=config.port, log_level=level.lower(), access_log=False,
+                timeout_keep_alive=75)
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("serve", help="OpenAI-compatible response layer in front of one worker")
+    add_arguments(p)
+    p.set_defaults(func=main)

@@ -1,0 +1,245 @@
+"""A worker that follows docs/worker-contract.md exactly, with a deterministic "model".
+
+It exists to test the response layer and to measure its bytes on the wire where no engine runs:
+cumulative or incremental events, any stream interval, stop tokens, aborts, and injected faults.
+Its tokenizer is a byte-level BPE written as a Hugging Face `tokenizer.json` (one token per
+byte, so multi-byte UTF-8 characters span tokens) with a ChatML chat template.
+
+The "model": output token i is byte (offset + i) of a fixed multilingual text, where the offset
+derives from the prompt (and the seed when sampling), so a greedy request is reproducible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+TEXT = ("Netra serves hybrid MoE models. Größe, café, naïve — 日本語のテキスト, 한국어, "
+        "emoji 🙂🚀 and ASCII punctuation: {}[]<>!? ").encode()
+EOS, IM_START, IM_END = 256, 257, 258
+CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+TOP_KEYS = {"input_ids", "text", "sampling_params", "stream", "rid"}
+SAMPLING_KEYS = {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "ignore_eos", "stop_token_ids",
+                 "skip_special_tokens", "sampling_seed", "no_stop_trim"}
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    # GPT-2's printable stand-ins for bytes, which Hugging Face's ByteLevel decoder maps back.
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
+
+
+def write_tokenizer(directory: Path) -> Path:
+    """Write tokenizer.json and tokenizer_config.json (ChatML template) into `directory`."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {ch: b for b, ch in _bytes_to_unicode().items()}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")])
+    directory.mkdir(parents=True, exist_ok=True)
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": CHATML, "eos_token": "<|im_end|>", "bos_token": None}))
+    return directory
+
+
+@dataclass
+class FakeConfig:
+    incremental: bool = False
+    stream_interval: int = 1
+    step_delay: float = 0.0  # seconds per decode step
+    eos_after: int | None = None  # emit EOS after this many tokens unless ignore_eos
+    fail_after: int | None = None  # break the connection mid-stream after this many tokens
+    healthy: bool = True
+
+
+@dataclass
+class FakeState:
+    config: FakeConfig
+    tokenizer_dir: Path
+    aborted: set[str] = field(default_factory=set)  # rids aborted by /abort_request
+    disconnected: set[str] = field(default_factory=set)  # rids whose client went away mid-stream
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    running: set[str] = field(default_factory=set)
+
+
+def _bad(message: str) -> Response:
+    return Response(orjson.dumps({"error": {"message": message, "type": "invalid_request_error", "code": 400}}),
+                    status_code=400, media_type="application/json")
+
+
+def _check(body: Any) -> str | None:
+    if not isinstance(body, dict):
+        return "body must be a JSON object"
+    extra = set(body) - TOP_KEYS
+    if extra:
+        return f"unknown keys {sorted(extra)}"
+    if ("input_ids" in body) == ("text" in body):
+        return "exactly one of input_ids and text"
+    sp = body.get("sampling_params", {})
+    if not isinstance(sp, dict):
+        return "sampling_params must be an object"
+    extra = set(sp) - SAMPLING_KEYS
+    if extra:
+        return f"unknown sampling_params {sorted(extra)}"
+    mnt = sp.get("max_new_tokens", 128)
+    if not isinstance(mnt, int) or mnt < 0:
+        return "max_new_tokens must be an int >= 0"
+    if float(sp.get("temperature", 1.0)) < 0:
+        return "temperature must be >= 0"
+    ids = body.get("input_ids")
+    if ids is not None and (not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids)):
+        return "input_ids must be a non-empty list of token IDs"
+    return None
+
+
+def prompt_token_ids(body: dict[str, Any]) -> list[int]:
+    """The fake's tokenization of a `/generate` body (its `text` is encoded byte by byte)."""
+    if "input_ids" in body:
+        return list(body["input_ids"])
+    return list(body["text"].encode())
+
+
+def reference_output(prompt: list[int], sp: dict[str, Any], eos_after: int | None = None,
+                     ) -> tuple[list[int], dict[str, Any]]:
+    """The whole output of one request (the matched stop token last, when one matched) and its finish."""
+    offset = sum((i + 1) * t for i, t in enumerate(prompt))
+    if float(sp.get("temperature", 1.0)) > 0:
+        offset += 7919 * int(sp.get("sampling_seed", 0))
+    limit = int(sp.get("max_new_tokens", 128))
+    stop_ids = set(sp.get("stop_token_ids") or [])
+    ignore_eos = bool(sp.get("ignore_eos", False))
+    out: list[int] = []
+    for i in range(limit):
+        if eos_after is not None and not ignore_eos and i == eos_after:
+            return [*out, EOS], {"type": "stop", "matched": EOS}
+        t = TEXT[(offset + i) % len(TEXT)]
+        if t in stop_ids:
+            return [*out, t], {"type": "stop", "matched": t}
+        out.append(t)
+    return out, {"type": "length", "length": limit}
+
+
+def create_fake_worker(config: FakeConfig | None = None, tokenizer_dir: Path | None = None) -> FastAPI:
+    cfg = config or FakeConfig()
+    tdir = tokenizer_dir or write_tokenizer(Path(tempfile.mkdtemp(prefix="netra-fake-tok-")))
+    state = FakeState(cfg, tdir)
+    app = FastAPI()
+    app.state.fake = state
+
+    def result(rid: str, prompt: list[int], ids: list[int], n_counted: int, finish: dict[str, Any] | None,
+               keep_stop: bool, t0: float, skip_special: bool) -> dict[str, Any]:
+        shown = ids
+        if finish is not None and finish.get("type") == "stop" and not keep_stop:
+            shown = ids[:-1]  # the matched stop token is counted but not returned
+        text = bytes(t for t in shown if t < 256).decode("utf-8", "replace") if skip_special else ""
+        return {"text": text, "output_ids": shown,
+                "meta_info": {"id": rid, "finish_reason": finish, "prompt_tokens": len(prompt),
+                              "completion_tokens": n_counted, "cached_tokens": 0,
+                              "e2e_latency": time.monotonic() - t0}}
+
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            return _bad("body is not JSON")
+        problem = _check(body)
+        if problem:
+            return _bad(problem)
+        state.requests.append(body)
+        rid = str(body.get("rid") or uuid.uuid4().hex)
+        sp = body.get("sampling_params", {})
+        prompt = prompt_token_ids(body)
+        out, finish = reference_output(prompt, sp, cfg.eos_after)
+        keep = bool(sp.get("no_stop_trim", False))
+        t0 = time.monotonic()
+        if not body.get("stream", False):
+            await asyncio.sleep(cfg.step_delay * len(out))
+            return Response(orjson.dumps(result(rid, prompt, out, len(out), finish, keep, t0, True)),
+                            media_type="application/json")
+
+        async def events() -> AsyncIterator[bytes]:
+            state.running.add(rid)
+            sent = 0
+            done = False
+            try:
+                for step in range(1, len(out) + 1):
+                    if cfg.step_delay:
+                        await asyncio.sleep(cfg.step_delay)
+                    else:
+                        await asyncio.sleep(0)
+                    if rid in state.aborted:
+                        ev = result(rid, prompt, out[:sent] if not cfg.incremental else [], sent,
+                                    {"type": "abort", "message": "aborted by /abort_request"}, keep, t0, True)
+                        yield b"data: " + orjson.dumps(ev) + b"\n\n"
+                        done = True
+                        break
+                    if cfg.fail_after is not None and step > cfg.fail_after:
+                        raise RuntimeError("injected fault: the worker died mid-stream")
+                    last = step == len(out)
+                    if step - sent < cfg.stream_interval and not last:
+                        continue
+                    fin = finish if last else None
+                    ids = out[sent:step] if cfg.incremental else out[:step]
+                    ev = result(rid, prompt, ids, step, fin, keep, t0, True)
+                    if cfg.incremental and fin is not None and fin.get("type") == "stop" and not keep:
+                        ev["output_ids"] = out[sent:step - 1]
+                    if cfg.incremental:
+                        ev["text"] = bytes(t for t in ev["output_ids"] if t < 256).decode("utf-8", "replace")
+                    sent = step
+                    yield b"data: " + orjson.dumps(ev) + b"\n\n"
+                if not out:
+                    yield b"data: " + orjson.dumps(result(rid, prompt, [], 0, finish, keep, t0, True)) + b"\n\n"
+                yield b"data: [DONE]\n\n"
+                done = True
+            finally:
+                state.running.discard(rid)
+                if not done:
+                    state.disconnected.add(rid)
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.post("/abort_request")
+    async def abort(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        state.aborted.add(str(body.get("rid")))
+        return Response(b"{}", media_type="application/json")
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(b"", status_code=200 if cfg.healthy else 503)
+
+    @app.get("/model_info")
+    async def model_info() -> Response:
+        return Response(orjson.dumps({"model_path": "fake/contract-worker", "tokenizer_path": str(tdir),
+                                      "is_generation": True, "preset": None}), media_type="application/json")
+
+    @app.get("/server_info")
+    async def server_info() -> Response:
+        return Response(orjson.dumps({"version": "fake", "incremental_streaming_output": cfg.incremental,
+                                      "stream_interval": cfg.stream_interval}), media_type="application/json")
+
+    return app

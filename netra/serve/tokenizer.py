@@ -1,0 +1,132 @@
+"""Tokenizer and chat template of the upstream's model, found through its `/model_info`.
+
+- A checkpoint (SGLang, or the embedded engine loading a Hugging Face directory): `tokenizer.json`
+  through the `tokenizers` library and the chat template of `tokenizer_config.json` (or
+  `chat_template.jinja`), rendered with Jinja2 in a sandbox as Hugging Face renders it.
+- The embedded engine's seeded presets (e.g. `tiny`): the engine's own tokenizer, asked from
+  `netra.engine`, and a plain `role: content` chat template.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from netra.serve.errors import OpenAIError
+
+
+class TextTokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+
+
+class HFTokenizer:
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(path))
+
+    def encode(self, text: str) -> list[int]:
+        # Chat templates write their special tokens themselves: add none here.
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+
+def _token_str(value: Any) -> str:
+    if isinstance(value, dict):  # {"content": "<|im_end|>", ...} in older tokenizer configs
+        return str(value.get("content", ""))
+    return "" if value is None else str(value)
+
+
+class ChatTemplate:
+    """A Hugging Face chat template (Jinja2), or the plain template when `source` is None."""
+
+    def __init__(self, source: str | None, bos_token: str = "", eos_token: str = "") -> None:
+        self.source = source
+        self._bos = bos_token
+        self._eos = eos_token
+        self._template: Any = None
+        if source is not None:
+            from jinja2.exceptions import TemplateError
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            def raise_exception(message: str) -> None:
+                raise TemplateError(message)
+
+            def strftime_now(fmt: str) -> str:
+                return _dt.datetime.now().strftime(fmt)
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                extensions=["jinja2.ext.loopcontrols"])
+            env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False, indent=indent)
+            env.globals["raise_exception"] = raise_exception
+            env.globals["strftime_now"] = strftime_now
+            self._template = env.from_string(source)
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               extra: dict[str, Any] | None = None) -> str:
+        if self._template is None:
+            # The plain template: no special tokens, so any byte-level tokenizer encodes it.
+            text = "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in messages)
+            return text + ("assistant:" if add_generation_prompt else "")
+        from jinja2.exceptions import TemplateError
+
+        try:
+            return str(self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                             bos_token=self._bos, eos_token=self._eos, tools=None,
+                                             **(extra or {})))
+        except TemplateError as exc:
+            raise OpenAIError(400, f"chat template refused the messages: {exc}", param="messages") from exc
+
+
+@dataclass
+class ModelText:
+    tokenizer: TextTokenizer
+    chat_template: ChatTemplate
+    source: str  # where the tokenizer came from, for logs and /v1/models
+
+
+def _chat_template_source(directory: Path, config: dict[str, Any]) -> str | None:
+    jinja_file = directory / "chat_template.jinja"
+    if jinja_file.is_file():
+        return jinja_file.read_text()
+    tmpl = config.get("chat_template")
+    if isinstance(tmpl, list):  # [{"name": "default", "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in tmpl if isinstance(t, dict)}
+        tmpl = named.get("default") or next(iter(named.values()), None)
+    return tmpl if isinstance(tmpl, str) else None
+
+
+def load_from_directory(directory: Path) -> ModelText:
+    tok_file = directory / "tokenizer.json" if directory.is_dir() else directory
+    if not tok_file.is_file():
+        raise OpenAIError(503, f"the worker's tokenizer_path {directory} has no tokenizer.json")
+    base = tok_file.parent
+    config: dict[str, Any] = {}
+    cfg_file = base / "tokenizer_config.json"
+    if cfg_file.is_file():
+        config = json.loads(cfg_file.read_text())
+    source = _chat_template_source(base, config)
+    template = ChatTemplate(source, _token_str(config.get("bos_token")), _token_str(config.get("eos_token")))
+    return ModelText(HFTokenizer(tok_file), template, str(tok_file))
+
+
+def load_for_worker(info: dict[str, Any]) -> ModelText:
+    """The tokenizer for the model that `/model_info` describes."""
+    path = info.get("tokenizer_path") or info.get("model_path")
+    if isinstance(path, str) and path and Path(path).exists():
+        return load_from_directory(Path(path))
+    preset = info.get("preset")
+    if preset:
+        from netra.serve.engine_tokenizer import load_engine_tokenizer
+
+        return ModelText(load_engine_tokenizer(info), ChatTemplate(None), f"netra.engine preset {preset}")
+    raise OpenAIError(503, f"cannot find the worker's tokenizer: /model_info gives tokenizer_path={path!r} "
+                           "(not a local path) and no preset")

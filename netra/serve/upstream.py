@@ -1,0 +1,199 @@
+"""The worker client: one pooled `httpx.AsyncClient` per response-layer process.
+
+Speaks only docs/worker-contract.md. Failures become `OpenAIError`s with a status that says
+whose fault it was: 4xx when the worker refused the request, 502 when it broke the contract or
+failed, 503 when it cannot be reached, 504 when it went silent past `--upstream-timeout`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import orjson
+
+from netra.serve.errors import OpenAIError
+
+log = logging.getLogger("netra.serve.upstream")
+
+
+def _upstream_message(status: int, body: bytes) -> str:
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body.decode("utf-8", "replace")[:500] or f"HTTP {status}"
+    if isinstance(obj, dict):
+        err = obj.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        if "message" in obj:  # SGLang's OpenAI-style {"object": "error", "message": ...}
+            return str(obj["message"])
+    return body.decode("utf-8", "replace")[:500]
+
+
+def _status_error(status: int, body: bytes, where: str) -> OpenAIError:
+    msg = _upstream_message(status, body)
+    if 400 <= status < 500 and status != 404:
+        return OpenAIError(status, msg)
+    return OpenAIError(502, f"worker {where} returned HTTP {status}: {msg}")
+
+
+def _transport_error(exc: Exception, base: str) -> OpenAIError:
+    if isinstance(exc, httpx.TimeoutException):
+        return OpenAIError(504, f"worker at {base} did not answer in time ({type(exc).__name__})")
+    if isinstance(exc, httpx.ConnectError):
+        return OpenAIError(503, f"worker at {base} is not reachable: {exc}")
+    return OpenAIError(502, f"worker at {base} failed: {type(exc).__name__}: {exc}")
+
+
+class UpstreamStream:
+    """An open native SSE stream: iterate `events()`; `aclose()` drops the connection (the worker
+    aborts a request whose client went away)."""
+
+    def __init__(self, response: httpx.Response, base: str) -> None:
+        self._response = response
+        self._base = base
+        self.bytes_received = 0
+        self.closed = False
+
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        buf = b""
+        data_lines: list[bytes] = []
+        try:
+            async for chunk in self._response.aiter_raw():
+                self.bytes_received += len(chunk)
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for raw in lines:
+                    line = raw.rstrip(b"\r")
+                    if line:
+                        if line.startswith(b"data:"):
+                            data_lines.append(line[5:].lstrip(b" "))
+                        continue  # comments (":...") and other SSE fields carry nothing here
+                    if not data_lines:
+                        continue
+                    data = b"\n".join(data_lines)
+                    data_lines = []
+                    if data == b"[DONE]":
+                        return
+                    try:
+                        event = orjson.loads(data)
+                    except orjson.JSONDecodeError as exc:
+                        raise OpenAIError(502, f"worker sent a malformed stream event: {data[:200]!r}") from exc
+                    if isinstance(event, dict) and "error" in event and "meta_info" not in event:
+                        raise OpenAIError(502, f"worker stream error: {_upstream_message(200, data)}")
+                    if not isinstance(event, dict):
+                        raise OpenAIError(502, f"worker sent a non-object stream event: {data[:200]!r}")
+                    yield event
+        except httpx.HTTPError as exc:
+            raise _transport_error(exc, self._base) from exc
+
+    async def aclose(self) -> None:
+        if not self.closed:
+            self.closed = True
+            await self._response.aclose()
+
+
+class Upstream:
+    def __init__(self, base: str, timeout: float, max_connections: int = 4096,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.base = base.rstrip("/")
+        self.timeout = timeout
+        self.client = httpx.AsyncClient(
+            base_url=self.base,
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 30.0)),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
+                                keepalive_expiry=60.0),
+            transport=transport,
+        )
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def aclose(self) -> None:
+        if self._background:
+            await asyncio.wait(self._background, timeout=5.0)
+        await self.client.aclose()
+
+    async def health(self, timeout: float = 5.0) -> tuple[bool, str]:
+        try:
+            r = await self.client.get("/health", timeout=timeout)
+        except httpx.HTTPError as exc:
+            return False, f"worker at {self.base} is not reachable: {type(exc).__name__}: {exc}"
+        if r.status_code == 200:
+            return True, "ok"
+        return False, f"worker at {self.base} /health returned HTTP {r.status_code}"
+
+    async def get_json(self, path: str) -> dict[str, Any]:
+        try:
+            r = await self.client.get(path)
+        except httpx.HTTPError as exc:
+            raise _transport_error(exc, self.base) from exc
+        if r.status_code != 200:
+            raise _status_error(r.status_code, r.content, path)
+        try:
+            obj = orjson.loads(r.content)
+        except orjson.JSONDecodeError as exc:
+            raise OpenAIError(502, f"worker {path} did not return JSON") from exc
+        if not isinstance(obj, dict):
+            raise OpenAIError(502, f"worker {path} did not return a JSON object")
+        return obj
+
+    async def generate(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Non-streaming `/generate`."""
+        try:
+            r = await self.client.post("/generate", content=orjson.dumps(body),
+                                       headers={"content-type": "application/json"})
+        except httpx.HTTPError as exc:
+            raise _transport_error(exc, self.base) from exc
+        if r.status_code != 200:
+            raise _status_error(r.status_code, r.content, "/generate")
+        try:
+            obj = orjson.loads(r.content)
+        except orjson.JSONDecodeError as exc:
+            raise OpenAIError(502, "worker /generate did not return JSON") from exc
+        if not isinstance(obj, dict):
+            raise OpenAIError(502, "worker /generate did not return a JSON object")
+        return obj
+
+    async def open_stream(self, body: dict[str, Any]) -> UpstreamStream:
+        """Send a streaming `/generate` and check its status before any byte goes to the client, so
+        a refused request still gets a proper HTTP error."""
+        req = self.client.build_request("POST", "/generate", content=orjson.dumps(body),
+                                        headers={"content-type": "application/json",
+                                                 "accept": "text/event-stream"})
+        try:
+            response = await self.client.send(req, stream=True)
+        except httpx.HTTPError as exc:
+            raise _transport_error(exc, self.base) from exc
+        if response.status_code != 200:
+            try:
+                content = await response.aread()
+            except httpx.HTTPError:
+                content = b""
+            finally:
+                await response.aclose()
+            raise _status_error(response.status_code, content, "/generate")
+        return UpstreamStream(response, self.base)
+
+    def abort_soon(self, rid: str, stream: UpstreamStream | None = None) -> None:
+        """Abort a request in a detached task: callable from a cancelled generator's `finally`,
+        where awaiting is no longer possible."""
+        task = asyncio.get_running_loop().create_task(self._abort(rid, stream))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _abort(self, rid: str, stream: UpstreamStream | None) -> None:
+        if stream is not None:
+            try:
+                await stream.aclose()
+            except Exception as exc:  # closing a broken connection may fail; the abort below still runs
+                log.debug("closing upstream stream of %s: %r", rid, exc)
+        try:
+            await self.client.post("/abort_request", content=orjson.dumps({"rid": rid}),
+                                   headers={"content-type": "application/json"}, timeout=10.0)
+        except httpx.HTTPError as exc:
+            log.warning("abort of %s at %s failed: %r", rid, self.base, exc)
