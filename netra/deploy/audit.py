@@ -1,0 +1,162 @@
+"""Worker audit, after a worker is healthy and before any traffic reaches it.
+
+The article's DP8 run was silently invalid because a wrapper dropped the engine options. So the
+launcher does not trust what it asked for; it reads back what each worker actually runs with:
+- its command line (`/proc/<pid>/cmdline`) and environment (`/proc/<pid>/environ`);
+- its CPU set (`/proc/<pid>/status` Cpus_allowed_list) and memory policy (`/proc/<pid>/numa_maps`);
+- the effective engine options it reports at `GET /server_info`;
+- the locked code objects mapped into its memory (`/proc/<pid>/maps`, the process and its children).
+Any mismatch is a problem naming the worker and the option; the launch stops.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from netra.deploy.plan import WorkerPlan
+from netra.deploy.topology import format_cpulist, parse_cpulist
+
+_MISSING = object()
+
+
+def proc_cmdline(pid: int) -> list[str]:
+    raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0")[:-1]] if raw else []
+
+
+def proc_environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    out: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        if b"=" in item:
+            k, _, val = item.partition(b"=")
+            out[k.decode("utf-8", "replace")] = val.decode("utf-8", "replace")
+    return out
+
+
+def proc_cpus(pid: int) -> list[int]:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return parse_cpulist(line.split(":", 1)[1])
+    return []
+
+
+def proc_tree(pid: int) -> list[int]:
+    """The process and all its descendants (SGLang runs its scheduler in a child process)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+            except OSError:
+                continue
+    return out
+
+
+def mapped_files(pids: Iterable[int]) -> set[str]:
+    files: set[str] = set()
+    for p in pids:
+        try:
+            text = Path(f"/proc/{p}/maps").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            parts = line.split(None, 5)
+            if len(parts) == 6 and parts[5].startswith("/"):
+                files.add(parts[5].removesuffix(" (deleted)"))
+    return files
+
+
+def mem_policies(pid: int) -> set[str]:
+    try:
+        lines = Path(f"/proc/{pid}/numa_maps").read_text().splitlines()
+    except OSError:
+        return set()
+    return {line.split()[1] for line in lines if len(line.split()) > 1}
+
+
+def find_option(info: Any, key: str) -> Any:
+    """`key` at the top level of /server_info, or inside a nested section (SGLang groups its fields)."""
+    if isinstance(info, dict):
+        if key in info:
+            return info[key]
+        for value in info.values():
+            found = find_option(value, key)
+            if found is not _MISSING:
+                return found
+    elif isinstance(info, list):
+        for value in info:
+            found = find_option(value, key)
+            if found is not _MISSING:
+                return found
+    return _MISSING
+
+
+def same_value(want: Any, got: Any) -> bool:
+    if isinstance(want, bool) or isinstance(got, bool):
+        return want is got or (isinstance(got, str) and got.lower() == str(want).lower())
+    if isinstance(want, int | float) and isinstance(got, int | float):
+        return math.isclose(float(want), float(got), rel_tol=1e-9, abs_tol=1e-12)
+    if isinstance(want, list | tuple) and isinstance(got, list | tuple):
+        return len(want) == len(got) and all(same_value(a, b) for a, b in zip(want, got, strict=True))
+    if isinstance(want, int | float) and isinstance(got, str):
+        try:
+            return same_value(want, float(got))
+        except ValueError:
+            return False
+    return bool(want == got)
+
+
+def audit_options(w: WorkerPlan, server_info: dict[str, Any]) -> list[str]:
+    problems = []
+    for key, want in sorted(w.engine_expect.items()):
+        got = find_option(server_info, key)
+        if got is _MISSING:
+            problems.append(f"engine option {key} did not reach worker {w.index}: /server_info does not "
+                            f"report it (the plan sets {want!r})")
+        elif not same_value(want, got):
+            problems.append(f"engine option {key} did not reach worker {w.index}: the plan sets {want!r}, "
+                            f"the worker runs with {got!r}")
+    return problems
+
+
+def audit_process(w: WorkerPlan, pid: int, argv: list[str], env: dict[str, str],
+                  code_objects: Iterable[str] = ()) -> list[str]:
+    """Compare a running worker process with what the launcher started (argv/env as executed)."""
+    problems = []
+    try:
+        cmdline = proc_cmdline(pid)
+        environ = proc_environ(pid)
+        cpus = proc_cpus(pid)
+    except OSError as exc:
+        return [f"worker {w.index} (pid {pid}) cannot be audited: {exc}"]
+    if cmdline != argv:
+        missing = [a for a in argv if a not in cmdline]
+        problems.append(f"worker {w.index} (pid {pid}) runs a different command line than planned"
+                        f" (missing {missing[:6]}): {' '.join(cmdline)[:300]}")
+    for key, want in sorted(env.items()):
+        got = environ.get(key)
+        if got != want:
+            problems.append(f"environment {key} did not reach worker {w.index}: the plan sets {want!r}, "
+                            f"the worker has {got!r}")
+    if sorted(cpus) != sorted(w.cpus):
+        problems.append(f"worker {w.index} (pid {pid}) CPU set is {format_cpulist(cpus)}, the plan says "
+                        f"{w.cpulist}")
+    if w.mem_node is not None:
+        policies = mem_policies(pid)
+        if policies and f"bind:{w.mem_node}" not in policies:
+            problems.append(f"worker {w.index} (pid {pid}) memory is not bound to NUMA node {w.mem_node} "
+                            f"(policies {sorted(policies)})")
+    wanted = sorted(set(code_objects))
+    if wanted:
+        mapped = mapped_files(proc_tree(pid))
+        for path in wanted:
+            if path not in mapped:
+                problems.append(f"code object {path} is not mapped in worker {w.index} (pid {pid} and its "
+                                f"children): the worker does not run the locked kernels")
+    return problems

@@ -1,0 +1,272 @@
+"""`netra plan | launch | status | stop | compose`.
+
+Registration imports nothing heavy (no torch, no httpx): each verb imports its module when it runs.
+Exit codes: 0 success; 1 failure (a launch that failed or is not healthy); 2 refused (a profile,
+lock, placement or audit problem, named in the message).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _add_profile_args(p: argparse.ArgumentParser, *, default: str | None) -> None:
+    p.add_argument("--profile", default=default, help="profile name (launcher/NAME.yaml) or path"
+                   + (f" (default {default})" if default else ""))
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one profile key (dotted, YAML value), e.g. engine.stream_interval=4")
+    p.add_argument("--workers", type=int, help="number of workers (default: the profile's dp)")
+    p.add_argument("--front-port", type=int, help="public port (default: the profile's front.port)")
+    p.add_argument("--front-host", help="public address (default: the profile's front.host)")
+    p.add_argument("--port-base", type=int,
+                   help="worker i: engine on PORT_BASE+2i, response layer on PORT_BASE+2i+1")
+    p.add_argument("--run-dir", type=Path, help="record, logs, nginx files (default: $NETRA_RUN_DIR/PROFILE)")
+
+
+def _resolve(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """(base profile, profile with --set applied, overrides)."""
+    import yaml
+
+    from netra.deploy.plan import Overrides
+    from netra.deploy.profile import ProfileError, load_profile
+
+    base = load_profile(args.profile)
+    prof = base
+    for item in args.sets:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ProfileError(f"--set {item!r}: expected KEY=VALUE")
+        prof = prof.replace(key.strip(), yaml.safe_load(raw))
+    ov = Overrides(front_port=args.front_port, front_host=args.front_host, port_base=args.port_base,
+                   run_dir=args.run_dir, workers=args.workers)
+    return base, prof, ov
+
+
+def print_plan(plan: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(160, Console().width))
+    t = Table(title=f"plan {plan.profile_name}: {plan.dp} worker(s), {plan.engine_kind} on {plan.target}")
+    for col in ("worker", "GPU", "NUMA", "CPU set", "cores", "mem", "engine port", "serve port", "environment"):
+        t.add_column(col)
+    for w in plan.workers:
+        gpu = "-" if w.gpu is None else f"{w.gpu} ({w.gpu_pci})"
+        env = " ".join(f"{k}={v}" for k, v in w.engine_env.items())
+        t.add_row(str(w.index), gpu, str(w.numa_node if w.numa_node is not None else "-"), w.cpulist,
+                  str(w.physical_cores), str(w.mem_node if w.mem_node is not None else "-"), str(w.engine_port),
+                  str(w.serve_port), env)
+    console.print(t)
+    for w in plan.workers:
+        console.print(f"worker {w.index} engine: {' '.join(w.engine_argv)}", soft_wrap=True, markup=False)
+        console.print(f"worker {w.index} serve:  {' '.join(w.serve_argv)}", soft_wrap=True, markup=False)
+    f = plan.front
+    console.print(f"front: nginx {f.balance} on {f.host}:{f.port}, worker_processes {f.worker_processes}, "
+                  f"worker_connections {f.worker_connections}, keepalive {f.keepalive}, "
+                  f"worker_rlimit_nofile {f.worker_rlimit_nofile}, max_fails {f.max_fails} / fail_timeout "
+                  f"{f.fail_timeout_s}s, read timeout {f.read_timeout_s}s", markup=False)
+    console.print(f"topology: {plan.topology}", markup=False, soft_wrap=True)
+    for note in plan.notes:
+        console.print(f"note: {note}", markup=False)
+    console.print(f"profile sha256 {plan.profile_sha256}", markup=False)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from netra.deploy.plan import PlanError, make_plan
+    from netra.deploy.profile import ProfileError, render_schema
+    from netra.deploy.topology import PlacementError
+    from netra.deploy.verify import LaunchRefused, write_profile_lock
+
+    try:
+        if args.write_schema:
+            from netra.deploy.profile import SCHEMA_PATH
+
+            SCHEMA_PATH.write_text(render_schema())
+            print(f"wrote {SCHEMA_PATH}")
+            return 0
+        if args.relock:
+            names = None
+            if args.profile:
+                from netra.deploy.profile import load_profile
+
+                names = [load_profile(args.profile).name]
+            for name, digest in write_profile_lock(names).items():
+                if names is None or name in names:
+                    print(f"locked {name} {digest}")
+            return 0
+        if not args.profile:
+            print("netra plan: --profile is required", file=sys.stderr)
+            return 2
+        _, prof, ov = _resolve(args)
+        plan = make_plan(prof, args.topology, ov)
+    except (ProfileError, PlanError, PlacementError, LaunchRefused) as exc:
+        print(f"netra plan: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(plan.canonical_json())
+        return 0
+    print_plan(plan)
+    print(f"plan sha256 {plan.sha256()} (canonical JSON: the same command with --json)")
+    return 0
+
+
+def _detach(args: argparse.Namespace, run_dir: Path, timeout: float) -> int:
+    from netra.deploy.record import RecordError, read_record
+
+    argv = [a for a in sys.argv[1:] if a != "--detach"]
+    if not argv or argv[0] != "launch":
+        argv = ["launch", "--profile", args.profile, "--run-dir", str(run_dir)]
+        for item in args.sets:
+            argv += ["--set", item]
+        for flag, value in (("--workers", args.workers), ("--front-port", args.front_port),
+                            ("--front-host", args.front_host), ("--port-base", args.port_base)):
+            if value is not None:
+                argv += [flag, str(value)]
+    if args.run_dir is None and "--run-dir" not in argv:
+        argv += ["--run-dir", str(run_dir)]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = run_dir / "launcher.log"
+    with log.open("ab") as out:
+        child = subprocess.Popen([sys.executable, "-m", "netra", *argv], stdin=subprocess.DEVNULL, stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code = child.poll()
+        try:
+            rec = read_record(run_dir)
+        except RecordError:
+            rec = None
+        if rec is not None and rec["launcher"]["pid"] == child.pid and rec["state"] == "serving":
+            print(f"serving {rec['profile_name']} on {rec['front']['url']}/v1 (launcher pid {child.pid}; "
+                  f"`netra status --run-dir {run_dir}`, `netra stop --run-dir {run_dir}`)")
+            return 0
+        if code is not None:
+            tail = log.read_text(errors="replace").splitlines()[-25:]
+            print("\n".join(tail), file=sys.stderr)
+            return int(code) or 1
+        time.sleep(0.2)
+    print(f"netra launch --detach: not serving after {timeout:.0f} s; stopping it (log {log})", file=sys.stderr)
+    child.terminate()
+    try:
+        child.wait(30)
+    except subprocess.TimeoutExpired:
+        child.kill()
+    return 1
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from netra.deploy.plan import PlanError, make_plan
+    from netra.deploy.profile import ProfileError
+    from netra.deploy.topology import PlacementError
+    from netra.deploy.verify import LaunchRefused, verify
+
+    try:
+        base, prof, ov = _resolve(args)
+        plan = make_plan(prof, None, ov)
+    except (ProfileError, PlanError, PlacementError, LaunchRefused) as exc:
+        print(f"launch refused: {exc}", file=sys.stderr)
+        return 2
+    if args.detach:
+        return _detach(args, Path(plan.run_dir), float(plan.supervisor["health_timeout_s"]) * 2 + 60)
+    print_plan(plan)
+    print(f"plan sha256 {plan.sha256()}")
+    v = verify(prof, base=base, strict=args.strict)
+    for w in v.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if v.problems:
+        print(str(LaunchRefused(v.problems)), file=sys.stderr)
+        return 2
+    from netra.deploy.launch import Launch
+
+    meta = {"profile_base_sha256": base.sha256(), "set_overrides": list(args.sets),
+            "overrides": plan.overrides, "strict": prof.strict if args.strict is None else args.strict}
+    return Launch(plan, v, meta=meta, log=lambda m: print(m, flush=True)).run()
+
+
+def _run_dir(args: argparse.Namespace) -> Path:
+    if args.run_dir is not None:
+        return Path(args.run_dir)
+    from netra.deploy.plan import default_run_dir
+    from netra.deploy.profile import load_profile
+
+    return default_run_dir(load_profile(args.profile))
+
+
+def _status(args: argparse.Namespace) -> int:
+    from netra.deploy.launch import dump, status
+    from netra.deploy.record import RecordError
+
+    try:
+        code, summary = status(_run_dir(args))
+    except RecordError as exc:
+        print(f"netra status: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(dump(summary))
+        return code
+    print(f"{summary['profile']}: {summary['state']} on {summary['front']} "
+          f"(front {'healthy' if summary['front_healthy'] else 'NOT healthy'}, plan {summary['plan_sha256'][:16]})")
+    for index, st in summary["workers"].items():
+        print(f"  worker {index}: {st}, restarts {summary['restarts'][index]}")
+    for name, alive in summary["processes_alive"].items():
+        print(f"  {name}: {'alive' if alive else 'not running'}")
+    return code
+
+
+def _stop(args: argparse.Namespace) -> int:
+    from netra.deploy.launch import stop
+    from netra.deploy.record import RecordError
+
+    try:
+        notes = stop(_run_dir(args), timeout=args.timeout)
+    except RecordError as exc:
+        print(f"netra stop: {exc}", file=sys.stderr)
+        return 1
+    for n in notes:
+        print(n)
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("plan", help="resolve a profile into a plan: placement, commands, canonical JSON + sha256")
+    _add_profile_args(p, default=None)
+    p.add_argument("--topology", type=Path, help="a sysfs mirror (numa/<fixture>) instead of this machine")
+    p.add_argument("--json", action="store_true", help="print only the canonical JSON (sha256 it to get the hash)")
+    p.add_argument("--relock", action="store_true",
+                   help="write the profile's sha256 (every profile's without --profile) into launcher/lock.json")
+    p.add_argument("--write-schema", action="store_true", help="regenerate launcher/schema.json")
+    p.set_defaults(func=_plan)
+
+    p = sub.add_parser("launch", help="verify and start a profile: engines, response layers, nginx, supervisor")
+    _add_profile_args(p, default="local")
+    p.add_argument("--detach", action="store_true", help="return once serving; the launcher keeps running")
+    p.add_argument("--strict", action=argparse.BooleanOptionalAction, default=None,
+                   help="override the profile's strict lock policy")
+    p.set_defaults(func=_launch)
+
+    for verb, func, text in (("status", _status, "state of a launch, from its record"),
+                             ("stop", _stop, "stop a launch from another shell, from its record")):
+        p = sub.add_parser(verb, help=text)
+        p.add_argument("--run-dir", type=Path, help="the launch's run dir")
+        p.add_argument("--profile", default="local", help="run dir of this profile (default local)")
+        if verb == "status":
+            p.add_argument("--json", action="store_true")
+        else:
+            p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a clean stop")
+        p.set_defaults(func=func)
+
+    try:
+        compose = importlib.import_module("netra.deploy.compose")
+    except ModuleNotFoundError as exc:  # TRANSITIONAL: the compose renderer lands in parallel
+        if exc.name != "netra.deploy.compose":
+            raise
+        return
+    p = sub.add_parser("compose", help="render a Compose v2 file for a profile's verified plan")
+    compose.add_arguments(p)
+    p.set_defaults(func=lambda a: int(compose.main(a) or 0))

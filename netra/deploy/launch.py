@@ -1,0 +1,338 @@
+"""Process-mode launch of a verified plan: engines, audit, response layers, nginx, then supervision.
+
+Order (ARCHITECTURE.md, "The launcher"): every port is checked free; the engines start with their CPU
+sets and memory nodes; each must answer /health; each is audited (command line, environment, CPU
+set, memory policy, /server_info options, mapped code objects); the response layers start and must
+answer /health (200 only when their engine is healthy); only then is nginx started, so it never
+marks an upstream down because it was hit before listening. The launch record is rewritten at every
+change. SIGINT / SIGTERM stop everything: nginx first (no new requests), then the response layers,
+then the engines; each gets SIGTERM, then SIGKILL after a bounded wait.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from netra.deploy import nginx
+from netra.deploy.audit import audit_options, audit_process
+from netra.deploy.plan import Plan
+from netra.deploy.record import RECORD_VERSION, is_alive, now_utc, proc_start_ticks, read_record, record_path
+from netra.deploy.record import RecordError as RecordError
+from netra.deploy.record import write_json as write_json
+from netra.deploy.supervisor import Proc, Supervisor, WorkerState, healthy, log_tail
+from netra.deploy.verify import LaunchRefused, Verification
+
+POLL_S = 0.2
+
+
+class StartError(RuntimeError):
+    """A process of the launch failed to come up; the message names it and quotes its log."""
+
+
+class Stopped(Exception):
+    """A stop signal arrived while the launch was starting."""
+
+
+def port_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+class Launch:
+    def __init__(self, plan: Plan, verification: Verification, *, meta: dict[str, Any] | None = None,
+                 log: Callable[[str], None] = print) -> None:
+        self.plan = plan
+        self.verification = verification
+        self.meta = meta or {}
+        self.log = log
+        self.run_dir = Path(plan.run_dir)
+        self.stopping = False
+        self.started = now_utc()
+        self.state = "starting"
+        self.message = ""
+        self.nginx_proc: Proc | None = None
+        self.nginx_restarts: list[dict[str, Any]] = []
+        self.workers = [
+            WorkerState(
+                w.index,
+                Proc("engine", w.index, list(w.engine_argv), dict(w.engine_env), Path(w.engine_log), w.cpus,
+                     w.mem_node),
+                Proc("serve", w.index, list(w.serve_argv), dict(w.serve_env), Path(w.serve_log), w.cpus,
+                     w.mem_node))
+            for w in plan.workers]
+        self.supervisor = Supervisor(
+            self.workers, max_restarts=int(plan.supervisor["max_restarts"]),
+            backoff_initial_s=float(plan.supervisor["backoff_initial_s"]),
+            backoff_max_s=float(plan.supervisor["backoff_max_s"]),
+            health_timeout_s=float(plan.supervisor["health_timeout_s"]),
+            engine_url=lambda i: plan.workers[i].engine_url, serve_url=lambda i: plan.workers[i].serve_url,
+            audit=self.audit_worker, set_down=self.set_down, on_change=self.save, log=self.log)
+
+    # --- record ---------------------------------------------------------------------------------
+
+    def record(self) -> dict[str, Any]:
+        p = self.plan
+        workers = []
+        for ws, wp in zip(self.workers, p.workers, strict=True):
+            workers.append({
+                "index": wp.index, "status": ws.status, "gpu": wp.gpu, "gpu_pci": wp.gpu_pci,
+                "numa_node": wp.numa_node, "cpus": wp.cpulist, "mem_node": wp.mem_node,
+                "engine_port": wp.engine_port, "serve_port": wp.serve_port, "engine_url": wp.engine_url,
+                "serve_url": wp.serve_url, "engine": ws.engine.to_record(), "serve": ws.serve.to_record(),
+                "restarts": ws.restarts, "audit": ws.audit})
+        return {
+            "version": RECORD_VERSION, "state": self.state, "message": self.message, "updated": now_utc(),
+            "launcher": {"pid": os.getpid(), "ticks": proc_start_ticks(os.getpid()), "start_time": self.started},
+            "profile_name": p.profile_name, "profile_sha256": p.profile_sha256, "profile": p.profile,
+            "plan_sha256": p.sha256(), "plan_path": str(self.run_dir / "plan.json"), "run_dir": p.run_dir,
+            "front": {"url": p.front.url, "host": p.front.host, "port": p.front.port, "conf": p.front.conf_path,
+                      "process": self.nginx_proc.to_record() if self.nginx_proc else None,
+                      "restarts": self.nginx_restarts},
+            "verification": self.verification.to_dict(), "workers": workers, **self.meta}
+
+    def save(self) -> None:
+        write_json(record_path(self.run_dir), self.record())
+
+    # --- startup --------------------------------------------------------------------------------
+
+    def _check_wait(self, deadline: float, what: str) -> None:
+        if self.stopping:
+            raise Stopped()
+        if time.monotonic() > deadline:
+            raise StartError(f"{what}: not healthy within {self.plan.supervisor['health_timeout_s']} s")
+        time.sleep(POLL_S)
+
+    def _wait_healthy(self, procs: list[tuple[Proc, str]], deadline: float) -> None:
+        pending = list(procs)
+        while pending:
+            for proc, url in list(pending):
+                if not proc.alive():
+                    raise StartError(f"worker {proc.index} {proc.role} (pid {proc.pid}) exited with "
+                                     f"{proc.exit_code()} during startup; {proc.log}:\n{log_tail(proc.log)}")
+                if healthy(url):
+                    pending.remove((proc, url))
+            if pending:
+                self._check_wait(deadline, ", ".join(f"worker {p.index} {p.role}" for p, _ in pending))
+
+    def audit_worker(self, ws: WorkerState) -> list[str]:
+        import httpx
+
+        wp = self.plan.workers[ws.index]
+        assert ws.engine.pid is not None and ws.serve.pid is not None
+        objects = [c["path"] for c in self.verification.code_objects] if self.plan.target != "cpu" else []
+        problems = audit_process(wp, ws.engine.pid, ws.engine.exec_argv, wp.engine_env, objects)
+        if ws.serve.alive():
+            problems += audit_process(wp, ws.serve.pid, ws.serve.exec_argv, wp.serve_env)
+        try:
+            resp = httpx.get(wp.engine_url + "/server_info", timeout=10)
+            resp.raise_for_status()
+            info = resp.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            return [*problems, f"worker {wp.index}: GET /server_info failed ({exc}); its options cannot be "
+                               f"audited"]
+        return problems + audit_options(wp, info)
+
+    def start(self) -> None:
+        """Start everything or nothing: any failure stops what was started and raises."""
+        p = self.plan
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            old = read_record(self.run_dir)
+        except RecordError:
+            old = None
+        if old is not None and is_alive(old["launcher"].get("pid"), old["launcher"].get("ticks")):
+            raise LaunchRefused([f"a launch is already running from {self.run_dir} (launcher pid "
+                                 f"{old['launcher']['pid']}); stop it with `netra stop --run-dir {self.run_dir}`"])
+        busy = [port for host, port in [(p.front.host, p.front.port)]
+                + [("127.0.0.1", q) for w in p.workers for q in (w.engine_port, w.serve_port)]
+                if not port_free(host, port)]
+        if busy:
+            raise LaunchRefused([f"port {port} is already in use (pick others with --front-port / --port-base)"
+                                 for port in busy])
+        (self.run_dir / "plan.json").write_text(p.canonical_json())
+        self.save()
+        timeout = float(p.supervisor["health_timeout_s"])
+        for ws in self.workers:
+            ws.engine.spawn()
+        self.save()
+        self.log(f"started {len(self.workers)} engine(s); waiting for /health")
+        self._wait_healthy([(ws.engine, p.workers[ws.index].engine_url + "/health") for ws in self.workers],
+                           time.monotonic() + timeout)
+        for ws in self.workers:
+            ws.serve.spawn()
+        self.save()
+        self._wait_healthy([(ws.serve, p.workers[ws.index].serve_url + "/health") for ws in self.workers],
+                           time.monotonic() + timeout)
+        problems: list[str] = []
+        for ws in self.workers:
+            ws.audit = self.audit_worker(ws)
+            problems += ws.audit
+        if problems:
+            raise LaunchRefused(problems)
+        self.log("every worker is healthy and audited; starting nginx")
+        nginx.write(p)
+        nginx.validate(p)
+        self.nginx_proc = Proc("nginx", None, nginx.start_argv(p), {}, Path(p.run_dir) / "nginx.stdout.log")
+        self.nginx_proc.spawn()
+        deadline = time.monotonic() + 30
+        while not healthy(p.front.url + "/health"):
+            if not self.nginx_proc.alive():
+                raise StartError(f"nginx exited with {self.nginx_proc.exit_code()}: "
+                                 f"{log_tail(Path(p.front.error_log))}")
+            self._check_wait(deadline, "the front (nginx)")
+        self.state = "serving"
+        self.save()
+
+    # --- running --------------------------------------------------------------------------------
+
+    def set_down(self, down: set[int]) -> None:
+        nginx.write(self.plan, down)
+        if self.nginx_proc is not None and self.nginx_proc.alive():
+            self.nginx_proc.send(signal.SIGHUP)  # graceful reload: in-flight requests finish
+        self.log(f"nginx: workers down {sorted(down) or 'none'}")
+
+    def _nginx_check(self) -> bool:
+        proc = self.nginx_proc
+        if proc is None or proc.alive():
+            return True
+        if len(self.nginx_restarts) >= int(self.plan.supervisor["max_restarts"]):
+            self.message = f"nginx exited {len(self.nginx_restarts)} times; giving up"
+            return False
+        self.nginx_restarts.append({"time": now_utc(), "pid": proc.pid, "exit_code": proc.exit_code()})
+        self.log(f"nginx (pid {proc.pid}) exited with {proc.exit_code()}; restarting")
+        proc.spawn()
+        self.save()
+        return True
+
+    def supervise(self) -> int:
+        while not self.stopping:
+            self.supervisor.step()
+            if not self._nginx_check():
+                return 1
+            if self.supervisor.all_failed():
+                self.message = "every worker failed and exhausted its restarts"
+                return 1
+            time.sleep(POLL_S)
+        return 0
+
+    def stop(self) -> None:
+        self.state = "stopping"
+        self.save()
+        groups: list[list[Proc]] = [[self.nginx_proc] if self.nginx_proc else [],
+                                    [w.serve for w in self.workers], [w.engine for w in self.workers]]
+        for group in groups:
+            for proc in group:
+                proc.send(signal.SIGTERM)
+            for proc in group:
+                proc.stop(10)
+
+    def run(self) -> int:
+        """Start, serve until SIGINT/SIGTERM, stop. 0 = clean stop, 1 = failed, 2 = refused."""
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+        def on_signal(signum: int, frame: Any) -> None:
+            self.stopping = True
+
+        for s in previous:
+            signal.signal(s, on_signal)
+        code = 0
+        try:
+            try:
+                self.start()
+                self.log(f"serving {self.plan.profile_name} on {self.plan.front.url}/v1 "
+                         f"(record {record_path(self.run_dir)}; stop with Ctrl-C or "
+                         f"`netra stop --run-dir {self.run_dir}`)")
+                code = self.supervise()
+                self.state = "stopped" if code == 0 else "failed"
+            except Stopped:
+                self.state, self.message = "stopped", "stopped during startup"
+            except LaunchRefused as exc:
+                self.state, self.message, code = "refused", str(exc), 2
+                self.log(str(exc))
+            except (StartError, nginx.NginxError, OSError) as exc:
+                self.state, self.message, code = "failed", str(exc), 1
+                self.log(f"launch failed: {exc}")
+        finally:
+            final = self.state
+            self.stop()
+            self.state = final
+            self.save()
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        return code
+
+
+# --- from another shell ----------------------------------------------------------------------------
+
+def processes(record: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    front = record.get("front", {}).get("process")
+    if front:
+        out.append(("nginx", front))
+    for w in record.get("workers", []):
+        out.append((f"worker{w['index']}.serve", w["serve"]))
+        out.append((f"worker{w['index']}.engine", w["engine"]))
+    return out
+
+
+def status(run_dir: Path) -> tuple[int, dict[str, Any]]:
+    """(exit code, summary): 0 when the launcher is alive, serving, and every worker is up."""
+    rec = read_record(run_dir)
+    launcher = rec["launcher"]
+    alive = is_alive(launcher.get("pid"), launcher.get("ticks"))
+    procs = {name: is_alive(p.get("pid"), p.get("ticks")) for name, p in processes(rec)}
+    front_ok = alive and rec["state"] == "serving" and healthy(rec["front"]["url"] + "/health")
+    workers = {w["index"]: w["status"] for w in rec["workers"]}
+    ok = alive and front_ok and all(s == "up" for s in workers.values())
+    state = rec["state"] if alive or rec["state"] in ("stopped", "failed", "refused") else "dead"
+    summary = {"state": state, "launcher_alive": alive, "front": rec["front"]["url"], "front_healthy": front_ok,
+               "processes_alive": procs, "workers": workers, "profile": rec["profile_name"],
+               "plan_sha256": rec["plan_sha256"], "restarts": {w["index"]: len(w["restarts"]) for w in rec["workers"]}}
+    return (0 if ok else 1), summary
+
+
+def stop(run_dir: Path, timeout: float = 30.0) -> list[str]:
+    """Stop a launch from its record: SIGTERM the launcher, wait, then reap any recorded leftovers."""
+    rec = read_record(run_dir)
+    notes = []
+    launcher = rec["launcher"]
+    if is_alive(launcher.get("pid"), launcher.get("ticks")):
+        os.kill(launcher["pid"], signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while is_alive(launcher["pid"], launcher.get("ticks")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if is_alive(launcher["pid"], launcher.get("ticks")):
+            notes.append(f"launcher pid {launcher['pid']} did not stop in {timeout:.0f} s; killing it")
+            os.kill(launcher["pid"], signal.SIGKILL)
+        else:
+            notes.append(f"launcher pid {launcher['pid']} stopped")
+    else:
+        notes.append("launcher was not running")
+    # Whatever the launcher could not stop (it was killed): only PIDs whose start time matches.
+    for name, p in processes(read_record(run_dir)):
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if not is_alive(p.get("pid"), p.get("ticks")):
+                break
+            os.kill(p["pid"], sig)
+            notes.append(f"{name} pid {p['pid']}: sent {signal.Signals(sig).name}")
+            deadline = time.monotonic() + 5
+            while is_alive(p.get("pid"), p.get("ticks")) and time.monotonic() < deadline:
+                time.sleep(0.05)
+    return notes
+
+
+def dump(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True)

@@ -1,0 +1,111 @@
+"""The front: render `nginx/netra.conf.template` from a plan, validate it with `nginx -t`, run it.
+
+nginx runs as its own master with prefix, config, pid, error log and temp paths in the run dir
+(`nginx -p RUN_DIR -e ERROR_LOG -c nginx.conf -g 'daemon off;'`), so several launches share a host.
+The supervisor re-renders with a worker marked `down` and reloads (`-s reload`) while that worker
+is being restarted, so new requests never wait on it; passive health (max_fails / fail_timeout)
+and `proxy_next_upstream` cover the moments before the supervisor notices.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+
+from netra.deploy.plan import Plan
+from netra.settings import REPO_ROOT
+
+TEMPLATE = REPO_ROOT / "nginx" / "netra.conf.template"
+_PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
+
+
+class NginxError(RuntimeError):
+    """nginx is missing, or rejected a rendered config (the message carries its output)."""
+
+
+def nginx_binary() -> str:
+    found = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx")
+                                           if os.access(p, os.X_OK)), None)
+    if not found:
+        raise NginxError("nginx is not installed (run `make nginx`, or apt-get install nginx)")
+    return found
+
+
+def fill(template: str, values: dict[str, str]) -> str:
+    """Replace every {{name}}; a placeholder without a value or a value without a placeholder is a bug."""
+    used = set(_PLACEHOLDER.findall(template))
+    missing, unused = used - set(values), set(values) - used
+    if missing or unused:
+        raise NginxError(f"nginx template {TEMPLATE}: no value for {sorted(missing)}; "
+                         f"no placeholder for {sorted(unused)}")
+    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
+
+
+def render(plan: Plan, down: Iterable[int] = (), template: str | None = None) -> str:
+    """The nginx config for a plan; workers whose index is in `down` are marked down."""
+    f = plan.front
+    down_set = set(down)
+    servers = []
+    for w, addr in zip(plan.workers, f.upstreams, strict=True):
+        flag = " down" if w.index in down_set else ""
+        servers.append(f"        server {addr} max_fails={f.max_fails} fail_timeout={f.fail_timeout_s}s{flag};"
+                       f"  # worker {w.index}")
+    if len(down_set) >= len(plan.workers):
+        # nginx refuses an upstream block where every server is down; keep one so that requests fail
+        # fast with 502/503 instead of the config failing to load.
+        servers = [s.replace(" down;", ";") for s in servers[:1]] + servers[1:]
+    user = ""
+    if os.geteuid() == 0:
+        # A root master would run workers as `nobody`, who cannot write the run dir's temp paths.
+        user = f"user {pwd.getpwuid(os.geteuid()).pw_name};"
+    host = f.host if ":" not in f.host else f"[{f.host}]"
+    values = {
+        "user_directive": user, "worker_processes": str(f.worker_processes),
+        "worker_rlimit_nofile": str(f.worker_rlimit_nofile), "pid_path": f.pid_path, "error_log": f.error_log,
+        "worker_connections": str(f.worker_connections), "access_log": f.access_log,
+        "temp_dir": str(Path(plan.run_dir) / "nginx-temp"),
+        "balance_directive": "least_conn;" if f.balance == "least_conn" else "# round robin (nginx default)",
+        "servers": "\n".join(servers), "keepalive": str(f.keepalive), "listen": f"{host}:{f.port}",
+        "connect_timeout_s": str(f.connect_timeout_s), "read_timeout_s": str(f.read_timeout_s),
+        "next_upstream_tries": str(min(len(plan.workers), 3)),
+    }
+    return fill(template if template is not None else TEMPLATE.read_text(), values)
+
+
+def write(plan: Plan, down: Iterable[int] = ()) -> Path:
+    run_dir = Path(plan.run_dir)
+    for sub in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        (run_dir / "nginx-temp" / sub).mkdir(parents=True, exist_ok=True)
+    conf = Path(plan.front.conf_path)
+    tmp = conf.with_suffix(".tmp")
+    tmp.write_text(render(plan, down))
+    tmp.replace(conf)  # atomic: a reload never reads a half-written file
+    return conf
+
+
+def base_argv(plan: Plan) -> list[str]:
+    return [nginx_binary(), "-p", plan.run_dir, "-e", plan.front.error_log, "-c", plan.front.conf_path]
+
+
+def validate(plan: Plan) -> str:
+    """`nginx -t` on the written config; returns its output, raises NginxError when it fails."""
+    proc = subprocess.run([*base_argv(plan), "-t"], capture_output=True, text=True, timeout=30)
+    out = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0:
+        raise NginxError(f"nginx -t rejected {plan.front.conf_path}:\n{out}")
+    return out
+
+
+def start_argv(plan: Plan) -> list[str]:
+    return [*base_argv(plan), "-g", "daemon off;"]
+
+
+def reload(plan: Plan) -> None:
+    proc = subprocess.run([*base_argv(plan), "-s", "reload"], capture_output=True, text=True, timeout=30)
+    if proc.returncode != 0:
+        raise NginxError(f"nginx -s reload failed: {(proc.stdout + proc.stderr).strip()}")

@@ -1,0 +1,266 @@
+"""Processes of a launch and the supervisor loop that keeps workers alive.
+
+`Proc` starts one process (engine, response layer or nginx) with its CPU set, memory node, log file
+and a parent-death signal, so nothing outlives a launcher killed with SIGKILL.
+
+`Supervisor.step()` is called a few times a second by the launcher. A worker whose engine or
+response layer died is marked `down` in nginx at once (re-render + SIGHUP: new requests go to the
+other workers; requests that were running on it end with an error from its response layer, or with
+nginx's 502 if the response layer itself died), then restarted after a doubling backoff, health-
+checked, audited again, and put back. Every restart is recorded; after `max_restarts` the worker
+stays down and the launch keeps serving on the others (it stops only when no worker is left).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from netra.deploy.record import now_utc, proc_start_ticks
+
+PR_SET_PDEATHSIG = 1
+MPOL_BIND = 2
+_SYS_SET_MEMPOLICY = {"x86_64": 238, "aarch64": 237}
+_MAX_NODES = 1024
+
+
+def resolve_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """Plans spell Netra's own commands as `netra VERB ...`; run them with this interpreter."""
+    out = list(argv)
+    if out and out[0] == "netra":
+        return [sys.executable, "-m", "netra", *out[1:]]
+    return out
+
+
+def _bind_memory(node: int) -> None:
+    number = _SYS_SET_MEMPOLICY.get(platform.machine())
+    if number is None:
+        raise OSError(f"memory binding is not implemented on {platform.machine()}")
+    mask = (ctypes.c_ulong * (_MAX_NODES // (8 * ctypes.sizeof(ctypes.c_ulong))))()
+    bits = 8 * ctypes.sizeof(ctypes.c_ulong)
+    mask[node // bits] |= 1 << (node % bits)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(number, MPOL_BIND, ctypes.byref(mask), _MAX_NODES + 1) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"set_mempolicy(MPOL_BIND, node {node}): {os.strerror(err)}")
+
+
+def _preexec(cpus: tuple[int, ...], mem_node: int | None, parent: int) -> Callable[[], None]:
+    def setup() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the launcher died between fork and prctl
+            os._exit(1)
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+        if mem_node is not None:
+            _bind_memory(mem_node)
+
+    return setup
+
+
+@dataclass
+class Proc:
+    """One supervised process. `argv` is as planned; `exec_argv` as executed."""
+
+    role: str  # engine | serve | nginx
+    index: int | None
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    cpus: tuple[int, ...] = ()
+    mem_node: int | None = None
+    popen: subprocess.Popen[bytes] | None = None
+    ticks: int | None = None
+    started_at: str | None = None
+    exec_argv: list[str] = field(default_factory=list)
+    exit_reported: bool = False
+
+    def spawn(self) -> None:
+        self.exec_argv = resolve_argv(self.argv)
+        self.exit_reported = False
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as out:
+            out.write(f"\n=== {now_utc()} start {' '.join(self.exec_argv)}\n".encode())
+            out.flush()
+            self.popen = subprocess.Popen(
+                self.exec_argv, env={**os.environ, **self.env}, stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True,  # Ctrl-C reaches the launcher only
+                preexec_fn=_preexec(self.cpus, self.mem_node, os.getpid()))
+        self.ticks = proc_start_ticks(self.popen.pid)
+        self.started_at = now_utc()
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen else None
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def exit_code(self) -> int | None:
+        return self.popen.poll() if self.popen else None
+
+    def send(self, sig: int) -> None:
+        if self.alive():
+            assert self.popen is not None
+            try:
+                self.popen.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, timeout: float = 10.0, sig: int = signal.SIGTERM) -> None:
+        """SIGTERM (or `sig`), then SIGKILL after `timeout`; always reaps the process."""
+        if self.popen is None:
+            return
+        if self.popen.poll() is None:
+            self.send(sig)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(10)
+
+    def to_record(self) -> dict[str, Any]:
+        return {"pid": self.pid, "ticks": self.ticks, "start_time": self.started_at, "argv": self.exec_argv,
+                "env": self.env, "log": str(self.log), "cpus": list(self.cpus), "mem_node": self.mem_node,
+                "exit_code": self.exit_code()}
+
+
+def healthy(url: str, timeout: float = 1.0) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(text[-lines:])
+
+
+@dataclass
+class WorkerState:
+    index: int
+    engine: Proc
+    serve: Proc
+    status: str = "up"  # up | backoff | starting | failed
+    attempts: int = 0
+    next_try: float = 0.0
+    deadline: float = 0.0
+    restarts: list[dict[str, Any]] = field(default_factory=list)
+    audit: list[str] = field(default_factory=list)
+
+
+class Supervisor:
+    """Restart policy for the workers of one launch (driven by `step()`, one thread, no sleeps)."""
+
+    def __init__(self, workers: list[WorkerState], *, max_restarts: int, backoff_initial_s: float,
+                 backoff_max_s: float, health_timeout_s: float, engine_url: Callable[[int], str],
+                 serve_url: Callable[[int], str], audit: Callable[[WorkerState], list[str]],
+                 set_down: Callable[[set[int]], None], on_change: Callable[[], None],
+                 log: Callable[[str], None]) -> None:
+        self.workers = workers
+        self.max_restarts = max_restarts
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.health_timeout_s = health_timeout_s
+        self.engine_url = engine_url
+        self.serve_url = serve_url
+        self.audit = audit
+        self.set_down = set_down
+        self.on_change = on_change
+        self.log = log
+        self.down: set[int] = set()
+
+    def delay(self, attempt: int) -> float:
+        return min(self.backoff_max_s, self.backoff_initial_s * (2 ** max(0, attempt - 1)))
+
+    def _mark_down(self, w: WorkerState, up: bool) -> None:
+        new = (self.down - {w.index}) if up else (self.down | {w.index})
+        if new != self.down:
+            self.down = new
+            self.set_down(set(self.down))
+
+    def _died(self, w: WorkerState, now: float) -> None:
+        dead = [p for p in (w.engine, w.serve) if p.popen is not None and not p.alive() and not p.exit_reported]
+        self._mark_down(w, up=False)
+        for p in dead:
+            p.exit_reported = True
+            event = {"time": now_utc(), "process": p.role, "pid": p.pid, "exit_code": p.exit_code(),
+                     "attempt": w.attempts + 1}
+            w.restarts.append(event)
+            self.log(f"worker {w.index}: {p.role} (pid {p.pid}) exited with {p.exit_code()}")
+        if w.attempts >= self.max_restarts:
+            w.status = "failed"
+            w.engine.stop(5)
+            w.serve.stop(5)
+            self.log(f"worker {w.index}: gave up after {w.attempts} restarts; it stays out of the front")
+        else:
+            w.attempts += 1
+            d = self.delay(w.attempts)
+            if w.restarts:
+                w.restarts[-1]["delay_s"] = d
+            w.status, w.next_try = "backoff", now + d
+            self.log(f"worker {w.index}: restart {w.attempts}/{self.max_restarts} in {d:.1f} s")
+        self.on_change()
+
+    def step(self) -> None:
+        now = time.monotonic()
+        for w in self.workers:
+            if w.status == "up":
+                if not (w.engine.alive() and w.serve.alive()):
+                    self._died(w, now)
+            elif w.status == "backoff" and now >= w.next_try:
+                if not w.engine.alive():
+                    w.engine.spawn()
+                w.status, w.deadline = "starting", now + self.health_timeout_s
+                self.on_change()
+            elif w.status == "starting":
+                self._starting(w, now)
+
+    def _starting(self, w: WorkerState, now: float) -> None:
+        if not w.engine.alive():
+            self._died(w, now)
+            return
+        if now > w.deadline:
+            self.log(f"worker {w.index}: not healthy within {self.health_timeout_s:.0f} s")
+            w.engine.stop(5)
+            self._died(w, now)
+            return
+        if not healthy(self.engine_url(w.index) + "/health"):
+            return
+        if not w.serve.alive():
+            w.serve.spawn()
+            return
+        if not healthy(self.serve_url(w.index) + "/health"):
+            return
+        problems = self.audit(w)
+        w.audit = problems
+        if problems:
+            self.log(f"worker {w.index}: audit failed after restart: {problems}")
+            w.status = "failed"
+            w.engine.stop(5)
+            w.serve.stop(5)
+            self.on_change()
+            return
+        w.status = "up"
+        self._mark_down(w, up=True)
+        self.log(f"worker {w.index}: back (engine pid {w.engine.pid}, serve pid {w.serve.pid})")
+        self.on_change()
+
+    def all_failed(self) -> bool:
+        return all(w.status == "failed" for w in self.workers)

@@ -1,0 +1,198 @@
+"""Verification before anything starts: the profile lock, graph-bucket coverage, kernel code objects,
+images and checkpoint identity. Each problem is one line naming its cause; any problem refuses the
+launch (`LaunchRefused`). Warnings are printed and recorded but do not stop a non-strict launch.
+
+The profile lock (`launcher/lock.json`) holds each committed profile's canonical sha256, so a profile
+edited after it was locked is refused until someone re-locks it on purpose:
+`netra plan --relock --profile NAME` (or `netra plan --relock` for every profile).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from netra import settings
+from netra.deploy.profile import PROFILE_DIR, Profile, load_profile
+from netra.settings import REPO_ROOT
+
+PROFILE_LOCK = PROFILE_DIR / "lock.json"
+KERNEL_LOCK = REPO_ROOT / "kernels" / "lock.json"
+LOCK_VERSION = 1
+
+
+class LaunchRefused(RuntimeError):
+    """The launch is refused; `problems` lists every cause (each names what is wrong)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("launch refused:\n" + "\n".join(f"  - {p}" for p in self.problems))
+
+
+@dataclass
+class Verification:
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    # Code objects verified for this target: {"path", "sha256", "family", "name"} (the audit looks
+    # for them in each worker's memory map).
+    code_objects: list[dict[str, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"problems": self.problems, "warnings": self.warnings, "code_objects": self.code_objects}
+
+    def raise_if_refused(self) -> None:
+        if self.problems:
+            raise LaunchRefused(self.problems)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# --- profile lock ---------------------------------------------------------------------------------
+
+def read_profile_lock(path: Path = PROFILE_LOCK) -> dict[str, str]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        profiles = data["profiles"]
+        if data.get("version") != LOCK_VERSION or not isinstance(profiles, dict):
+            raise ValueError("expected {\"version\": 1, \"profiles\": {name: sha256}}")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise LaunchRefused([f"profile lock {path} is malformed: {exc}"]) from None
+    return {str(k): str(v) for k, v in profiles.items()}
+
+
+def write_profile_lock(names: list[str] | None = None, path: Path = PROFILE_LOCK) -> dict[str, str]:
+    """(Re-)lock the named committed profiles (all when None); returns the lock's new content."""
+    current = read_profile_lock(path) if path.is_file() else {}
+    from netra.deploy.profile import list_profiles
+
+    for name in names if names is not None else list_profiles():
+        current[name] = load_profile(name).sha256()
+    profiles = dict(sorted(current.items()))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"version": LOCK_VERSION, "profiles": profiles}, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+    return profiles
+
+
+def check_profile_lock(profile: Profile, v: Verification, *, strict: bool, path: Path = PROFILE_LOCK) -> None:
+    locked = read_profile_lock(path).get(profile.name)
+    now = profile.sha256()
+    if locked is None:
+        msg = (f"profile {profile.name!r} is not in the profile lock {path} "
+               f"(lock it with `netra plan --relock --profile {profile.name}`)")
+        (v.problems if strict else v.warnings).append(msg)
+    elif locked != now:
+        v.problems.append(f"profile {profile.name!r} was edited after its lock: {path} says sha256 {locked[:16]}..., "
+                          f"the profile is now {now[:16]}... (review the change, then "
+                          f"`netra plan --relock --profile {profile.name}`)")
+
+
+# --- contract checks ------------------------------------------------------------------------------
+
+def check_graph_buckets(profile: Profile, v: Verification) -> None:
+    e = profile.engine
+    if e.cuda_graph_bs and max(e.cuda_graph_bs) < e.max_running_requests:
+        v.problems.append(
+            f"graph buckets do not cover max running requests: engine.cuda_graph_bs tops out at "
+            f"{max(e.cuda_graph_bs)} but engine.max_running_requests is {e.max_running_requests} "
+            f"(batches above {max(e.cuda_graph_bs)} would leave the captured graphs)")
+    if profile.uses_gpus and profile.strict and not e.cuda_graph_bs:
+        v.problems.append(f"graph buckets do not cover max running requests: a strict GPU profile needs "
+                          f"engine.cuda_graph_bs covering 1..{e.max_running_requests}")
+
+
+def check_kernel_lock(profile: Profile, v: Verification, *, strict: bool, lock_path: Path = KERNEL_LOCK,
+                      build_dir: Path | None = None) -> None:
+    """Every code object the kernel lock lists for the profile's target exists with its sha256."""
+    if not profile.uses_gpus:
+        return
+    build = Path(build_dir) if build_dir is not None else Path(settings.get("NETRA_BUILD_DIR"))
+    if not lock_path.is_file():
+        msg = (f"kernel lock {lock_path} is missing: no {profile.target} code objects can be verified "
+               f"(run `netra kernels build`)")
+        (v.problems if strict else v.warnings).append(msg)
+        return
+    try:
+        data = json.loads(lock_path.read_text())
+        entries = [e for e in data["code_objects"] if e["target"] == profile.target]
+        for e in entries:
+            str(e["code_object"]), str(e["sha256"])
+    except (ValueError, KeyError, TypeError) as exc:
+        v.problems.append(f"kernel lock {lock_path} is malformed: {type(exc).__name__}: {exc}")
+        return
+    if not entries:
+        v.warnings.append(f"kernel lock {lock_path} has no {profile.target} code objects: every op runs "
+                          f"on its fallback")
+    for e in entries:
+        path = build / e["code_object"]
+        label = f"{e.get('family', '?')}/{e.get('name', '?')}"
+        if not path.is_file():
+            v.problems.append(f"missing code object {path} ({label}, {profile.target}) listed in {lock_path}"
+                              f" (run `netra kernels build`)")
+            continue
+        digest = sha256_file(path)
+        if digest != e["sha256"]:
+            v.problems.append(f"tampered code object {path} ({label}): sha256 {digest[:16]}..., "
+                              f"{lock_path} says {str(e['sha256'])[:16]}...")
+            continue
+        v.code_objects.append({"path": str(path.resolve()), "sha256": digest, "family": str(e.get("family")),
+                               "name": str(e.get("name"))})
+
+
+def check_images(profile: Profile, v: Verification, *, strict: bool) -> None:
+    if profile.image is None and profile.engine.kind != "sglang":
+        return
+    try:
+        from netra.deploy import images
+    except ModuleNotFoundError as exc:
+        if exc.name != "netra.deploy.images":
+            raise
+        msg = f"image lock check unavailable (netra.deploy.images missing): image {profile.image!r} unverified"
+        (v.problems if strict else v.warnings).append(msg)
+        return
+    v.problems.extend(str(p) for p in images.check(profile, strict))
+
+
+def check_checkpoint(profile: Profile, v: Verification, *, strict: bool) -> None:
+    want = profile.checkpoint.config_sha256
+    path = profile.engine.model_path
+    if want is None or path is None:
+        if strict and profile.engine.model_path is not None and want is None:
+            v.warnings.append(f"checkpoint {path}: no checkpoint.config_sha256 in the profile, identity unpinned")
+        return
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        v.warnings.append(f"checkpoint {path}: not a local folder, config.json sha256 checked by the engine only")
+        return
+    got = sha256_file(config)
+    if got != want:
+        v.problems.append(f"checkpoint {config}: sha256 {got[:16]}..., the profile pins {want[:16]}...")
+
+
+def verify(profile: Profile, *, base: Profile | None = None, strict: bool | None = None,
+           profile_lock: Path = PROFILE_LOCK, kernel_lock: Path = KERNEL_LOCK,
+           build_dir: Path | None = None) -> Verification:
+    """Run every pre-launch check; never raises for problems (see `Verification.raise_if_refused`).
+
+    `profile` is what will run (with `--set` overrides applied); `base` is the profile as loaded from
+    its file, whose hash the profile lock holds (the same object when there are no overrides).
+    """
+    s = profile.strict if strict is None else strict
+    v = Verification()
+    check_profile_lock(base if base is not None else profile, v, strict=s, path=profile_lock)
+    check_graph_buckets(profile, v)
+    check_kernel_lock(profile, v, strict=s, lock_path=kernel_lock, build_dir=build_dir)
+    check_images(profile, v, strict=s)
+    check_checkpoint(profile, v, strict=s)
+    return v
