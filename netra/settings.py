@@ -49,6 +49,7 @@ SETTINGS: dict[str, Setting] = {
         Setting("NETRA_RUN_DIR", Path, REPO_ROOT / "run", "launch records, logs, sockets and pid files"),
         Setting("NETRA_LOG_LEVEL", str, "INFO", "logging level of netra processes"),
         Setting("NETRA_DISABLE_TACTICS", bool, False, "force every op onto its fallback (A/B control arm)"),
+        Setting("NETRA_TACTIC_MIN_MATURITY", str, "accepted", "lowest contract maturity dispatch selects (experiment|verified|accepted)"),
     )
 }
 

@@ -1,0 +1,225 @@
+// Row argmax with torch.argmax semantics, one launch, for sm90 (H100/H200).
+//
+// Contract: kernels/sm90/argmax/argmax_{f32,bf16}.contract.json. Built twice from this file:
+// -DNETRA_ARGMAX_BF16=0 (float32 logits) and =1 (bfloat16 logits).
+//
+// Why this shape. torch.argmax walks a row in one block, so at decode batch sizes (1-16 rows) it
+// keeps a handful of SMs busy and waits on latency. Here each row is split into `chunks` pieces and
+// every block reads one piece with 16-byte streaming loads, UNROLL loads in flight per thread, so
+// rows * chunks blocks fill the 132 SMs whatever the row count (the host picks chunks).
+//
+// Exactness. The answer per row is the maximum of a 64-bit key:
+//   high 32 bits: the value's order-preserving image (NaN -> 0xFFFFFFFF above everything,
+//                 +0 and -0 -> 0x80000000, negatives bit-flipped, positives with the sign set),
+//   low 32 bits:  ~index, so that among equal values the lowest index has the largest key.
+// max over keys is exact, associative and commutative, so the result is the same whatever the
+// order blocks finish in (bitwise deterministic), and equals torch.argmax: first NaN wins, ties go
+// to the lowest index, +0 == -0, infinities ordered. Subnormals are compared exactly: no -ftz, no
+// fast math; the batch filter uses max.NaN (NaN-propagating, subnormal-preserving).
+//
+// Per element the hot loop does one NaN-propagating max; only when a batch's maximum beats the
+// thread's best (rare on real logits: O(log n) times per thread) does it rescan that batch in
+// index order with the exact sequential rule. That keeps the loop at the memory floor: at 128 rows
+// a full key per element would cost ~10 integer ops x 31.8 M elements, about the 15 us bf16 floor.
+//
+// Cross-block fold (graph-safe, one launch): each block atomicMax-es its key into the row's slot
+// of a persistent workspace, fences, and bumps the row's counter; the block that brings the counter
+// to `chunks` reads the key with atomicExch(key, 0), resets the counter to 0 and writes the index.
+// Every launch thus leaves the workspace zeroed as it found it, so CUDA-graph replays need no memset.
+
+#include <cstddef>
+#include <cstdint>
+#include <cuda_bf16.h>
+
+#ifndef NETRA_ARGMAX_BF16
+#error "build with -DNETRA_ARGMAX_BF16=0 (float32) or =1 (bfloat16)"
+#endif
+
+// The launch-argument struct, passed by value. Its host mirror is ArgmaxParams in
+// netra/ops/argmax.py; both are checked against the contract's kernel.params_layout (CPU test)
+// and against netra_params_layout below (at load, on the GPU).
+struct ArgmaxParams {
+  const void* x;               // [rows, row_stride] logits, 16-byte aligned base
+  long long* out;              // [rows] int64 indices
+  unsigned long long* keys;    // [256] workspace, zero between launches
+  unsigned int* counters;      // [256] workspace, zero between launches
+  long long row_stride;        // elements between rows
+  int rows;
+  int vocab;                   // elements per row, a multiple of VEC
+  int chunks;                  // blocks per row
+  int pad_;
+};
+static_assert(sizeof(ArgmaxParams) == 56, "ArgmaxParams size");
+static_assert(offsetof(ArgmaxParams, x) == 0 && offsetof(ArgmaxParams, out) == 8 &&
+              offsetof(ArgmaxParams, keys) == 16 && offsetof(ArgmaxParams, counters) == 24 &&
+              offsetof(ArgmaxParams, row_stride) == 32 && offsetof(ArgmaxParams, rows) == 40 &&
+              offsetof(ArgmaxParams, vocab) == 44 && offsetof(ArgmaxParams, chunks) == 48,
+              "ArgmaxParams offsets");
+
+// sizeof, then offsetof each field in the contract's params_layout order; read by the runtime.
+extern "C" __device__ unsigned int netra_params_layout[9] = {
+    sizeof(ArgmaxParams),         offsetof(ArgmaxParams, x),    offsetof(ArgmaxParams, out),
+    offsetof(ArgmaxParams, keys), offsetof(ArgmaxParams, counters),
+    offsetof(ArgmaxParams, row_stride), offsetof(ArgmaxParams, rows),
+    offsetof(ArgmaxParams, vocab), offsetof(ArgmaxParams, chunks)};
+
+namespace {
+
+constexpr int kBlock = 256;
+constexpr int kUnroll = 8;                       // 8 x 16 B loads in flight per thread
+constexpr int kVec = NETRA_ARGMAX_BF16 ? 8 : 4;  // elements per 16-byte load
+constexpr unsigned kNone = 0xFFFFFFFFu;          // "no element seen" index
+
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// One 16-byte load (streaming: logits are read once) unpacked to kVec floats.
+struct Vec {
+  float v[kVec];
+};
+
+__device__ __forceinline__ uint4 load16(const uint4* p) { return __ldcs(p); }
+
+__device__ __forceinline__ void unpack(const uint4& raw, Vec& out) {
+#if NETRA_ARGMAX_BF16
+  const unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out.v[2 * i] = __uint_as_float(w[i] << 16);              // bf16 -> fp32 is exact
+    out.v[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+  }
+#else
+  out.v[0] = __uint_as_float(raw.x);
+  out.v[1] = __uint_as_float(raw.y);
+  out.v[2] = __uint_as_float(raw.z);
+  out.v[3] = __uint_as_float(raw.w);
+#endif
+}
+
+// Maximum of one 16-byte load, NaN-propagating. For bf16, 4 packed bf16x2 maxima then 1 fp32.
+__device__ __forceinline__ float vec_max(const uint4& raw) {
+#if NETRA_ARGMAX_BF16
+  __nv_bfloat162 a = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
+  __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
+  __nv_bfloat162 c = *reinterpret_cast<const __nv_bfloat162*>(&raw.z);
+  __nv_bfloat162 d = *reinterpret_cast<const __nv_bfloat162*>(&raw.w);
+  __nv_bfloat162 m = __hmax2_nan(__hmax2_nan(a, b), __hmax2_nan(c, d));
+  return max_nan(__low2float(m), __high2float(m));
+#else
+  return max_nan(max_nan(__uint_as_float(raw.x), __uint_as_float(raw.y)),
+                 max_nan(__uint_as_float(raw.z), __uint_as_float(raw.w)));
+#endif
+}
+
+// Thread state: the sequential torch.argmax rule over the elements it saw, in index order.
+struct Best {
+  float value;
+  unsigned index;  // kNone until the first element
+  bool nan;
+};
+
+__device__ __forceinline__ void consider(Best& b, float v, unsigned index) {
+  if (b.nan) return;                    // the first NaN already won
+  if (v != v) {                         // NaN beats everything
+    b.nan = true;
+    b.value = v;
+    b.index = index;
+  } else if (b.index == kNone || v > b.value) {  // strict: equal values keep the earlier index
+    b.value = v;
+    b.index = index;
+  }
+}
+
+__device__ __forceinline__ unsigned long long to_key(const Best& b) {
+  if (b.index == kNone) return 0ull;  // below every real key (real keys have ~index > 0)
+  unsigned ordered;
+  const unsigned bits = __float_as_uint(b.value);
+  if (b.nan) {
+    ordered = 0xFFFFFFFFu;
+  } else if ((bits & 0x7FFFFFFFu) == 0u) {
+    ordered = 0x80000000u;  // +0 and -0 compare equal
+  } else {
+    ordered = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+  }
+  return (static_cast<unsigned long long>(ordered) << 32) | static_cast<unsigned long long>(~b.index);
+}
+
+__device__ __forceinline__ unsigned long long warp_max(unsigned long long k) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const unsigned long long o = __shfl_down_sync(0xFFFFFFFFu, k, off);
+    k = o > k ? o : k;
+  }
+  return k;
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kBlock) netra_argmax_sm90(const ArgmaxParams p) {
+  const int row = blockIdx.x / p.chunks;
+  const int chunk = blockIdx.x - row * p.chunks;
+  const int nvec = p.vocab / kVec;
+  const int v0 = static_cast<int>((static_cast<long long>(chunk) * nvec) / p.chunks);
+  const int v1 = static_cast<int>((static_cast<long long>(chunk + 1) * nvec) / p.chunks);
+  const size_t elem_bytes = NETRA_ARGMAX_BF16 ? 2 : 4;
+  const uint4* base = reinterpret_cast<const uint4*>(static_cast<const char*>(p.x) +
+                                                     static_cast<size_t>(row) * p.row_stride * elem_bytes);
+
+  Best best{0.0f, kNone, false};
+  int v = v0 + static_cast<int>(threadIdx.x);
+  // Full batches: kUnroll independent 16-byte loads, one NaN-propagating max per element.
+  for (; v + (kUnroll - 1) * kBlock < v1; v += kUnroll * kBlock) {
+    uint4 raw[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) raw[u] = load16(base + v + u * kBlock);
+    float m = vec_max(raw[0]);
+#pragma unroll
+    for (int u = 1; u < kUnroll; ++u) m = max_nan(m, vec_max(raw[u]));
+    // Rescan only when the batch can change the answer: a NaN, a larger value, or nothing yet.
+    if (!best.nan && (m != m || best.index == kNone || m > best.value)) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        Vec e;
+        unpack(raw[u], e);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) consider(best, e.v[j], static_cast<unsigned>((v + u * kBlock) * kVec + j));
+      }
+    }
+  }
+  // Tail: the chunk's remaining loads, one at a time.
+  for (; v < v1; v += kBlock) {
+    Vec e;
+    unpack(load16(base + v), e);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) consider(best, e.v[j], static_cast<unsigned>(v * kVec + j));
+  }
+
+  // Block reduction of the 64-bit keys.
+  __shared__ unsigned long long warp_keys[kBlock / 32];
+  unsigned long long key = warp_max(to_key(best));
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  if (lane == 0) warp_keys[warp] = key;
+  __syncthreads();
+  if (warp != 0) return;
+  key = lane < kBlock / 32 ? warp_keys[lane] : 0ull;
+  key = warp_max(key);
+  if (lane != 0) return;
+
+  if (p.chunks == 1) {
+    p.out[row] = static_cast<long long>(~static_cast<unsigned>(key & 0xFFFFFFFFull));
+    return;
+  }
+  atomicMax(p.keys + row, key);
+  __threadfence();  // our key is visible before our arrival is counted
+  const unsigned arrived = atomicAdd(p.counters + row, 1u);
+  if (arrived == static_cast<unsigned>(p.chunks - 1)) {
+    __threadfence();  // every other block's key is visible to us
+    const unsigned long long final_key = atomicExch(p.keys + row, 0ull);
+    atomicExch(p.counters + row, 0u);
+    p.out[row] = static_cast<long long>(~static_cast<unsigned>(final_key & 0xFFFFFFFFull));
+  }
+}

@@ -1,0 +1,246 @@
+"""`netra kernels build | verify`: contract sources -> code objects, the resource report, the lock.
+
+Each contract of a target with a builder (sm90: nvcc) compiles to one code object,
+``<build dir>/<target>/<family>/<contract name>.cubin``. ptxas' resource report (registers,
+barriers, shared memory, spills, stack) is parsed and kept. The lock, ``kernels/lock.json``, is
+committed: per code object its sha256, resources and flags, plus the nvcc version line. CI rebuilds
+and fails on any hash or resource difference and on spills a contract does not explain
+(tests/kernels/test_kernel_lock.py). The deployment launcher and the runtime check code objects
+against the lock (`verify_lock`, and the runtime re-hashes what it loads).
+
+Builds are deterministic: nvcc runs from the repository root on the repository-relative source
+path with fixed flags, so the same source gives the same bytes in any clone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from netra.settings import REPO_ROOT
+
+LOCK_PATH = REPO_ROOT / "kernels" / "lock.json"
+LOCK_VERSION = 1
+# Per target: the compiler and the flags every code object of that target gets (before the
+# contract's own). sm_90a (not sm_90) so Hopper-only instructions are available; -Xptxas -v for
+# the resource report; no -lineinfo/-G (they would embed paths and change the bytes).
+TARGET_FLAGS: dict[str, list[str]] = {
+    "sm90": ["-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", "-Xptxas=-v"],
+}
+RESOURCE_KEYS = ("registers", "smem_bytes", "spill_stores", "spill_loads", "stack_bytes", "barriers")
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def nvcc_path() -> str | None:
+    return shutil.which("nvcc")
+
+
+def nvcc_version(nvcc: str | None = None) -> str:
+    """The ``Cuda compilation tools, release X, VY`` line of ``nvcc --version``."""
+    exe = nvcc or nvcc_path()
+    if exe is None:
+        raise BuildError("nvcc not found on PATH (needed to build sm90 code objects)")
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True, check=True).stdout
+    for line in out.splitlines():
+        if line.startswith("Cuda compilation tools"):
+            return line.strip()
+    raise BuildError(f"cannot read nvcc version from: {out!r}")
+
+
+def parse_ptxas(report: str, symbol: str) -> dict[str, int]:
+    """Resources of ``symbol`` from ptxas' ``-v`` output (CUDA 13 format).
+
+    ``Function properties for S`` is followed by ``N bytes stack frame, N bytes spill stores, N
+    bytes spill loads``; ``Compiling entry function 'S'`` is followed by ``Used N registers, used
+    M barriers, K bytes smem, ...`` (older ptxas omits barriers and puts smem first: both parse).
+    """
+    res: dict[str, int] = {}
+    lines = report.splitlines()
+    current: str | None = None
+    for i, line in enumerate(lines):
+        m = re.search(r"(?:Compiling entry function|Function properties for) '?([A-Za-z_][\w$]*)'?", line)
+        if m:
+            current = m.group(1)
+            if "Function properties" in line and current == symbol and i + 1 < len(lines):
+                frame = lines[i + 1]
+                for key, pat in (("stack_bytes", r"(\d+) bytes stack frame"),
+                                 ("spill_stores", r"(\d+) bytes spill stores"),
+                                 ("spill_loads", r"(\d+) bytes spill loads")):
+                    mm = re.search(pat, frame)
+                    if mm:
+                        res[key] = int(mm.group(1))
+            continue
+        if current == symbol and "Used" in line and "registers" in line:
+            for key, pat in (("registers", r"Used (\d+) registers"), ("barriers", r"used (\d+) barriers"),
+                             ("smem_bytes", r"(\d+) bytes smem")):
+                mm = re.search(pat, line)
+                res[key] = int(mm.group(1)) if mm else 0
+    missing = [k for k in RESOURCE_KEYS if k not in res]
+    if missing:
+        raise BuildError(f"ptxas report for {symbol} lacks {missing}:\n{report}")
+    return {k: res[k] for k in RESOURCE_KEYS}
+
+
+def _buildable(contracts: Any) -> list[Any]:
+    return [c for c in contracts if c.target in TARGET_FLAGS]
+
+
+def build_one(contract: Any, build_dir: Path, nvcc: str) -> dict[str, Any]:
+    """Compile one contract's source into its code object; returns its lock entry."""
+    src = contract.kernel["source"]
+    if not (REPO_ROOT / src).is_file():
+        raise BuildError(f"{contract.path}: kernel source {src} not found")
+    out = build_dir / contract.code_object
+    out.parent.mkdir(parents=True, exist_ok=True)
+    flags = TARGET_FLAGS[contract.target] + list(contract.kernel["flags"])
+    proc = subprocess.run([nvcc, *flags, "-o", str(out), src], cwd=REPO_ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"nvcc failed for {contract.name} ({src}):\n{proc.stderr}{proc.stdout}")
+    resources = parse_ptxas(proc.stderr + proc.stdout, contract.kernel["symbol"])
+    spills = resources["spill_stores"] + resources["spill_loads"]
+    if spills and not contract.kernel.get("accepted_spills"):
+        raise BuildError(f"{contract.name}: ptxas reports spills ({resources['spill_stores']} B stores, "
+                         f"{resources['spill_loads']} B loads) and the contract does not explain them "
+                         "(kernel.accepted_spills)")
+    return {
+        "target": contract.target, "family": contract.family, "name": contract.name, "source": src,
+        "code_object": contract.code_object, "sha256": hashlib.sha256(out.read_bytes()).hexdigest(),
+        "flags": flags, "resources": resources,
+    }
+
+
+def build_all(build_dir: Path, catalog: Any = None) -> dict[str, Any]:
+    """Build every buildable contract into ``build_dir``; returns the lock document (not written)."""
+    from netra.catalog import Catalog
+
+    catalog = catalog or Catalog.load()
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise BuildError("nvcc not found on PATH (needed to build sm90 code objects)")
+    entries = [build_one(c, build_dir, nvcc) for c in _buildable(catalog.contracts)]
+    return {"version": LOCK_VERSION, "nvcc": nvcc_version(nvcc),
+            "code_objects": sorted(entries, key=lambda e: (e["target"], e["family"], e["name"]))}
+
+
+def read_lock(path: Path = LOCK_PATH) -> dict[str, Any]:
+    try:
+        lock: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise BuildError(f"kernel lock {path} unreadable: {exc}") from exc
+    if lock.get("version") != LOCK_VERSION or not isinstance(lock.get("code_objects"), list):
+        raise BuildError(f"kernel lock {path}: expected version {LOCK_VERSION} with a code_objects list")
+    return lock
+
+
+def write_lock(lock: dict[str, Any], path: Path = LOCK_PATH) -> None:
+    path.write_text(json.dumps(lock, indent=2, sort_keys=True) + "\n")
+
+
+def compare_locks(want: dict[str, Any], have: dict[str, Any]) -> list[str]:
+    """Differences of a fresh build (``have``) from the committed lock (``want``)."""
+    problems: list[str] = []
+    if want.get("nvcc") != have.get("nvcc"):
+        problems.append(f"nvcc differs: lock {want.get('nvcc')!r}, here {have.get('nvcc')!r} "
+                        "(hashes are only comparable with the same nvcc)")
+    w = {e["name"]: e for e in want["code_objects"]}
+    h = {e["name"]: e for e in have["code_objects"]}
+    for name in sorted(set(w) - set(h)):
+        problems.append(f"{name}: in the lock but no contract builds it")
+    for name in sorted(set(h) - set(w)):
+        problems.append(f"{name}: built but missing from the lock (run `netra kernels build`)")
+    for name in sorted(set(w) & set(h)):
+        for key in ("sha256", "resources", "flags", "source", "code_object", "target", "family"):
+            if w[name].get(key) != h[name].get(key):
+                problems.append(f"{name}: {key} differs: lock {w[name].get(key)!r}, rebuilt {h[name].get(key)!r}")
+    return problems
+
+
+def verify_lock(build_dir: Path, lock_path: Path = LOCK_PATH) -> list[str]:
+    """Problems with the code objects under ``build_dir`` against the lock (empty list: all good).
+
+    Checks every lock entry's file exists with the locked sha256, and that the lock covers exactly
+    the buildable contracts of the catalog. No compiler needed (the deployment launcher calls this).
+    """
+    from netra.catalog import Catalog
+
+    try:
+        lock = read_lock(lock_path)
+    except BuildError as exc:
+        return [str(exc)]
+    problems: list[str] = []
+    names = set()
+    for e in lock["code_objects"]:
+        names.add(e["name"])
+        path = build_dir / e["code_object"]
+        if not path.is_file():
+            problems.append(f"{e['name']}: code object {path} missing (run `netra kernels build`)")
+            continue
+        sha = hashlib.sha256(path.read_bytes()).hexdigest()
+        if sha != e["sha256"]:
+            problems.append(f"{e['name']}: {path} sha256 {sha} != lock {e['sha256']}")
+    wanted = {c.name for c in _buildable(Catalog.load().contracts)}
+    problems.extend(f"{n}: contract has no lock entry" for n in sorted(wanted - names))
+    problems.extend(f"{n}: lock entry has no contract" for n in sorted(names - wanted))
+    return problems
+
+
+def register(sub: Any) -> None:
+    k = sub.add_parser("kernels", help="build code objects and the kernel lock, or verify them")
+    verbs = k.add_subparsers(dest="kernels_verb", metavar="WHAT", required=True)
+    b = verbs.add_parser("build", help="compile every contract's source; write the lock")
+    b.add_argument("--check", action="store_true",
+                   help="build into a temporary dir and compare with the committed lock; write nothing")
+    b.set_defaults(func=_cmd_build)
+    v = verbs.add_parser("verify", help="check built code objects against the lock (no compiler)")
+    v.set_defaults(func=_cmd_verify)
+
+
+def _print_lock(lock: dict[str, Any]) -> None:
+    print(lock["nvcc"])
+    for e in lock["code_objects"]:
+        r = e["resources"]
+        print(f"  {e['code_object']}: sha256 {e['sha256'][:16]}  regs {r['registers']}  smem {r['smem_bytes']}  "
+              f"stack {r['stack_bytes']}  spills {r['spill_stores']}/{r['spill_loads']}  barriers {r['barriers']}")
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    from netra import settings
+
+    try:
+        if args.check:
+            with tempfile.TemporaryDirectory(prefix="netra-build-") as tmp:
+                lock = build_all(Path(tmp))
+            problems = compare_locks(read_lock(), lock)
+            _print_lock(lock)
+            for p in problems:
+                print(f"MISMATCH {p}")
+            return 1 if problems else 0
+        build_dir = settings.get("NETRA_BUILD_DIR")
+        lock = build_all(build_dir)
+        write_lock(lock)
+    except BuildError as exc:
+        print(f"netra kernels build: {exc}")
+        return 1
+    _print_lock(lock)
+    print(f"wrote {LOCK_PATH} and code objects under {build_dir}")
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from netra import settings
+
+    problems = verify_lock(settings.get("NETRA_BUILD_DIR"))
+    for p in problems:
+        print(f"PROBLEM {p}")
+    print("kernel lock: ok" if not problems else f"kernel lock: {len(problems)} problem(s)")
+    return 1 if problems else 0

@@ -1,0 +1,94 @@
+"""The catalog: every contract under ``kernels/<target>/<family>/*.contract.json``, checked as a whole.
+
+This is the one registry of tactics: the build list, the lock, the test list, the benchmark list
+and `netra explain` are all derived from it. Loading rejects: a file that fails the schema, a
+contract whose directory disagrees with its target/family, two contracts with one name, an
+``accepted`` contract without evidence on disk, and ambiguity (two non-rejected contracts of the
+same maturity whose domains overlap, so dispatch could not pick one exactly).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from netra.contract import MATURITIES, Contract, ContractError, Signature, load_contract
+from netra.settings import REPO_ROOT
+
+KERNELS_DIR = REPO_ROOT / "kernels"
+CONTRACT_GLOB = "*/*/*.contract.json"
+
+
+class CatalogError(ValueError):
+    """The set of contracts is inconsistent; the message names the files."""
+
+
+@dataclass(frozen=True)
+class Catalog:
+    contracts: tuple[Contract, ...]
+    root: Path
+
+    @classmethod
+    def load(cls, root: Path = KERNELS_DIR, repo_root: Path = REPO_ROOT) -> Catalog:
+        paths = sorted(root.glob(CONTRACT_GLOB))
+        problems: list[str] = []
+        contracts: list[Contract] = []
+        for path in paths:
+            try:
+                c = load_contract(path)
+            except ContractError as exc:
+                problems.append(str(exc))
+                continue
+            target_dir, family_dir = path.parent.parent.name, path.parent.name
+            if (c.target, c.family) != (target_dir, family_dir):
+                problems.append(f"{path}: target/family {c.target}/{c.family} disagree with its "
+                                f"directory {target_dir}/{family_dir}")
+            if c.maturity == "accepted":
+                if not c.evidence:
+                    problems.append(f"{path}: an accepted contract must cite evidence (result records)")
+                missing = [e for e in c.evidence if not (repo_root / e).is_file()]
+                if missing:
+                    problems.append(f"{path}: evidence not found: {missing}")
+            contracts.append(c)
+        problems.extend(_cross_problems(contracts))
+        if problems:
+            raise CatalogError("kernel catalog invalid:\n  " + "\n  ".join(problems))
+        return cls(tuple(contracts), root)
+
+    def for_op(self, op: str) -> tuple[Contract, ...]:
+        return tuple(c for c in self.contracts if c.op == op)
+
+    def ops(self) -> tuple[str, ...]:
+        return tuple(sorted({c.op for c in self.contracts}))
+
+    def by_name(self, name: str) -> Contract:
+        for c in self.contracts:
+            if c.name == name:
+                return c
+        raise KeyError(f"no contract named {name!r}; known: {[c.name for c in self.contracts]}")
+
+    def matching(self, sig: Signature) -> list[Contract]:
+        return [c for c in self.contracts if c.mismatch(sig) is None]
+
+
+def _cross_problems(contracts: Iterable[Contract]) -> list[str]:
+    problems: list[str] = []
+    seen: dict[str, Contract] = {}
+    items = list(contracts)
+    for c in items:
+        if c.name in seen:
+            problems.append(f"duplicate contract name {c.name!r}: {seen[c.name].path} and {c.path}")
+        seen[c.name] = c
+    for i, a in enumerate(items):
+        for b in items[i + 1:]:
+            if "rejected" in (a.maturity, b.maturity) or a.maturity != b.maturity:
+                continue
+            if a.overlaps(b):
+                problems.append(f"ambiguous: {a.name} ({a.path}) and {b.name} ({b.path}) are both "
+                                f"{a.maturity} and their domains overlap")
+    return problems
+
+
+def maturity_rank(m: str) -> int:
+    return MATURITIES.index(m)

@@ -1,0 +1,1 @@
+"""Validation: data-file schemas, comparison policies and adversarial inputs for kernel oracles."""
