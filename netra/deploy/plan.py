@@ -235,7 +235,8 @@ def make_plan(profile: Profile, topology_dir: str | Path | None = None, override
         argv, env, expect = _engine(profile, pl, engine_port)
         serve_argv = ["netra", "serve", "--upstream", f"http://{LOOPBACK}:{engine_port}", "--host", LOOPBACK,
                       "--port", str(serve_port), "--stream-interval", str(profile.engine.stream_interval),
-                      "--model-name", profile.serve.model_name]
+                      "--model-name", profile.serve.model_name,
+                      "--engine", "sglang" if profile.engine.kind == "sglang" else "embedded"]
         workers.append(WorkerPlan(
             index=i, gpu=pl.gpu.index if pl.gpu else None, gpu_pci=pl.gpu.pci if pl.gpu else None,
             numa_node=pl.numa_node, cpus=pl.cpus, physical_cores=pl.physical_cores, mem_node=pl.mem_node,

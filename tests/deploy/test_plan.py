@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from netra.deploy.plan import Overrides, PlanError, make_plan
+from netra.deploy.profile import load_profile
+from netra.deploy.topology import PlacementError
+from netra.settings import REPO_ROOT
+
+NUMA = REPO_ROOT / "numa"
+
+
+def test_local_plan_commands_ports_and_paths(tmp_path: Path) -> None:
+    plan = make_plan(load_profile("local"), None, Overrides(run_dir=tmp_path, port_base=41000, front_port=41999))
+    assert plan.dp == 2 and plan.front.port == 41999 and plan.front.host == "127.0.0.1"
+    for i, w in enumerate(plan.workers):
+        assert (w.engine_port, w.serve_port) == (41000 + 2 * i, 41001 + 2 * i)
+        assert w.engine_log == str(tmp_path / f"worker{i}.engine.log") and w.gpu is None
+        argv = list(w.engine_argv)
+        assert argv[:4] == ["netra", "engine", "--preset", "tiny"]
+        assert argv[argv.index("--port") + 1] == str(w.engine_port)
+        assert argv[argv.index("--max-running-requests") + 1] == "16"
+        assert "--incremental-streaming-output" in argv and argv[argv.index("--device") + 1] == "cpu"
+        assert list(w.serve_argv) == ["netra", "serve", "--upstream", f"http://127.0.0.1:{w.engine_port}",
+                                      "--host", "127.0.0.1", "--port", str(w.serve_port), "--stream-interval",
+                                      "1", "--model-name", "netra-tiny", "--engine", "embedded"]
+        assert w.engine_env["OMP_NUM_THREADS"] == str(w.physical_cores)
+        assert w.engine_expect["port"] == w.engine_port and w.engine_expect["preset"] == "tiny"
+    assert plan.front.upstreams == ("127.0.0.1:41001", "127.0.0.1:41003")
+    # Default ports come from the profile.
+    default = make_plan(load_profile("local"), None, Overrides(run_dir=tmp_path))
+    assert [(w.engine_port, w.serve_port) for w in default.workers] == [(30000, 31000), (30001, 31001)]
+    assert default.front.port == 8000
+
+
+def test_plan_hash_is_canonical_and_deterministic(tmp_path: Path) -> None:
+    prof = load_profile("dp2-h200")
+    a = make_plan(prof, NUMA / "dual-socket-8x-h200", Overrides(run_dir=tmp_path))
+    b = make_plan(prof, NUMA / "dual-socket-8x-h200", Overrides(run_dir=tmp_path))
+    text = a.canonical_json()
+    assert text == json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"))
+    assert a.sha256() == b.sha256() == hashlib.sha256(text.encode()).hexdigest()
+    c = make_plan(prof, NUMA / "dual-socket-8x-h200", Overrides(run_dir=tmp_path, port_base=50000))
+    assert c.sha256() != a.sha256()
+    w = a.workers[1]
+    assert w.engine_env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "1", "OMP_NUM_THREADS": "28"}
+    # GPUs 0 and 1 are both on node 0: its 56 cores are split between the two workers.
+    assert w.cpulist == "28-55,140-167"
+    assert w.engine_argv[w.engine_argv.index("--cuda-graph-bs") + 1:][:11] == tuple(
+        str(b) for b in (1, 2, 4, 8, 16, 32, 64, 80, 96, 112, 128))
+
+
+def test_plan_refusals(tmp_path: Path) -> None:
+    with pytest.raises(PlacementError, match="fewer GPUs than DP"):
+        make_plan(load_profile("dp8-h200-throughput128"), NUMA / "single-socket-4x-h200")
+    with pytest.raises(PlanError, match="at least one worker"):
+        make_plan(load_profile("local"), None, Overrides(workers=0, run_dir=tmp_path))
+    with pytest.raises(PlanError, match="port collision"):
+        make_plan(load_profile("local"), None, Overrides(port_base=41000, front_port=41002, run_dir=tmp_path))
+    with pytest.raises(PlanError, match="do not fit"):
+        make_plan(load_profile("local"), None, Overrides(port_base=65534, run_dir=tmp_path))
+
+
+def test_sglang_plan_uses_the_rendered_command() -> None:
+    sglang = pytest.importorskip("netra.deploy.sglang")
+    prof = load_profile("dp8-throughput128")
+    plan = make_plan(prof, NUMA / "dual-socket-8x-mi350x")
+    for w in plan.workers:
+        assert list(w.engine_argv) == sglang.render_argv(prof, host="127.0.0.1", port=w.engine_port)
+        assert w.engine_env["HIP_VISIBLE_DEVICES"] == str(w.gpu)
+        assert w.serve_argv[-2:] == ("--engine", "sglang")
+        assert w.engine_expect["max_running_requests"] == 128 and w.engine_expect["stream_interval"] == 2
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "netra", *args], capture_output=True, text=True, timeout=120,
+                          cwd=REPO_ROOT)
+
+
+def test_netra_plan_cli_dual_socket() -> None:
+    """The issue's check: 8 disjoint CPU sets of 14 cores + siblings, GPUs 0-3 on node 0, 4-7 on node 1."""
+    topo = str(NUMA / "dual-socket-8x-mi350x")
+    out = run_cli("plan", "--profile", "dp8-throughput128", "--topology", topo, "--json")
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    sets = [set(w["cpus"]) for w in plan["workers"]]
+    assert len(sets) == 8 and all(len(s) == 28 for s in sets)
+    assert len(set().union(*sets)) == 224
+    assert [w["numa_node"] for w in plan["workers"]] == [0] * 4 + [1] * 4
+    assert [w["gpu"] for w in plan["workers"]] == list(range(8))
+    table = run_cli("plan", "--profile", "dp8-throughput128", "--topology", topo)
+    assert table.returncode == 0, table.stderr
+    digest = hashlib.sha256(out.stdout.rstrip("\n").encode()).hexdigest()
+    assert f"plan sha256 {digest}" in table.stdout
+    assert "0-13,112-125" in table.stdout and "98-111,210-223" in table.stdout
+    bad = run_cli("plan", "--profile", "dp8-throughput128", "--topology", str(NUMA / "single-socket-4x-h200"))
+    assert bad.returncode == 2 and "fewer GPUs than DP" in bad.stderr
+    override = run_cli("plan", "--profile", "dp8-throughput128", "--topology", topo, "--json",
+                       "--set", "engine.stream_interval=4", "--set", "engine.speculative=null")
+    assert override.returncode == 0, override.stderr
+    assert json.loads(override.stdout)["profile"]["engine"]["stream_interval"] == 4
