@@ -45,6 +45,7 @@ class BenchConfig:
     workers: int = 1
     seed: int = 0
     vocab_size: int | None = None
+    info_url: str | None = None  # where /model_info is read (default url)
     token_range: str | None = None  # "LOW:HIGH"
     avoid_ids: list[int] = field(default_factory=list)
     temperature: float = 0.0
@@ -67,7 +68,7 @@ class BenchConfig:
         d = BenchConfig(url=self.url)
         parts = ["netra", "bench", "serve", "--url", self.url]
         for name in ("api", "clients", "concurrency", "requests", "input_len", "output_len", "stream_interval",
-                     "workers", "seed", "vocab_size", "token_range", "temperature", "model", "timeout_s",
+                     "workers", "seed", "vocab_size", "info_url", "token_range", "temperature", "model", "timeout_s",
                      "warmup", "scenario", "target", "warm_path"):
             val = getattr(self, name)
             if val is not None and val != getattr(d, name):
@@ -118,10 +119,11 @@ def _get_json(url: str, path: str) -> dict[str, Any] | None:
 
 def resolve_vocab(cfg: BenchConfig) -> tuple[int, list[int]]:
     """Vocabulary size and IDs to avoid: flags first, else the worker's /model_info."""
-    info = _get_json(cfg.url, "/model_info") or {}
+    src = cfg.info_url or cfg.url
+    info = _get_json(src, "/model_info") or {}
     vocab = cfg.vocab_size or info.get("vocab_size")
     if not isinstance(vocab, int):
-        raise BenchError(f"{cfg.url}/model_info reports no vocab_size; pass --vocab-size")
+        raise BenchError(f"{src}/model_info reports no vocab_size; pass --vocab-size (or --info-url WORKER_URL)")
     avoid = set(cfg.avoid_ids)
     for key in ("eos_token_id", "eos_token_ids", "special_token_ids", "bos_token_id", "pad_token_id"):
         val = info.get(key)
@@ -357,12 +359,18 @@ def print_failures(result: BenchResult) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = BenchConfig(url="")
     p.add_argument("--url", required=True, help="base URL of a worker, response layer or the nginx front")
+    add_load_arguments(p)
+
+
+def add_load_arguments(p: argparse.ArgumentParser, sweep: bool = False) -> None:
+    """The load's arguments, shared by `bench serve`, `bench sweep` and `bench compare`."""
+    d = BenchConfig(url="")
     p.add_argument("--api", choices=("native", "openai"), default=d.api,
                    help="native: token IDs to /generate; openai: token-ID prompts to /v1/completions")
     p.add_argument("--clients", "-K", type=int, default=d.clients, help="client processes")
-    p.add_argument("--concurrency", "-C", type=int, default=d.concurrency, help="global concurrent requests")
+    if not sweep:
+        p.add_argument("--concurrency", "-C", type=int, default=d.concurrency, help="global concurrent requests")
     p.add_argument("--requests", "-R", type=int, default=d.requests)
     p.add_argument("--input-len", "-I", type=int, default=d.input_len)
     p.add_argument("--output-len", "-O", type=int, default=d.output_len)
@@ -372,6 +380,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="workers behind a round-robin front (corpus interleaving); R must be a multiple")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--vocab-size", type=int, default=None, help="default: /model_info's vocab_size")
+    p.add_argument("--info-url", default=None, help="where to GET /model_info (default --url; a front "
+                                                    "without /model_info needs a worker URL or --vocab-size)")
     p.add_argument("--token-range", default=None, help="LOW:HIGH token IDs to draw from (default 0:vocab)")
     p.add_argument("--avoid-ids", default="", help="comma-separated IDs never drawn (EOS etc. are added "
                                                     "from /model_info when it reports them)")
@@ -390,13 +400,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true")
 
 
-def config_from_args(args: argparse.Namespace) -> BenchConfig:
+def config_from_args(args: argparse.Namespace, url: str | None = None,
+                     concurrency: int | None = None) -> BenchConfig:
     try:
         avoid = [int(x) for x in args.avoid_ids.split(",") if x.strip()]
     except ValueError as exc:
         raise BenchError(f"--avoid-ids {args.avoid_ids!r}: expected comma-separated integers") from exc
     return BenchConfig(
-        url=args.url.rstrip("/"), api=args.api, clients=args.clients, concurrency=args.concurrency,
+        url=(url or args.url).rstrip("/"), api=args.api, clients=args.clients,
+        concurrency=args.concurrency if concurrency is None else concurrency, info_url=args.info_url,
         requests=args.requests, input_len=args.input_len, output_len=args.output_len,
         stream_interval=args.stream_interval, workers=args.workers, seed=args.seed, vocab_size=args.vocab_size,
         token_range=args.token_range, avoid_ids=avoid, temperature=args.temperature, model=args.model,
