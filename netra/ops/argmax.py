@@ -11,8 +11,10 @@ Anything else (CPU tensors, other shapes/dtypes/layouts, NETRA_DISABLE_TACTICS=1
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
+from netra import dispatch
 from netra.contract import Signature
 
 OP = "argmax"
@@ -51,3 +53,142 @@ def explain_signatures() -> list[tuple[str, Signature]]:
         ("out: cpu", sig("cpu", 16, VOCAB, "float32")),
         ("gfx950", sig("gfx950", 16, VOCAB, "float32")),
     ]
+
+
+# ---- the sm90 tactic binding ---------------------------------------------------------------------
+
+class ArgmaxParams(ctypes.Structure):
+    """Host mirror of ``struct ArgmaxParams`` in kernels/sm90/argmax/argmax.cu (one POD struct)."""
+
+    _fields_ = (
+        ("x", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("keys", ctypes.c_void_p),
+        ("counters", ctypes.c_void_p),
+        ("row_stride", ctypes.c_int64),
+        ("rows", ctypes.c_int32),
+        ("vocab", ctypes.c_int32),
+        ("chunks", ctypes.c_int32),
+        ("pad_", ctypes.c_int32),
+    )
+
+
+def params_layout() -> dict[str, int]:
+    """``{"size": sizeof, field: offset...}`` in the contract's ``params_layout`` order."""
+    layout = {"size": ctypes.sizeof(ArgmaxParams)}
+    for name, _ in ArgmaxParams._fields_:
+        if name != "pad_":
+            layout[name] = getattr(ArgmaxParams, name).offset
+    return layout
+
+
+MAX_ROWS = 256
+KEYS_BYTES = 8 * MAX_ROWS  # workspace: u64 keys, then u32 counters (see the contract)
+
+
+def vec_elems(dtype_name: str) -> int:
+    """Elements per 16-byte load."""
+    return 8 if dtype_name == "bfloat16" else 4
+
+
+def launch_shape(rows: int, vocab: int, dtype_name: str, block: int, target_blocks: int) -> tuple[int, int]:
+    """``(grid, chunks)``: row chunks so that rows * chunks <= target_blocks (one resident wave)
+    fill the GPU, each thread owning at least one 16-byte load (the contract's launch.grid rule)."""
+    max_chunks = max(1, vocab // (vec_elems(dtype_name) * block))
+    chunks = min(max(1, target_blocks // rows), max_chunks)
+    return rows * chunks, chunks
+
+
+def _bind(tactic: Any) -> dict[str, Any]:
+    """Once per loaded tactic: a typed view of its argument buffer, workspace pointers, shapes."""
+    b: dict[str, Any] = tactic.binding
+    if "params" not in b:
+        p = ArgmaxParams.from_buffer(tactic.params)
+        ws = tactic.workspace.data_ptr()
+        p.keys, p.counters = ws, ws + KEYS_BYTES
+        c = tactic.contract
+        dtype_name = next(iter(c.dtypes["x"]))
+        vocab = c.dims["vocab"].lo
+        p.vocab = vocab
+        p.row_stride = vocab
+        b["target_blocks"] = int(c.launch["target_blocks"])
+        b["shapes"] = {r: launch_shape(r, vocab, dtype_name, tactic.block, b["target_blocks"])
+                       for r in range(1, MAX_ROWS + 1)}
+        b["params"] = p
+    return b
+
+
+def launch(tactic: Any, x: Any, out: Any, target_blocks: int | None = None) -> Any:
+    """Launch the tactic on ``x`` into ``out`` on the current stream (no allocation, no sync).
+
+    ``target_blocks`` overrides the contract's launch shape (benchmark sweeps only).
+    """
+    import torch
+
+    b = tactic.binding if "params" in tactic.binding else _bind(tactic)
+    rows = x.numel() // x.shape[-1]
+    if target_blocks is None:
+        grid, chunks = b["shapes"][rows]
+    else:
+        c = tactic.contract
+        grid, chunks = launch_shape(rows, x.shape[-1], next(iter(c.dtypes["x"])), tactic.block, target_blocks)
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    p = b["params"]
+    with tactic.lock:
+        p.x = x.data_ptr()
+        p.out = out.data_ptr()
+        p.rows = rows
+        p.chunks = chunks
+        tactic.launch(grid, stream)
+    return out
+
+
+def _check_out(x: Any, out: Any) -> None:
+    import torch
+
+    if out.dtype != torch.int64 or out.device != x.device or tuple(out.shape) != tuple(x.shape[:-1]) \
+            or not out.is_contiguous():
+        raise ValueError(f"argmax out must be a contiguous int64 tensor of shape {tuple(x.shape[:-1])} on "
+                         f"{x.device}; got {out.dtype} {tuple(out.shape)} on {out.device}")
+
+
+def argmax(x: Any, out: Any = None) -> Any:
+    """``torch.argmax(x, dim=-1)`` through dispatch: [..., vocab] logits -> int64 [...] indices.
+
+    In-contract calls (see the module docstring) run the sm90 tactic; others run ``torch.argmax``.
+    ``out`` (optional) is written in place and returned; with it, the tactic path allocates nothing.
+    """
+    import torch
+
+    if x.dim() == 0:
+        raise ValueError("argmax needs at least one dimension (the vocabulary)")
+    decision = dispatch.select(signature(x))
+    if out is not None:
+        _check_out(x, out)
+    if decision.tactic is None:
+        result = torch.argmax(x, dim=-1)
+        if out is None:
+            return result
+        out.copy_(result)
+        return out
+    if out is None:
+        out = torch.empty(x.shape[:-1], dtype=torch.int64, device=x.device)
+    return launch(decision.tactic, x, out)
+
+
+def prepare(device: Any = None) -> list[str]:
+    """Load every argmax tactic dispatch would select on ``device``, before any graph capture.
+
+    Returns the decision reason per dtype (a tactic name or why it falls back).
+    """
+    import torch
+
+    dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    reasons = []
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.empty((1, VOCAB), dtype=dtype, device=dev)
+        d = dispatch.select(signature(x))
+        if d.tactic is not None:
+            _bind(d.tactic)
+        reasons.append(f"{dtype}: {d.reason}")
+    return reasons

@@ -81,6 +81,18 @@ def attention_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     return _attend(q.to(acc)[:, None], ks, vs, mask, sm_scale)[:, 0].to(q.dtype)
 
 
+def output_gate_ref(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """Gated attention output: ``o · sigmoid(gate)`` in FP32, rounded to o's dtype (``[T, Hq, D]`` both)."""
+    return (o.float() * torch.sigmoid(gate.float())).to(o.dtype)
+
+
+def output_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    hit = route("attention_output_gate", {"o": o, "gate": gate}, {"tokens": o.shape[0], "width": o[0].numel()})
+    if hit is not None:
+        return hit[0](hit[1], o=o, gate=gate)
+    return output_gate_ref(o, gate)
+
+
 def kv_store(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              token_slots: torch.Tensor, positions: torch.Tensor, k_scale: float = 1.0,
              v_scale: float = 1.0) -> None:

@@ -40,14 +40,26 @@ def causal_conv1d_update_ref(x: torch.Tensor, weight: torch.Tensor, state_pool: 
     return torch.nn.functional.silu(y).to(x.dtype)
 
 
-def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    hit = route("causal_conv1d_prefill", {"x": x, "w": weight, "state": state},
+def causal_conv1d_prefill_ref(x: torch.Tensor, weight: torch.Tensor, state_pool: torch.Tensor,
+                              seq_slots: list[int], q_lens: list[int]) -> torch.Tensor:
+    """Concatenated sequences ``x [T, C]``; sequence i continues from ``state_pool[seq_slots[i]]`` and writes it back."""
+    outs = []
+    offset = 0
+    for slot, n in zip(seq_slots, q_lens, strict=True):
+        y, st = causal_conv1d_ref(x[offset:offset + n], weight, state_pool[slot])
+        state_pool[slot] = st
+        outs.append(y)
+        offset += n
+    return torch.cat(outs, dim=0)
+
+
+def causal_conv1d_prefill(x: torch.Tensor, weight: torch.Tensor, state_pool: torch.Tensor,
+                          seq_slots: list[int], q_lens: list[int]) -> torch.Tensor:
+    hit = route("causal_conv1d_prefill", {"x": x, "w": weight, "state": state_pool},
                 {"tokens": x.shape[0], "channels": x.shape[1], "width": weight.shape[1]})
     if hit is not None:
-        out: tuple[torch.Tensor, torch.Tensor] = hit[0](hit[1], x=x, weight=weight, state=state)
-        return out
-    return causal_conv1d_ref(x, weight, state)
+        return hit[0](hit[1], x=x, weight=weight, state_pool=state_pool, seq_slots=seq_slots, q_lens=q_lens)
+    return causal_conv1d_prefill_ref(x, weight, state_pool, seq_slots, q_lens)
 
 
 def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, state_pool: torch.Tensor,

@@ -80,3 +80,21 @@ def dequantize_per_token_group(q: torch.Tensor, scale: torch.Tensor, group: int 
     k = q.shape[-1]
     s = scale.float().repeat_interleave(group, dim=-1)[..., :k]
     return (q.float() * s).to(dtype)
+
+
+def fake_quantize_per_token_group(x: torch.Tensor, group: int = BLOCK, dtype: torch.dtype = torch.float32
+                                  ) -> torch.Tensor:
+    """``dequantize(quantize_per_token_group(x))`` in ``dtype`` with fewer ops (the references' hot path).
+
+    The dequantized product ``q·scale`` is formed in ``dtype`` (exact in float64; one FP32 rounding
+    otherwise, as a GEMM epilogue that applies the scale after accumulation would differ anyway).
+    """
+    k = x.shape[-1]
+    if k % group:
+        q, s = quantize_per_token_group(x, group)
+        return (q.to(dtype).reshape(*x.shape[:-1], -1)[..., :k] *
+                s.to(dtype).repeat_interleave(group, dim=-1)[..., :k])
+    g = x.float().reshape(*x.shape[:-1], k // group, group)
+    scale = g.abs().amax(dim=-1, keepdim=True).clamp_(min=AMAX_EPS).div_(E4M3_MAX)
+    q = (g / scale).clamp_(-E4M3_MAX, E4M3_MAX).to(E4M3)
+    return (q.to(dtype) * scale.to(dtype)).reshape(x.shape)

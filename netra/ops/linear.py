@@ -53,11 +53,7 @@ def linear_ref(x: torch.Tensor, weight: Weight, out_dtype: torch.dtype | None = 
     """``x [..., K]`` (BF16) @ ``weight [N, K]``ᵀ -> ``[..., N]`` in ``out_dtype`` (default: x's dtype)."""
     acc = acc_dtype(x.device)
     out_dtype = out_dtype or x.dtype
-    if weight.is_fp8:
-        q, s = fp8.quantize_per_token_group(x, weight.block[1])
-        xa = fp8.dequantize_per_token_group(q, s, weight.block[1], acc)
-    else:
-        xa = x.to(acc)
+    xa = fp8.fake_quantize_per_token_group(x, weight.block[1], acc) if weight.is_fp8 else x.to(acc)
     return torch.matmul(xa, weight.dequantized(acc).t()).to(out_dtype)
 
 

@@ -1,0 +1,77 @@
+"""`netra engine`: start the embedded engine's worker server. Torch-free at registration."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+from typing import Any
+
+from netra.engine.config import PRESETS
+from netra.engine.options import EngineOptions, OptionsError
+
+_D = {f.name: f.default for f in fields(EngineOptions)}
+
+
+def _bs_list(values: list[str]) -> tuple[int, ...]:
+    out: list[int] = []
+    for v in values:
+        for part in v.split(","):
+            if part.strip():
+                try:
+                    out.append(int(part))
+                except ValueError as exc:
+                    raise argparse.ArgumentTypeError(f"--cuda-graph-bs: {part!r} is not an integer") from exc
+    return tuple(out)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default=_D["preset"], choices=sorted(PRESETS), help="model shapes (default tiny)")
+    p.add_argument("--checkpoint", "--model-path", dest="checkpoint", default=None,
+                   help="HF-format checkpoint directory (config.json + safetensors) instead of seeded weights")
+    p.add_argument("--host", default=_D["host"])
+    p.add_argument("--port", type=int, default=_D["port"], help="0 picks a free port (printed at start)")
+    p.add_argument("--seed", "--random-seed", dest="seed", type=int, default=_D["seed"],
+                   help="seed of the seeded weights and default per-request sampling seeds")
+    p.add_argument("--device", default=_D["device"], help="cpu | cuda | cuda:N")
+    p.add_argument("--max-running-requests", type=int, default=_D["max_running_requests"])
+    p.add_argument("--context-length", type=int, default=_D["context_length"])
+    p.add_argument("--chunked-prefill-size", type=int, default=_D["chunked_prefill_size"])
+    p.add_argument("--cuda-graph-bs", "--cuda-graph-bs-decode", dest="cuda_graph_bs", nargs="+",
+                   default=None, help="decode batch buckets: '1 2 4 8' or '1,2,4,8'")
+    p.add_argument("--stream-interval", type=int, default=_D["stream_interval"])
+    p.add_argument("--incremental-streaming-output", action="store_true")
+    p.add_argument("--kv-cache-dtype", default=_D["kv_cache_dtype"], choices=["fp8_e4m3", "bfloat16", "bf16", "auto"])
+    p.add_argument("--mamba-ssm-dtype", default=None, choices=["float32", "bfloat16"])
+    p.add_argument("--torch-threads", type=int, default=_D["torch_threads"])
+    p.add_argument("--max-new-tokens-limit", type=int, default=None,
+                   help="reject larger max_new_tokens (default: the context length)")
+
+
+def options_from_args(args: argparse.Namespace) -> EngineOptions:
+    kw: dict[str, Any] = {f.name: getattr(args, f.name) for f in fields(EngineOptions) if hasattr(args, f.name)}
+    if args.cuda_graph_bs is None:
+        kw.pop("cuda_graph_bs")
+    else:
+        kw["cuda_graph_bs"] = _bs_list(args.cuda_graph_bs)
+    return EngineOptions(**kw)
+
+
+def main(args: argparse.Namespace) -> int:
+    import logging
+    import sys
+
+    try:
+        options = options_from_args(args)
+    except (OptionsError, argparse.ArgumentTypeError) as exc:
+        print(f"netra engine: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from netra.engine.server import serve
+
+    return serve(options)
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("engine", help="the embedded engine's worker server (SGLang worker HTTP contract)")
+    add_arguments(p)
+    p.set_defaults(func=main)

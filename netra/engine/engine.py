@@ -1,0 +1,59 @@
+"""Assemble an engine from `EngineOptions`: config, weights (seeded or checkpoint), pools, model, scheduler."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from netra.engine.cache import StatePools
+from netra.engine.config import ModelConfig, preset
+from netra.engine.loader import load_checkpoint
+from netra.engine.model import Model
+from netra.engine.options import EngineOptions, OptionsError
+from netra.engine.scheduler import Scheduler
+from netra.engine.tokenizer import Tokenizer, load_tokenizer
+from netra.engine.weights import seeded_weights
+
+log = logging.getLogger("netra.engine")
+
+
+@dataclass
+class Engine:
+    options: EngineOptions
+    config: ModelConfig
+    model: Model
+    pools: StatePools
+    scheduler: Scheduler
+    tokenizer: Tokenizer
+    startup_s: float
+
+
+def build_engine(options: EngineOptions) -> Engine:
+    t0 = time.perf_counter()
+    torch.set_num_threads(options.torch_threads)
+    device = torch.device(options.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise OptionsError(f"--device {options.device}: no CUDA device is available")
+    if options.checkpoint:
+        cfg, weights = load_checkpoint(Path(options.checkpoint), device)
+    else:
+        cfg = preset(options.preset)
+        weights = seeded_weights(cfg, options.seed, device)
+    if options.context_length > cfg.max_position_embeddings:
+        raise OptionsError(f"--context-length {options.context_length} exceeds the model's "
+                           f"max_position_embeddings {cfg.max_position_embeddings}")
+    ssm_dtype = options.mamba_ssm_dtype or cfg.mamba_ssm_dtype
+    options = replace(options, mamba_ssm_dtype=ssm_dtype)
+    pools = StatePools(cfg, options.max_running_requests, options.context_length, device,
+                       options.kv_cache_dtype, ssm_dtype)
+    model = Model(cfg, weights, pools, device)
+    tokenizer = load_tokenizer(Path(options.checkpoint) if options.checkpoint else None)
+    scheduler = Scheduler(model, pools, options, cfg.eos_token_id)
+    startup = time.perf_counter() - t0
+    log.info("engine ready: preset %s, %s, pools %.1f MiB, %.2f s", options.preset, device,
+             pools.nbytes() / 2**20, startup)
+    return Engine(options, cfg, model, pools, scheduler, tokenizer, startup)

@@ -1,0 +1,145 @@
+"""The Qwen3.5/3.6 hybrid-MoE text model over the engine's state pools.
+
+Layer l is gated full attention when ``(l+1) % full_attention_interval == 0``, Gated DeltaNet
+otherwise; every layer ends in the sparse MoE block. Each hot op goes through `netra.ops` (dispatch,
+reference fallback). `ForwardBatch` carries either a prefill batch (chunks of several sequences,
+concatenated) or a decode batch (one token per row, possibly padded with rows on `PAD_SLOT`);
+the decode path reads only tensors of fixed shape per bucket (plus ``max_len``, the reference's
+attention span), so a captured graph can replay it from persistent buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from netra.engine.cache import StatePools
+from netra.engine.config import ModelConfig
+from netra.engine.weights import AttentionWeights, GDNWeights, ModelWeights
+from netra.ops import attention, conv, gdn, norm
+from netra.ops._common import acc_dtype
+from netra.ops.linear import linear
+from netra.ops.moe import moe
+from netra.ops.rope import rope, rope_cache
+
+
+@dataclass
+class ForwardBatch:
+    decode: bool
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    token_slots: torch.Tensor  # [T] int64: slot of each token
+    slots: torch.Tensor  # [B] int64
+    seq_lens: torch.Tensor  # [B] int64: cached length after this step
+    max_len: int  # max(seq_lens)
+    logits_rows: torch.Tensor  # [N] int64: token rows whose logits are wanted
+    # Prefill only (host lists): per sequence slot, cached length before the chunk, chunk length.
+    seq_slots: list[int]
+    seq_starts: list[int]
+    q_lens: list[int]
+
+
+class Model:
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, pools: StatePools, device: torch.device) -> None:
+        self.cfg, self.w, self.pools, self.device = cfg, weights, pools, device
+        self.rope_cache = rope_cache(pools.context_length, cfg.rotary_dim, cfg.rope_theta, device)
+        self.sm_scale = cfg.head_dim ** -0.5
+        if device.type == "cpu":
+            # Every op runs its reference on a CPU: dequantize each projection once into the
+            # accumulator dtype instead of on every call (same numbers, far fewer ops per step).
+            acc = acc_dtype(device)
+            for weight in weights.all_weights():
+                weight.dequantized(acc)
+
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        """Logits ``[len(logits_rows), vocab]`` FP32 for the requested rows; updates the pools."""
+        cfg = self.cfg
+        eps = cfg.rms_norm_eps
+        h = self.w.embed.index_select(0, fb.input_ids)
+        residual = h
+        x = norm.rmsnorm(h, self.w.layers[0].input_layernorm, eps)
+        for i, layer in enumerate(self.w.layers):
+            if i > 0:
+                x, residual = norm.add_rmsnorm(h, residual, layer.input_layernorm, eps)
+            if isinstance(layer.mixer, AttentionWeights):
+                h = self._attention(x, layer.mixer, fb, self.pools.attn_index[i])
+            else:
+                h = self._gdn(x, layer.mixer, fb, self.pools.gdn_index[i])
+            x, residual = norm.add_rmsnorm(h, residual, layer.post_attention_layernorm, eps)
+            h = moe(x, layer.moe)
+        x, _ = norm.add_rmsnorm(h, residual, self.w.norm, eps)
+        return linear(x.index_select(0, fb.logits_rows), self.w.lm_head, torch.float32)
+
+    def _attention(self, x: torch.Tensor, w: AttentionWeights, fb: ForwardBatch, li: int) -> torch.Tensor:
+        cfg = self.cfg
+        t, hq, hkv, d = x.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        qg = linear(x, w.q_proj)
+        if cfg.attn_output_gate:
+            qg = qg.view(t, hq, 2 * d)
+            q, gate = qg[..., :d], qg[..., d:]
+        else:
+            q, gate = qg.view(t, hq, d), None
+        k = linear(x, w.k_proj).view(t, hkv, d)
+        v = linear(x, w.v_proj).view(t, hkv, d)
+        q = norm.rmsnorm(q, w.q_norm, cfg.rms_norm_eps)
+        k = norm.rmsnorm(k, w.k_norm, cfg.rms_norm_eps)
+        q, k = rope(q, k, fb.positions, self.rope_cache, cfg.rotary_dim)
+        kc, vc = self.pools.k[li], self.pools.v[li]
+        attention.kv_store(k, v, kc, vc, fb.token_slots, fb.positions)
+        if fb.decode:
+            o = attention.attention_decode(q, kc, vc, fb.slots, fb.seq_lens, fb.max_len, self.sm_scale)
+        else:
+            o = attention.attention_prefill(q, kc, vc, fb.seq_slots, fb.seq_starts, fb.q_lens, self.sm_scale)
+        if gate is not None:
+            o = attention.output_gate(o, gate)
+        return linear(o.reshape(t, hq * d), w.o_proj)
+
+    def _gdn(self, x: torch.Tensor, w: GDNWeights, fb: ForwardBatch, li: int) -> torch.Tensor:
+        cfg = self.cfg
+        t = x.shape[0]
+        hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        qkv = linear(x, w.in_proj_qkv)
+        z = linear(x, w.in_proj_z).view(t, hv, dv)
+        b = linear(x, w.in_proj_b)
+        a = linear(x, w.in_proj_a)
+        conv_pool, ssm_pool = self.pools.conv[li], self.pools.ssm[li]
+        if fb.decode:
+            qkv = conv.causal_conv1d_update(qkv, w.conv1d, conv_pool, fb.slots)
+        else:
+            qkv = conv.causal_conv1d_prefill(qkv, w.conv1d, conv_pool, fb.seq_slots, fb.q_lens)
+        kd = cfg.linear_key_dim
+        q = qkv[:, :kd].reshape(t, hk, dk)
+        k = qkv[:, kd:2 * kd].reshape(t, hk, dk)
+        v = qkv[:, 2 * kd:].reshape(t, hv, dv)
+        g, beta = gdn.gdn_gating(a, b, w.a_log, w.dt_bias)
+        if fb.decode:
+            o = gdn.gdn_decode(q, k, v, g, beta, ssm_pool, fb.slots)
+        else:
+            o = gdn.gdn_prefill(q, k, v, g, beta, ssm_pool, fb.seq_slots, fb.q_lens)
+        o = norm.gated_rmsnorm(o, z, w.norm, cfg.rms_norm_eps)
+        return linear(o.reshape(t, hv * dv), w.out_proj)
+
+
+def prefill_batch(device: torch.device, chunks: list[tuple[int, list[int], int, bool]]) -> ForwardBatch:
+    """Build a prefill `ForwardBatch` from ``(slot, token_ids, start, wants_logits)`` per sequence."""
+    ids: list[int] = []
+    pos: list[int] = []
+    tok_slots: list[int] = []
+    rows: list[int] = []
+    for slot, toks, start, wants in chunks:
+        ids += toks
+        pos += range(start, start + len(toks))
+        tok_slots += [slot] * len(toks)
+        if wants:
+            rows.append(len(ids) - 1)
+    seq_lens = [start + len(toks) for _, toks, start, _ in chunks]
+
+    def t(v: list[int]) -> torch.Tensor:
+        return torch.tensor(v, dtype=torch.int64, device=device)
+
+    return ForwardBatch(decode=False, input_ids=t(ids), positions=t(pos), token_slots=t(tok_slots),
+                        slots=t([c[0] for c in chunks]), seq_lens=t(seq_lens), max_len=max(seq_lens),
+                        logits_rows=t(rows), seq_slots=[c[0] for c in chunks],
+                        seq_starts=[c[2] for c in chunks], q_lens=[len(c[1]) for c in chunks])

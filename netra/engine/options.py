@@ -1,0 +1,59 @@
+"""Engine options: one frozen dataclass, the CLI's defaults and `/server_info`'s payload. Torch-free."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+DEFAULT_GRAPH_BS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+
+
+class OptionsError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    preset: str = "tiny"
+    checkpoint: str | None = None  # HF-format directory; its config.json overrides the preset's shapes
+    seed: int = 0  # seeded weights and the default per-request sampling seeds
+    device: str = "cpu"
+    host: str = "127.0.0.1"
+    port: int = 30000
+    max_running_requests: int = 64
+    context_length: int = 4096
+    chunked_prefill_size: int = 2048
+    cuda_graph_bs: tuple[int, ...] = field(default=DEFAULT_GRAPH_BS)
+    stream_interval: int = 1
+    incremental_streaming_output: bool = False
+    kv_cache_dtype: str = "fp8_e4m3"
+    mamba_ssm_dtype: str | None = None  # None: the checkpoint's (config) value
+    torch_threads: int = 1  # several workers share a few cores; raise it on a machine of your own
+    max_new_tokens_limit: int | None = None  # None: the context length
+
+    def __post_init__(self) -> None:
+        positive = ("max_running_requests", "context_length", "chunked_prefill_size", "stream_interval",
+                    "torch_threads")
+        for name in positive:
+            v = getattr(self, name)
+            if not isinstance(v, int) or v <= 0:
+                raise OptionsError(f"--{name.replace('_', '-')} {v!r}: expected a positive integer")
+        if not 0 <= self.port <= 65535:
+            raise OptionsError(f"--port {self.port}: out of range")
+        if not self.cuda_graph_bs or any(b <= 0 for b in self.cuda_graph_bs):
+            raise OptionsError(f"--cuda-graph-bs {list(self.cuda_graph_bs)}: expected positive batch sizes")
+        if list(self.cuda_graph_bs) != sorted(set(self.cuda_graph_bs)):
+            raise OptionsError(f"--cuda-graph-bs {list(self.cuda_graph_bs)}: expected strictly increasing sizes")
+        if self.kv_cache_dtype not in ("fp8_e4m3", "bfloat16", "bf16", "auto"):
+            raise OptionsError(f"--kv-cache-dtype {self.kv_cache_dtype!r}: expected fp8_e4m3, bfloat16 or auto")
+        if self.mamba_ssm_dtype not in (None, "float32", "bfloat16"):
+            raise OptionsError(f"--mamba-ssm-dtype {self.mamba_ssm_dtype!r}: expected float32 or bfloat16")
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise OptionsError(f"--device {self.device!r}: expected cpu, cuda or cuda:N")
+        if self.context_length < 2:
+            raise OptionsError("--context-length must be at least 2")
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["cuda_graph_bs"] = list(self.cuda_graph_bs)
+        return d

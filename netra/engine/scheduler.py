@@ -1,0 +1,309 @@
+"""Continuous-batching scheduler: admission queue, request slots, chunked prefill, bucketed decode.
+
+One thread owns the model, the pools and every request's state; other threads talk to it only
+through `submit` / `abort` (a queue). Each step is either a prefill step (chunks of waiting
+prompts, at most ``chunked_prefill_size`` tokens, prefill first like SGLang) or a decode step (one
+token for every running request, the batch padded to the next graph bucket with rows on the pad
+slot). A prompt is always cut at multiples of the chunk size of its own positions, whatever else is
+queued, so a request's arithmetic does not depend on what it shares a batch with.
+
+Outputs go to each request's ``sink`` (called on the scheduler thread; it must not block): the
+tokens since the previous emission, the cumulative completion count and the finish reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from netra.engine.cache import PAD_SLOT, StatePools
+from netra.engine.model import ForwardBatch, Model, prefill_batch
+from netra.engine.options import EngineOptions
+from netra.ops import sampling
+
+log = logging.getLogger("netra.engine")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    skip_special_tokens: bool = True
+    sampling_seed: int | None = None
+    no_stop_trim: bool = False
+
+
+@dataclass
+class Output:
+    rid: str
+    new_ids: list[int]  # tokens since the previous emission (a trimmed stop token excluded)
+    completion_tokens: int  # every generated token so far, a matched stop token included
+    finish_reason: dict[str, Any] | None
+
+
+@dataclass
+class Request:
+    rid: str
+    prompt: list[int]
+    params: SamplingParams
+    sink: Callable[[Output], None]
+    stream: bool = False
+    seed: int = 0
+    output: list[int] = field(default_factory=list)
+    slot: int = -1
+    cached: int = 0  # tokens whose KV / state are in the slot
+    emitted: int = 0  # output tokens already sent to the sink
+    trimmed: bool = False  # last output token is a stop token kept out of the visible output
+    finish_reason: dict[str, Any] | None = None
+
+
+@dataclass
+class StepStats:
+    steps: int = 0
+    prefill_steps: int = 0
+    decode_steps: int = 0
+    decode_rows: int = 0  # real rows over all decode steps
+    padded_rows: int = 0  # pad rows added to reach a bucket
+    prefill_tokens: int = 0
+    output_tokens: int = 0
+    forward_s: float = 0.0  # model forward (logits on the host side included)
+    sample_s: float = 0.0
+    step_s: float = 0.0  # whole steps: batch building + forward + sampling + output processing
+
+    def to_json(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["overhead_s"] = self.step_s - self.forward_s - self.sample_s
+        d["overhead_ms_per_step"] = 1e3 * d["overhead_s"] / max(1, self.steps)
+        d["forward_ms_per_step"] = 1e3 * self.forward_s / max(1, self.steps)
+        return d
+
+
+class Scheduler:
+    def __init__(self, model: Model, pools: StatePools, options: EngineOptions, eos_ids: tuple[int, ...]) -> None:
+        self.model, self.pools, self.opt = model, pools, options
+        self.device = model.device
+        self.eos = frozenset(eos_ids)
+        self.buckets = tuple(b for b in options.cuda_graph_bs)
+        self.waiting: deque[Request] = deque()
+        self.prefilling: list[Request] = []
+        self.decoding: list[Request] = []
+        self.by_rid: dict[str, Request] = {}
+        self.inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.stats = StepStats()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        # Persistent decode inputs (fixed addresses for graph replay); a step fills a prefix.
+        cap = max(max(self.buckets), options.max_running_requests)
+        self._ids = torch.zeros(cap, dtype=torch.int64, device=self.device)
+        self._pos = torch.zeros(cap, dtype=torch.int64, device=self.device)
+        self._slots = torch.full((cap,), PAD_SLOT, dtype=torch.int64, device=self.device)
+        self._lens = torch.ones(cap, dtype=torch.int64, device=self.device)
+        self._rows = torch.arange(cap, dtype=torch.int64, device=self.device)
+
+    # ---- thread-safe interface -------------------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        self.inbox.put(("add", req))
+
+    def abort(self, rid: str, message: str = "aborted") -> None:
+        self.inbox.put(("abort", (rid, message)))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="netra-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.inbox.put(("wake", None))
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def load(self) -> dict[str, int]:
+        return {"waiting": len(self.waiting), "prefilling": len(self.prefilling), "running": len(self.decoding),
+                "free_slots": self.pools.free_slots}
+
+    # ---- scheduler thread ------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._drain(block=not (self.waiting or self.prefilling or self.decoding))
+            if self._stop.is_set():
+                break
+            if self.waiting or self.prefilling or self.decoding:
+                try:
+                    self.step()
+                except Exception as exc:  # a failed step must not take the server down: fail its requests
+                    log.exception("engine step failed")
+                    for req in list(self.prefilling) + list(self.decoding):
+                        self._finish(req, {"type": "abort", "message": f"engine error: {exc}"})
+
+    def _drain(self, block: bool) -> None:
+        try:
+            item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            kind, payload = item
+            if kind == "add":
+                self._add(payload)
+            elif kind == "abort":
+                self._abort(*payload)
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _add(self, req: Request) -> None:
+        if req.rid in self.by_rid:
+            req.sink(Output(req.rid, [], 0, {"type": "abort", "message": f"duplicate request id {req.rid!r}"}))
+            return
+        if req.params.max_new_tokens == 0:
+            req.sink(Output(req.rid, [], 0, {"type": "length", "length": 0}))
+            return
+        self.by_rid[req.rid] = req
+        self.waiting.append(req)
+
+    def _abort(self, rid: str, message: str) -> None:
+        req = self.by_rid.get(rid)
+        if req is not None:
+            self._finish(req, {"type": "abort", "message": message})
+
+    def _finish(self, req: Request, reason: dict[str, Any]) -> None:
+        req.finish_reason = reason
+        for lst in (self.prefilling, self.decoding):
+            if req in lst:
+                lst.remove(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if req.slot >= 0:
+            self.pools.release(req.slot)
+            req.slot = -1
+        self.by_rid.pop(req.rid, None)
+        self._emit(req)
+
+    def _emit(self, req: Request) -> None:
+        visible = len(req.output) - (1 if req.trimmed else 0)
+        new = req.output[req.emitted:visible]
+        req.emitted = max(req.emitted, visible)
+        req.sink(Output(req.rid, new, len(req.output), req.finish_reason))
+
+    def step(self) -> None:
+        t0 = time.perf_counter()
+        while self.waiting and self.pools.free_slots:
+            req = self.waiting.popleft()
+            req.slot = self.pools.alloc()
+            self.prefilling.append(req)
+        if self.prefilling:
+            self._prefill_step()
+        else:
+            self._decode_step()
+        self.stats.steps += 1
+        self.stats.step_s += time.perf_counter() - t0
+
+    def _prefill_step(self) -> None:
+        size = self.opt.chunked_prefill_size
+        chunks: list[tuple[int, list[int], int, bool]] = []
+        batch: list[Request] = []
+        total = 0
+        for req in self.prefilling:
+            n = min(len(req.prompt) - req.cached, size - req.cached % size)
+            if batch and total + n > size:
+                break
+            last = req.cached + n == len(req.prompt)
+            chunks.append((req.slot, req.prompt[req.cached:req.cached + n], req.cached, last))
+            batch.append(req)
+            total += n
+        fb = prefill_batch(self.device, chunks)
+        t = time.perf_counter()
+        logits = self.model.forward(fb)
+        self.stats.forward_s += time.perf_counter() - t
+        self.stats.prefill_steps += 1
+        self.stats.prefill_tokens += total
+        done = []
+        for req, (_, toks, _, last) in zip(batch, chunks, strict=True):
+            req.cached += len(toks)
+            if last:
+                done.append(req)
+        if done:
+            tokens = self._sample(done, logits)
+            for req in done:
+                self.prefilling.remove(req)
+                self.decoding.append(req)
+            self._append(done, tokens)
+
+    def _decode_step(self) -> None:
+        reqs = self.decoding
+        n = len(reqs)
+        bucket = next((b for b in self.buckets if b >= n), n)
+        ids = [r.output[-1] for r in reqs] + [0] * (bucket - n)
+        lens = [r.cached + 1 for r in reqs] + [1] * (bucket - n)
+        slots = [r.slot for r in reqs] + [PAD_SLOT] * (bucket - n)
+        self._ids[:bucket].copy_(torch.tensor(ids, dtype=torch.int64))
+        self._lens[:bucket].copy_(torch.tensor(lens, dtype=torch.int64))
+        self._pos[:bucket].copy_(self._lens[:bucket] - 1)
+        self._slots[:bucket].copy_(torch.tensor(slots, dtype=torch.int64))
+        slot_view = self._slots[:bucket]
+        fb = ForwardBatch(decode=True, input_ids=self._ids[:bucket], positions=self._pos[:bucket],
+                          token_slots=slot_view, slots=slot_view, seq_lens=self._lens[:bucket],
+                          max_len=max(lens), logits_rows=self._rows[:bucket], seq_slots=[], seq_starts=[],
+                          q_lens=[])
+        t = time.perf_counter()
+        logits = self.model.forward(fb)
+        self.stats.forward_s += time.perf_counter() - t
+        self.stats.decode_steps += 1
+        self.stats.decode_rows += n
+        self.stats.padded_rows += bucket - n
+        for r in reqs:
+            r.cached += 1
+        tokens = self._sample(list(reqs), logits[:n])
+        self._append(list(reqs), tokens)
+
+    def _sample(self, reqs: list[Request], logits: torch.Tensor) -> list[int]:
+        t = time.perf_counter()
+        if all(r.params.temperature == 0 for r in reqs):
+            out = sampling.greedy(logits)
+        else:
+            dev = logits.device
+
+            def col(values: list[Any], dtype: torch.dtype) -> torch.Tensor:
+                return torch.tensor(values, dtype=dtype, device=dev)
+
+            out = sampling.sample(
+                logits, col([r.params.temperature for r in reqs], torch.float32),
+                col([r.params.top_k for r in reqs], torch.int64), col([r.params.top_p for r in reqs], torch.float32),
+                col([r.params.min_p for r in reqs], torch.float32), col([r.seed for r in reqs], torch.int64),
+                col([len(r.output) for r in reqs], torch.int64))
+        tokens: list[int] = out.tolist()
+        self.stats.sample_s += time.perf_counter() - t
+        return tokens
+
+    def _append(self, reqs: list[Request], tokens: list[int]) -> None:
+        interval = self.opt.stream_interval
+        ctx = self.pools.context_length
+        for req, tok in zip(reqs, tokens, strict=True):
+            req.output.append(tok)
+            self.stats.output_tokens += 1
+            p = req.params
+            n = len(req.output)
+            if (tok in self.eos and not p.ignore_eos) or tok in p.stop_token_ids:
+                req.trimmed = not p.no_stop_trim
+                self._finish(req, {"type": "stop", "matched": tok})
+            elif n >= p.max_new_tokens or req.cached + 1 >= ctx:
+                self._finish(req, {"type": "length", "length": n})
+            elif req.stream and (n == 1 or n % interval == 0):
+                self._emit(req)

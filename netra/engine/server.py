@@ -1,0 +1,257 @@
+"""The worker HTTP server: SGLang's native API as written in docs/worker-contract.md.
+
+FastAPI on uvicorn; JSON through orjson. The scheduler runs on its own thread; each request has an
+asyncio queue its outputs are posted to (thread-safe hand-off), and the handler turns them into the
+response: one JSON object, or SSE events (cumulative by default, new suffix only with
+``--incremental-streaming-output``) ending with ``data: [DONE]``. A client that goes away mid-request
+has its request aborted, which frees its slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import socket
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response, StreamingResponse
+
+import netra
+from netra.engine.engine import Engine, build_engine
+from netra.engine.options import EngineOptions
+from netra.engine.protocol import RequestError, check_request, parse_generate, parse_json
+from netra.engine.scheduler import Output, SamplingParams
+from netra.engine.scheduler import Request as EngineRequest
+
+log = logging.getLogger("netra.engine")
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
+
+
+def error_response(message: str, status: int = 400) -> Response:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return json_response({"error": {"message": message, "type": kind, "code": status}}, status)
+
+
+@dataclass
+class _Pending:
+    rid: str
+    prompt_tokens: int
+    params: SamplingParams
+    queue: asyncio.Queue[Output]
+    started: float
+    ids: list[int] = field(default_factory=list)
+    sent_text: str = ""
+    completion_tokens: int = 0
+    finish_reason: dict[str, Any] | None = None
+
+
+class Server:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.sched = engine.scheduler
+        self.opt = engine.options
+        self.tok = engine.tokenizer
+        self.inflight: dict[str, _Pending] = {}
+        self._seeds = random.Random(engine.options.seed)
+        self.limit = self.opt.max_new_tokens_limit or self.opt.context_length
+        self.app = self._build_app()
+
+    # ---- requests --------------------------------------------------------------------------------
+    def _start(self, rid: str, prompt: list[int], params: SamplingParams, stream: bool) -> _Pending:
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue[Output] = asyncio.Queue()
+        pending = _Pending(rid, len(prompt), params, q, time.perf_counter())
+        self.inflight[rid] = pending
+        seed = params.sampling_seed if params.sampling_seed is not None else self._seeds.getrandbits(63)
+
+        def sink(out: Output) -> None:  # scheduler thread -> this request's queue on the event loop
+            loop.call_soon_threadsafe(q.put_nowait, out)
+
+        self.sched.submit(EngineRequest(rid, prompt, params, sink=sink, stream=stream, seed=seed))
+        return pending
+
+    def _payload(self, p: _Pending, out: Output) -> dict[str, Any]:
+        p.ids.extend(out.new_ids)
+        p.completion_tokens = out.completion_tokens
+        p.finish_reason = out.finish_reason
+        final = out.finish_reason is not None
+        text = self.tok.decode(p.ids, skip_special_tokens=p.params.skip_special_tokens, final=final)
+        meta = {"id": p.rid, "finish_reason": out.finish_reason, "prompt_tokens": p.prompt_tokens,
+                "completion_tokens": out.completion_tokens, "cached_tokens": 0,
+                "e2e_latency": time.perf_counter() - p.started}
+        if self.opt.incremental_streaming_output:
+            new_text = text[len(p.sent_text):] if text.startswith(p.sent_text) else text
+            p.sent_text = text
+            return {"text": new_text, "output_ids": list(out.new_ids), "meta_info": meta}
+        return {"text": text, "output_ids": list(p.ids), "meta_info": meta}
+
+    async def _stream(self, p: _Pending) -> AsyncIterator[bytes]:
+        try:
+            while True:
+                out = await p.queue.get()
+                payload = self._payload(p, out)
+                yield b"data: " + orjson.dumps(payload) + b"\n\n"
+                if out.finish_reason is not None:
+                    break
+            yield b"data: [DONE]\n\n"
+        finally:
+            self.inflight.pop(p.rid, None)
+            if p.finish_reason is None:  # the client went away (or the server stops): free the slot
+                self.sched.abort(p.rid, "client disconnected")
+
+    async def _wait(self, p: _Pending, request: Request) -> Response:
+        try:
+            while True:
+                try:
+                    out = await asyncio.wait_for(p.queue.get(), timeout=0.5)
+                except TimeoutError:
+                    if await request.is_disconnected():
+                        self.sched.abort(p.rid, "client disconnected")
+                        return error_response("client disconnected", 499)
+                    continue
+                if out.finish_reason is not None:
+                    payload = self._payload(p, out)
+                    # The non-streaming body is always the whole output, in both streaming modes.
+                    payload["output_ids"] = list(p.ids)
+                    payload["text"] = self.tok.decode(p.ids, skip_special_tokens=p.params.skip_special_tokens)
+                    return json_response(payload)
+                p.ids.extend(out.new_ids)
+        finally:
+            self.inflight.pop(p.rid, None)
+            if p.finish_reason is None:
+                self.sched.abort(p.rid, "client disconnected")
+
+    async def generate(self, request: Request) -> Response:
+        body = await request.body()
+        try:
+            req = parse_generate(body)
+            if (req.input_ids is None) == (req.text is None):
+                raise RequestError("exactly one of input_ids and text is required")
+            prompt = list(req.input_ids) if req.input_ids is not None else self.tok.encode(req.text or "")
+            params = check_request(req, prompt, self.engine.config.vocab_size, self.opt.context_length, self.limit)
+            rid = req.rid or uuid.uuid4().hex
+            if rid in self.inflight:
+                raise RequestError(f"request id {rid!r} is already in flight")
+        except RequestError as exc:
+            return error_response(str(exc))
+        if not self.sched.alive:
+            return error_response("the scheduler is not running", 503)
+        pending = self._start(rid, prompt, params, req.stream)
+        if req.stream:
+            return StreamingResponse(self._stream(pending), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return await self._wait(pending, request)
+
+    async def health_generate(self) -> Response:
+        rid = "health-" + uuid.uuid4().hex
+        p = self._start(rid, [0], SamplingParams(max_new_tokens=1, temperature=0.0, ignore_eos=True), False)
+        try:
+            out = await asyncio.wait_for(p.queue.get(), timeout=60)
+        except TimeoutError:
+            self.sched.abort(rid, "health check timed out")
+            return error_response("generation timed out", 503)
+        finally:
+            self.inflight.pop(rid, None)
+        if out.finish_reason is None or out.finish_reason.get("type") != "length" or out.completion_tokens != 1:
+            return error_response(f"health generation ended with {out.finish_reason}", 503)
+        return json_response({"ok": True})
+
+    async def abort_request(self, request: Request) -> Response:
+        try:
+            data = parse_json(await request.body())
+            if not isinstance(data, dict) or not isinstance(data.get("rid"), str) or set(data) - {"rid"}:
+                raise RequestError('expected {"rid": "<request id>"}')
+        except RequestError as exc:
+            return error_response(str(exc))
+        rid = data["rid"]
+        found = rid in self.inflight
+        if found:
+            self.sched.abort(rid, "aborted by /abort_request")
+        return json_response({"rid": rid, "found": found})
+
+    # ---- info ------------------------------------------------------------------------------------
+    def model_info(self) -> dict[str, Any]:
+        return {"model_path": self.opt.checkpoint or f"preset:{self.opt.preset}",
+                "tokenizer_path": self.tok.name, "is_generation": True, "preset": self.opt.preset,
+                "vocab_size": self.engine.config.vocab_size, "eos_token_id": list(self.engine.config.eos_token_id),
+                "context_length": self.opt.context_length, "engine": "netra"}
+
+    def server_info(self) -> dict[str, Any]:
+        return {**self.opt.to_json(), "engine": "netra", "version": netra.__version__,
+                "startup_s": self.engine.startup_s, "state_pool_bytes": self.engine.pools.nbytes(),
+                "load": self.sched.load()}
+
+    def _build_app(self) -> FastAPI:
+        @contextlib.asynccontextmanager
+        async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+            self.sched.start()
+            yield
+            self.sched.stop()
+
+        app = FastAPI(title="netra engine", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+        @app.exception_handler(RequestValidationError)
+        async def _bad_request(request: Request, exc: RequestValidationError) -> Response:
+            return error_response(f"invalid request: {exc.errors()[:3]}")
+
+        app.add_api_route("/generate", self.generate, methods=["POST"])
+        app.add_api_route("/health_generate", self.health_generate, methods=["GET"])
+        app.add_api_route("/abort_request", self.abort_request, methods=["POST"])
+
+        async def health() -> Response:
+            return json_response({"ok": True})
+
+        async def ready() -> Response:
+            return json_response({"ready": True}) if self.sched.alive else error_response("starting", 503)
+
+        async def model_info() -> Response:
+            return json_response(self.model_info())
+
+        async def server_info() -> Response:
+            return json_response(self.server_info())
+
+        async def engine_stats() -> Response:
+            return json_response({**self.sched.stats.to_json(), **self.sched.load()})
+
+        async def flush_cache() -> Response:
+            return json_response({"flushed": True, "note": "no prefix cache"})
+
+        app.add_api_route("/health", health, methods=["GET"])
+        app.add_api_route("/ready", ready, methods=["GET"])
+        app.add_api_route("/model_info", model_info, methods=["GET"])
+        app.add_api_route("/get_model_info", model_info, methods=["GET"])
+        app.add_api_route("/server_info", server_info, methods=["GET"])
+        app.add_api_route("/get_server_info", server_info, methods=["GET"])
+        app.add_api_route("/engine_stats", engine_stats, methods=["GET"])
+        app.add_api_route("/flush_cache", flush_cache, methods=["POST", "GET"])
+        return app
+
+
+def serve(options: EngineOptions) -> int:
+    """Build the engine, bind the socket (port 0 picks a free one), print the address, serve until stopped."""
+    import uvicorn
+
+    engine = build_engine(options)
+    server = Server(engine)
+    sock = socket.socket(socket.AF_INET6 if ":" in options.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((options.host, options.port))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(server.app, log_level="warning", access_log=False, timeout_graceful_shutdown=3)
+    print(f"netra engine listening on http://{options.host}:{port} (startup {engine.startup_s:.2f} s)",
+          flush=True, file=sys.stdout)
+    uvicorn.Server(config).run(sockets=[sock])
+    return 0
