@@ -125,8 +125,7 @@ def audit_options(w: WorkerPlan, server_info: dict[str, Any]) -> list[str]:
     return problems
 
 
-def audit_process(w: WorkerPlan, pid: int, argv: list[str], env: dict[str, str],
-                  code_objects: Iterable[str] = ()) -> list[str]:
+def audit_process(w: WorkerPlan, pid: int, argv: list[str], env: dict[str, str]) -> list[str]:
     """Compare a running worker process with what the launcher started (argv/env as executed)."""
     problems = []
     try:
@@ -152,11 +151,30 @@ def audit_process(w: WorkerPlan, pid: int, argv: list[str], env: dict[str, str],
         if policies and f"bind:{w.mem_node}" not in policies:
             problems.append(f"worker {w.index} (pid {pid}) memory is not bound to NUMA node {w.mem_node} "
                             f"(policies {sorted(policies)})")
-    wanted = sorted(set(code_objects))
-    if wanted:
-        mapped = mapped_files(proc_tree(pid))
-        for path in wanted:
-            if path not in mapped:
-                problems.append(f"code object {path} is not mapped in worker {w.index} (pid {pid} and its "
-                                f"children): the worker does not run the locked kernels")
+    return problems
+
+
+def audit_code_objects(w: WorkerPlan, pid: int, server_info: dict[str, Any],
+                       code_objects: Iterable[dict[str, str]]) -> list[str]:
+    """Each locked code object must be mapped in the worker's process tree (`/proc/PID/maps`), or be
+    reported loaded with the same sha256 at /server_info `code_objects` (a runtime that loads the image
+    from memory, as cuModuleLoadData does, leaves no file mapping)."""
+    wanted = list(code_objects)
+    if not wanted:
+        return []
+    mapped = mapped_files(proc_tree(pid))
+    reported = find_option(server_info, "code_objects")
+    loaded: set[str] = set()
+    if isinstance(reported, list):
+        for item in reported:
+            if isinstance(item, dict):
+                loaded.update(str(item.get(k)) for k in ("sha256", "path") if item.get(k))
+            else:
+                loaded.add(str(item))
+    problems = []
+    for obj in wanted:
+        if obj["path"] in mapped or obj["sha256"] in loaded:
+            continue
+        problems.append(f"code object {obj['path']} ({obj.get('family')}/{obj.get('name')}) is neither mapped "
+                        f"in worker {w.index} (pid {pid} and its children) nor reported loaded at /server_info")
     return problems

@@ -184,9 +184,10 @@ def _launch(args: argparse.Namespace) -> int:
         return 2
     from netra.deploy.launch import Launch
 
+    strict = prof.strict if args.strict is None else args.strict
     meta = {"profile_base_sha256": base.sha256(), "set_overrides": list(args.sets),
-            "overrides": plan.overrides, "strict": prof.strict if args.strict is None else args.strict}
-    return Launch(plan, v, meta=meta, log=lambda m: print(m, flush=True)).run()
+            "overrides": plan.overrides, "strict": strict}
+    return Launch(plan, v, strict=strict, meta=meta, log=lambda m: print(m, flush=True)).run()
 
 
 def _run_dir(args: argparse.Namespace) -> Path:

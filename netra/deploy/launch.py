@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from netra.deploy import nginx
-from netra.deploy.audit import audit_options, audit_process
+from netra.deploy.audit import audit_code_objects, audit_options, audit_process
 from netra.deploy.plan import Plan
 from netra.deploy.record import RECORD_VERSION, is_alive, now_utc, proc_start_ticks, read_record, record_path
 from netra.deploy.record import RecordError as RecordError
@@ -52,9 +52,11 @@ def port_free(host: str, port: int) -> bool:
 
 
 class Launch:
-    def __init__(self, plan: Plan, verification: Verification, *, meta: dict[str, Any] | None = None,
-                 log: Callable[[str], None] = print) -> None:
+    def __init__(self, plan: Plan, verification: Verification, *, strict: bool = False,
+                 meta: dict[str, Any] | None = None, log: Callable[[str], None] = print) -> None:
         self.plan = plan
+        # Strict: a locked code object the worker does not show is a refusal, not a warning.
+        self.strict = strict
         self.verification = verification
         self.meta = meta or {}
         self.log = log
@@ -92,7 +94,7 @@ class Launch:
                 "numa_node": wp.numa_node, "cpus": wp.cpulist, "mem_node": wp.mem_node,
                 "engine_port": wp.engine_port, "serve_port": wp.serve_port, "engine_url": wp.engine_url,
                 "serve_url": wp.serve_url, "engine": ws.engine.to_record(), "serve": ws.serve.to_record(),
-                "restarts": ws.restarts, "audit": ws.audit})
+                "restarts": ws.restarts, "audit": ws.audit, "audit_warnings": ws.warnings})
         return {
             "version": RECORD_VERSION, "state": self.state, "message": self.message, "updated": now_utc(),
             "launcher": {"pid": os.getpid(), "ticks": proc_start_ticks(os.getpid()), "start_time": self.started},
@@ -132,8 +134,7 @@ class Launch:
 
         wp = self.plan.workers[ws.index]
         assert ws.engine.pid is not None and ws.serve.pid is not None
-        objects = [c["path"] for c in self.verification.code_objects] if self.plan.target != "cpu" else []
-        problems = audit_process(wp, ws.engine.pid, ws.engine.exec_argv, wp.engine_env, objects)
+        problems = audit_process(wp, ws.engine.pid, ws.engine.exec_argv, wp.engine_env)
         if ws.serve.alive():
             problems += audit_process(wp, ws.serve.pid, ws.serve.exec_argv, wp.serve_env)
         try:
@@ -143,7 +144,15 @@ class Launch:
         except (httpx.HTTPError, ValueError) as exc:
             return [*problems, f"worker {wp.index}: GET /server_info failed ({exc}); its options cannot be "
                                f"audited"]
-        return problems + audit_options(wp, info)
+        problems += audit_options(wp, info)
+        objects = audit_code_objects(wp, ws.engine.pid, info, self.verification.code_objects)
+        if self.strict:
+            problems += objects
+        else:
+            for msg in objects:
+                self.log(f"warning: {msg}")
+            ws.warnings = objects
+        return problems
 
     def start(self) -> None:
         """Start everything or nothing: any failure stops what was started and raises."""

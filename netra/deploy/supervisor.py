@@ -163,6 +163,7 @@ class WorkerState:
     deadline: float = 0.0
     restarts: list[dict[str, Any]] = field(default_factory=list)
     audit: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
 class Supervisor:

@@ -1,0 +1,233 @@
+"""Process management, nginx routing, supervisor and records, with stdlib stand-in workers (fast).
+
+The same launcher code runs the real `netra engine` / `netra serve` in test_launch_local.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from netra.deploy.audit import proc_cpus, proc_environ
+from netra.deploy.launch import Launch
+from netra.deploy.plan import Overrides, Plan, make_plan
+from netra.deploy.profile import load_profile
+from netra.deploy.record import is_alive, read_record
+from netra.deploy.verify import LaunchRefused, Verification
+from netra.settings import REPO_ROOT
+from tests.deploy.conftest import STANDIN, free_block, free_port, needs_nginx
+
+pytestmark = [needs_nginx, pytest.mark.timeout(180)]
+
+
+def standin_plan(run_dir: Path, **profile_sets: object) -> Plan:
+    prof = load_profile("local")
+    for key, value in profile_sets.items():
+        prof = prof.replace(key, value)
+    prof = prof.replace("supervisor.backoff_initial_s", 0.2).replace("supervisor.health_timeout_s", 20.0)
+    plan = make_plan(prof, None, Overrides(run_dir=run_dir, port_base=free_block(4), front_port=free_port()))
+    workers = tuple(dataclasses.replace(
+        w, engine_argv=(sys.executable, str(STANDIN), "engine", *w.engine_argv[2:]),
+        serve_argv=(sys.executable, str(STANDIN), "serve", *w.serve_argv[2:])) for w in plan.workers)
+    return dataclasses.replace(plan, workers=workers)
+
+
+class Running:
+    def __init__(self, launch: Launch) -> None:
+        self.launch = launch
+        self.thread = threading.Thread(target=launch.supervise, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return self.launch.plan.front.url
+
+    def pids(self) -> list[int]:
+        procs = [p for w in self.launch.workers for p in (w.engine, w.serve)]
+        procs += [self.launch.nginx_proc] if self.launch.nginx_proc else []
+        return [p.pid for p in procs if p.pid]
+
+
+@pytest.fixture
+def running(tmp_path: Path) -> Iterator[Running]:
+    messages: list[str] = []
+    launch = Launch(standin_plan(tmp_path), Verification(), log=messages.append)
+    r = Running(launch)
+    try:
+        launch.start()
+        r.thread.start()
+        yield r
+    finally:
+        launch.stopping = True
+        if r.thread.is_alive():
+            r.thread.join(10)
+        launch.stop()
+        launch.state = "stopped"
+        launch.save()
+
+
+def complete(client: httpx.Client, url: str) -> httpx.Response:
+    return client.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1}, timeout=30)
+
+
+def test_start_record_and_round_robin(running: Running) -> None:
+    plan = running.launch.plan
+    rec = read_record(plan.run_dir)
+    assert rec["state"] == "serving" and rec["plan_sha256"] == plan.sha256()
+    assert rec["profile_sha256"] == load_profile("local").replace("supervisor.backoff_initial_s", 0.2).replace(
+        "supervisor.health_timeout_s", 20.0).sha256()
+    assert (Path(plan.run_dir) / "plan.json").read_text() == plan.canonical_json()
+    for w, ws in zip(rec["workers"], plan.workers, strict=True):
+        assert w["engine_port"] == ws.engine_port and w["cpus"] == ws.cpulist and w["status"] == "up"
+        assert is_alive(w["engine"]["pid"], w["engine"]["ticks"]) and w["engine"]["start_time"]
+        # The process really runs on its CPU set with its environment.
+        assert proc_cpus(w["engine"]["pid"]) == list(ws.cpus)
+        assert proc_environ(w["engine"]["pid"])["OMP_NUM_THREADS"] == ws.engine_env["OMP_NUM_THREADS"]
+    n = 10
+    with httpx.Client() as client:
+        served = Counter(complete(client, running.url).json()["worker"] for _ in range(2 * n))
+    assert sorted(served.values()) == [n, n] and set(served) == {w.serve_port for w in plan.workers}
+    status = subprocess.run([sys.executable, "-m", "netra", "status", "--run-dir", plan.run_dir, "--json"],
+                            capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert json.loads(status.stdout)["front_healthy"] is True
+
+
+def test_sigkill_engine_routes_around_and_restarts(running: Running) -> None:
+    launch = running.launch
+    victim = launch.workers[0]
+    old_pid = victim.engine.pid
+    assert old_pid is not None
+    os.kill(old_pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    with httpx.Client() as client:
+        codes = Counter(complete(client, running.url).status_code for _ in range(100))
+    assert codes == Counter({200: 100})
+    while launch.workers[0].status != "up" or launch.workers[0].engine.pid == old_pid:
+        assert time.monotonic() - killed_at < 30, f"worker 0 not back: {launch.workers[0].status}"
+        time.sleep(0.1)
+    rec = read_record(launch.plan.run_dir)
+    restarts = rec["workers"][0]["restarts"]
+    assert len(restarts) == 1 and restarts[0]["process"] == "engine" and restarts[0]["exit_code"] == -9
+    assert restarts[0]["pid"] == old_pid and rec["workers"][0]["engine"]["pid"] != old_pid
+    # Back in rotation: the next requests spread over both workers again.
+    with httpx.Client() as client:
+        served = Counter(complete(client, running.url).json()["worker"] for _ in range(8))
+    assert len(served) == 2
+
+
+def test_stop_leaves_nothing(tmp_path: Path) -> None:
+    launch = Launch(standin_plan(tmp_path), Verification(), log=lambda m: None)
+    launch.start()
+    pids = [p.pid for w in launch.workers for p in (w.engine, w.serve)] + [launch.nginx_proc.pid]
+    launch.stop()
+    assert all(not is_alive(pid, None) for pid in pids if pid)
+
+
+def test_in_flight_request_on_a_killed_engine_ends_with_an_error(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STANDIN_SLOW", "3")
+    launch = Launch(standin_plan(tmp_path), Verification(), log=lambda m: None)
+    try:
+        launch.start()
+        with httpx.Client() as client, ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(complete, client, launch.plan.front.url) for _ in range(2)]
+            time.sleep(1.0)
+            assert launch.workers[0].engine.pid
+            os.kill(launch.workers[0].engine.pid, signal.SIGKILL)
+            t0 = time.monotonic()
+            results = [f.result() for f in futures]
+            assert time.monotonic() - t0 < 10
+        by_code = Counter(r.status_code for r in results)
+        assert by_code == Counter({200: 1, 502: 1})
+        failed = next(r for r in results if r.status_code == 502)
+        assert "worker failed" in failed.json()["error"]["message"]
+    finally:
+        launch.stop()
+
+
+def test_refuses_an_engine_option_that_did_not_reach_the_worker(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STANDIN_DROP", "max_running_requests")
+    launch = Launch(standin_plan(tmp_path), Verification(), log=lambda m: None)
+    assert launch.run() == 2
+    rec = read_record(tmp_path)
+    assert rec["state"] == "refused"
+    assert "engine option max_running_requests did not reach worker 0" in rec["message"]
+    assert rec["front"]["process"] is None  # the front never opened
+    assert all(not is_alive(w["engine"]["pid"], w["engine"]["ticks"]) for w in rec["workers"])
+
+
+def test_refuses_a_wrapper_that_drops_the_environment(tmp_path: Path) -> None:
+    plan = standin_plan(tmp_path)
+    w0 = plan.workers[0]
+    wrapped = dataclasses.replace(w0, engine_argv=("env", "-u", "OMP_NUM_THREADS", *w0.engine_argv))
+    plan = dataclasses.replace(plan, workers=(wrapped, *plan.workers[1:]))
+    launch = Launch(plan, Verification(), log=lambda m: None)
+    assert launch.run() == 2
+    message = read_record(tmp_path)["message"]
+    assert "environment OMP_NUM_THREADS did not reach worker 0" in message
+    assert "worker 0 (pid" in message and "runs a different command line" in message
+
+
+def test_refuses_busy_ports(tmp_path: Path) -> None:
+    import socket
+
+    plan = standin_plan(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", plan.workers[1].engine_port))
+        s.listen()
+        launch = Launch(plan, Verification(), log=lambda m: None)
+        with pytest.raises(LaunchRefused, match=f"port {plan.workers[1].engine_port} is already in use"):
+            launch.start()
+    assert all(w.engine.popen is None for w in launch.workers)
+
+
+def test_detached_launcher_status_and_stop_from_another_shell(tmp_path: Path) -> None:
+    base, front = free_block(4), free_port()
+    log = (tmp_path / "driver.log").open("wb")
+    driver = subprocess.Popen([sys.executable, str(STANDIN), "launch", "--run-dir", str(tmp_path),
+                               "--front-port", str(front), "--port-base", str(base)],
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO_ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if read_record(tmp_path)["state"] == "serving":
+                    break
+            except Exception:
+                pass
+            assert driver.poll() is None, (tmp_path / "driver.log").read_text()
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        rec = read_record(tmp_path)
+        pids = [rec["front"]["process"]["pid"]] + [w[k]["pid"] for w in rec["workers"] for k in ("engine", "serve")]
+        cli = [sys.executable, "-m", "netra"]
+        st = subprocess.run([*cli, "status", "--run-dir", str(tmp_path)], capture_output=True, text=True,
+                            timeout=60, cwd=REPO_ROOT)
+        assert st.returncode == 0 and "serving" in st.stdout, st.stdout + st.stderr
+        stop = subprocess.run([*cli, "stop", "--run-dir", str(tmp_path)], capture_output=True, text=True,
+                              timeout=90, cwd=REPO_ROOT)
+        assert stop.returncode == 0 and f"launcher pid {driver.pid} stopped" in stop.stdout, stop.stdout
+        assert driver.wait(10) == 0
+        assert all(not is_alive(pid, None) for pid in pids)
+        assert read_record(tmp_path)["state"] == "stopped"
+        st = subprocess.run([*cli, "status", "--run-dir", str(tmp_path)], capture_output=True, text=True,
+                            timeout=60, cwd=REPO_ROOT)
+        assert st.returncode == 1
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait(10)
