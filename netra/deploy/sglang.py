@@ -208,6 +208,8 @@ def worker_env(profile: Any, gpus: list[int]) -> dict[str, str]:
 # --- checking with SGLang's parser ------------------------------------------------------------------
 
 _CACHE: dict[tuple[str, ...], ServerArgsView | str] = {}
+# What the last parser child reported about itself: SGLang version and the import shims it applied.
+LAST_CHILD: dict[str, Any] = {}
 
 
 def check_argv(argv: Sequence[str]) -> ServerArgsView:
@@ -222,6 +224,7 @@ def parse_many(argvs: Iterable[Sequence[str]]) -> list[ServerArgsView | str]:
     todo = sorted({k for k in keys if k not in _CACHE})
     if todo:
         reply = _run_child([list(k) for k in todo])
+        LAST_CHILD.update(sglang_version=reply.get("sglang_version"), shims=reply.get("shims"))
         version = str(reply.get("sglang_version", ""))
         for key, res in zip(todo, reply["results"], strict=True):
             if "error" in res:

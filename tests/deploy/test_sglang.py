@@ -183,3 +183,15 @@ def test_worker_env() -> None:
 def test_render_refuses_non_sglang_profiles() -> None:
     with pytest.raises(ValueError, match="not sglang"):
         sg.render_argv(load_profile("local"), host=LOOPBACK, port=30000)
+
+
+def test_parser_import_shims_are_only_the_documented_two(parsed: None) -> None:
+    if not sg.LAST_CHILD:  # every command was already cached by an earlier test module
+        sg.LAST_CHILD.update(sg._run_child([]))
+    assert sg.LAST_CHILD["sglang_version"] == sg.SGLANG_VERSION
+    # sglang/__init__ (frontend, not the parser) is skipped; triton is absent on CPU and stands in
+    # inert (any attribute use raises, so a parse that touched it would have failed above).
+    import importlib.util
+
+    triton = [] if importlib.util.find_spec("triton") is not None else ["triton absent (inert module)"]
+    assert sg.LAST_CHILD["shims"] == ["sglang/__init__ (frontend) skipped", *triton]
