@@ -127,6 +127,8 @@ class Choice:
     async def run_whole(self, upstream: Upstream) -> tuple[str, Delta]:
         """Non-streaming: the whole text and the final delta (finish reason)."""
         if self.stops:
+            # Stream from the worker even so: a stop string found midway ends the request early.
+            self.body["stream"] = True
             parts: list[str] = []
             last = Delta(self.index, "")
             async for d in self.run_stream(upstream, interval=1 << 30):

@@ -86,7 +86,7 @@ class TokenTracker:
         return Progress(new_ids=new, completion_tokens=ct, finish=finish, meta=meta)
 
 
-Decode = Callable[[Sequence[int]], str]
+Decode = Callable[[list[int]], str]
 
 
 class IncrementalDetokenizer:

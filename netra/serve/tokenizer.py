@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,7 +21,7 @@ from netra.serve.errors import OpenAIError
 class TextTokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
 
 class HFTokenizer:
@@ -35,7 +34,7 @@ class HFTokenizer:
         # Chat templates write their special tokens themselves: add none here.
         return list(self._tok.encode(text, add_special_tokens=False).ids)
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
 
@@ -118,15 +117,32 @@ def load_from_directory(directory: Path) -> ModelText:
     return ModelText(HFTokenizer(tok_file), template, str(tok_file))
 
 
+def _hub_snapshot(repo_id: str) -> Path | None:
+    """A Hugging Face hub id that SGLang was started with: its files in the local cache, if there."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        return None
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True,
+                                      allow_patterns=["tokenizer*", "chat_template*", "special_tokens_map.json"]))
+    except Exception:  # not cached, or not a hub id: the caller reports what it looked for
+        return None
+
+
 def load_for_worker(info: dict[str, Any]) -> ModelText:
     """The tokenizer for the model that `/model_info` describes."""
     path = info.get("tokenizer_path") or info.get("model_path")
-    if isinstance(path, str) and path and Path(path).exists():
-        return load_from_directory(Path(path))
-    preset = info.get("preset")
-    if preset:
-        from netra.serve.engine_tokenizer import load_engine_tokenizer
+    if path == "byte":  # the embedded engine's byte tokenizer (presets without a checkpoint)
+        from netra.engine.tokenizer import ByteTokenizer
 
-        return ModelText(load_engine_tokenizer(info), ChatTemplate(None), f"netra.engine preset {preset}")
-    raise OpenAIError(503, f"cannot find the worker's tokenizer: /model_info gives tokenizer_path={path!r} "
-                           "(not a local path) and no preset")
+        return ModelText(ByteTokenizer(), ChatTemplate(None), f"netra.engine byte tokenizer (preset {info.get('preset')})")
+    if isinstance(path, str) and path and Path(path).is_absolute() and Path(path).exists():
+        return load_from_directory(Path(path))
+    if isinstance(path, str) and path and not path.startswith("preset:"):
+        snapshot = _hub_snapshot(path)
+        if snapshot is not None:
+            return load_from_directory(snapshot)
+    raise OpenAIError(503, f"cannot find the worker's tokenizer: /model_info gives tokenizer_path="
+                           f"{info.get('tokenizer_path')!r}, model_path={info.get('model_path')!r}; expected an "
+                           "absolute local path, a Hugging Face id in the local cache, or 'byte'")

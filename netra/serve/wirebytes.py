@@ -1,0 +1,243 @@
+"""Bytes on the wire per output token, client side and upstream side, cumulative vs incremental worker.
+
+    python -m netra.serve.wirebytes [--worker engine|fake] [--lengths 16 256 2048] [--stream-interval 1]
+
+For each worker streaming mode (cumulative: the whole output in every event, as SGLang sends by
+default; incremental: only the new suffix) and each output length (exact, `ignore_eos`), it sends
+one greedy streaming request per OpenAI endpoint through a response layer and counts
+
+- client bytes: the response body the client receives (SSE framing, the usage event and
+  `[DONE]` included; HTTP chunk headers excluded), and
+- upstream bytes: the native stream body the response layer received from the worker for that
+  request (from its `netra_serve_upstream_stream_bytes_total` counter),
+
+divided by the completion tokens the usage reports (checked equal to the requested length). It
+also checks that the concatenated stream text equals the non-streamed text of the same request.
+Prints a table and writes a result record under results/serving/ (kind "serving", target "cpu").
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from netra.serve.app import create_app
+from netra.serve.config import ServeConfig
+from netra.serve.localserver import ServerThread
+
+MODES = ("cumulative", "incremental")
+ENDPOINTS = ("completions", "chat")
+PROMPT = "Explain why a streaming protocol should send each new token once."
+
+
+@dataclass
+class Row:
+    endpoint: str
+    mode: str
+    output_len: int
+    completion_tokens: int
+    client_bytes: int
+    client_events: int
+    upstream_bytes: int
+    stream_equals_whole: bool
+
+    def record_row(self, stream_interval: int, worker: str) -> dict[str, Any]:
+        return {"scenario": f"wire-bytes/{self.endpoint}/{self.mode}", "concurrency": 1, "requests": 1,
+                "input_len": None, "output_len": self.output_len, "completion_tokens": self.completion_tokens,
+                "output_tok_s": None, "ttft_ms_p50": None, "ttft_ms_p99": None, "tpot_ms_p50": None,
+                "tpot_ms_p99": None, "bytes_per_output_token": round(self.client_bytes / self.completion_tokens, 2),
+                "upstream_bytes_per_output_token": round(self.upstream_bytes / self.completion_tokens, 2),
+                "client_bytes": self.client_bytes, "client_events": self.client_events,
+                "upstream_bytes": self.upstream_bytes, "stream_interval": stream_interval,
+                "upstream_mode": self.mode, "endpoint": self.endpoint, "worker": worker,
+                "stream_equals_whole": self.stream_equals_whole, "clients": 1, "workers": 1}
+
+
+@contextlib.contextmanager
+def engine_worker(incremental: bool, timeout: float = 120.0) -> Iterator[str]:
+    """`netra engine --preset tiny` on a free port, upstream stream interval 1 (the worst case)."""
+    cmd = [sys.executable, "-m", "netra", "engine", "--preset", "tiny", "--port", "0", "--stream-interval", "1"]
+    if incremental:
+        cmd.append("--incremental-streaming-output")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + timeout
+        url = None
+        assert proc.stdout is not None
+        lines: list[str] = []
+        while url is None:
+            line = proc.stdout.readline()
+            if not line or time.monotonic() > deadline:
+                raise RuntimeError("netra engine did not start:\n" + "".join(lines[-20:]))
+            lines.append(line)
+            m = re.search(r"listening on (http://\S+)", line)
+            url = m.group(1) if m else None
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+@contextlib.contextmanager
+def fake_worker(incremental: bool) -> Iterator[str]:
+    from netra.serve.fakeworker import FakeConfig, create_fake_worker
+
+    with ServerThread(create_fake_worker(FakeConfig(incremental=incremental, stream_interval=1))) as url:
+        yield url
+
+
+def _upstream_counter(client: httpx.Client) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("netra_serve_upstream_stream_bytes_total "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def _body(endpoint: str, n: int, stream: bool) -> tuple[str, dict[str, Any]]:
+    common: dict[str, Any] = {"max_tokens": n, "temperature": 0, "ignore_eos": True, "stream": stream}
+    if stream:
+        common["stream_options"] = {"include_usage": True}
+    if endpoint == "chat":
+        return "/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}], **common}
+    return "/v1/completions", {"prompt": PROMPT, **common}
+
+
+def measure_one(client: httpx.Client, endpoint: str, mode: str, n: int) -> Row:
+    path, body = _body(endpoint, n, stream=True)
+    before = _upstream_counter(client)
+    raw = bytearray()
+    with client.stream("POST", path, json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{path} returned {r.status_code}: {r.read()!r}")
+        for chunk in r.iter_raw():
+            raw += chunk
+    upstream = int(_upstream_counter(client) - before)
+    events = [b[6:] for b in bytes(raw).split(b"\n\n") if b.startswith(b"data: ")]
+    if events[-1] != b"[DONE]":
+        raise RuntimeError(f"{path} stream did not end with [DONE]")
+    objs = [orjson.loads(e) for e in events[:-1]]
+    if "error" in objs[-1]:
+        raise RuntimeError(f"{path} stream failed: {objs[-1]['error']}")
+    usage = objs[-1]["usage"]
+    if endpoint == "chat":
+        text = "".join(o["choices"][0]["delta"].get("content", "") for o in objs if o["choices"])
+    else:
+        text = "".join(o["choices"][0]["text"] for o in objs if o["choices"])
+    path, whole_body = _body(endpoint, n, stream=False)
+    whole = client.post(path, json=whole_body).json()
+    choice = whole["choices"][0]
+    whole_text = choice["message"]["content"] if endpoint == "chat" else choice["text"]
+    return Row(endpoint, mode, n, int(usage["completion_tokens"]), len(raw), len(events), upstream,
+               text == whole_text)
+
+
+def measure(worker: str, lengths: list[int], stream_interval: int, endpoints: tuple[str, ...] = ENDPOINTS,
+            log: Any = print) -> list[Row]:
+    rows: list[Row] = []
+    for mode in MODES:
+        start = engine_worker if worker == "engine" else fake_worker
+        with start(mode == "incremental") as up, \
+                ServerThread(create_app(ServeConfig(upstream=up, stream_interval=stream_interval))) as url, \
+                httpx.Client(base_url=url, timeout=httpx.Timeout(1800.0)) as client:
+            for endpoint in endpoints:
+                for n in lengths:
+                    t0 = time.monotonic()
+                    row = measure_one(client, endpoint, mode, n)
+                    log(f"  {mode:11s} {endpoint:11s} {n:5d} tokens: {row.client_bytes / n:8.1f} B/token to the "
+                        f"client, {row.upstream_bytes / n:9.1f} B/token from the worker ({time.monotonic() - t0:.1f} s)")
+                    rows.append(row)
+    return rows
+
+
+def summarize(rows: list[Row]) -> dict[str, Any]:
+    """Per (endpoint, mode): client and upstream bytes per token at the longest over the shortest length."""
+    out: dict[str, Any] = {}
+    for endpoint in sorted({r.endpoint for r in rows}):
+        for mode in MODES:
+            sel = sorted((r for r in rows if r.endpoint == endpoint and r.mode == mode), key=lambda r: r.output_len)
+            if len(sel) < 2:
+                continue
+            lo, hi = sel[0], sel[-1]
+            client = [r.client_bytes / r.completion_tokens for r in sel]
+            out[f"{endpoint}/{mode}"] = {
+                "client_bpt_longest_over_shortest": round(client[-1] / client[0], 3),
+                "client_bpt_max_over_min": round(max(client) / min(client), 3),
+                "upstream_bpt_longest_over_shortest": round((hi.upstream_bytes / hi.completion_tokens)
+                                                            / (lo.upstream_bytes / lo.completion_tokens), 3),
+            }
+    return out
+
+
+def table(rows: list[Row]) -> str:
+    lines = [f"{'endpoint':11s} {'worker mode':11s} {'tokens':>6s} {'client B/tok':>12s} {'events':>6s} "
+             f"{'upstream B/tok':>14s} {'upstream/client':>15s}"]
+    for r in rows:
+        c = r.client_bytes / r.completion_tokens
+        u = r.upstream_bytes / r.completion_tokens
+        lines.append(f"{r.endpoint:11s} {r.mode:11s} {r.output_len:6d} {c:12.1f} {r.client_events:6d} {u:14.1f} "
+                     f"{u / c:15.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m netra.serve.wirebytes", description=__doc__.splitlines()[0])
+    p.add_argument("--worker", choices=["engine", "fake"], default="engine",
+                   help="engine: `netra engine --preset tiny` (CPU); fake: the contract fake worker")
+    p.add_argument("--lengths", type=int, nargs="+", default=[16, 256, 2048])
+    p.add_argument("--stream-interval", type=int, default=1, help="the response layer's --stream-interval")
+    p.add_argument("--endpoints", nargs="+", choices=ENDPOINTS, default=list(ENDPOINTS))
+    p.add_argument("--out", type=Path, default=None, help="record directory (default results/serving)")
+    p.add_argument("--no-record", action="store_true")
+    args = p.parse_args(argv)
+
+    from netra.records import git_sha, host_device, utc_now, write_record
+    from netra.settings import REPO_ROOT
+
+    sha = git_sha()
+    t0 = time.monotonic()
+    rows = measure(args.worker, args.lengths, args.stream_interval, tuple(args.endpoints))
+    print(table(rows))
+    summary = summarize(rows)
+    for k, v in summary.items():
+        print(f"{k}: {v}")
+    checks = {
+        "completion_tokens_exact": all(r.completion_tokens == r.output_len for r in rows),
+        "stream_text_equals_whole_text": all(r.stream_equals_whole for r in rows),
+        "flatness": summary,
+    }
+    print(f"checks: completion tokens exact {checks['completion_tokens_exact']}, "
+          f"stream text == whole text {checks['stream_text_equals_whole_text']} ({time.monotonic() - t0:.0f} s)")
+    if args.no_record:
+        return 0
+    command = "python -m netra.serve.wirebytes " + " ".join(
+        [f"--worker {args.worker}", "--lengths " + " ".join(map(str, args.lengths)),
+         f"--stream-interval {args.stream_interval}", "--endpoints " + " ".join(args.endpoints)])
+    record = {"kind": "serving", "family": "wire-bytes", "target": "cpu", "device": host_device(),
+              "git_sha": sha, "date": utc_now(), "command": command, "status": "measured",
+              "rows": [r.record_row(args.stream_interval, args.worker) for r in rows], "checks": checks,
+              "verdict": "info",
+              "notes": "client bytes: response body incl. SSE framing, usage event and [DONE]; upstream bytes: "
+                       "native /generate stream body received by the response layer; worker stream interval 1"}
+    stem = f"wire-bytes-{args.worker}-si{args.stream_interval}"
+    path = write_record(record, args.out or REPO_ROOT / "results" / "serving", stem)
+    print(f"record: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
