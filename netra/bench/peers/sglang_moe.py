@@ -1,0 +1,208 @@
+"""SGLang 0.5.23's tuned Triton fused-MoE pipeline, loaded from the pinned wheel's own files.
+
+The peer runs SGLang's kernels unchanged: ``fused_moe_kernel`` (both GEMMs, with the wheel's tuned
+H200 configs for E=256, N=512, fp8_w8a8, block [128, 128]), ``_per_token_group_quant_8bit``
+(Triton group quant), ``act_and_mul_triton``, ``moe_sum_reduce_triton`` and, for at most 64 routes,
+``moe_align_small_numel`` (SGLang's own choice there). Only the kernel files are loaded; every other
+``sglang.*`` / ``sgl_kernel`` import resolves to a stub module (platform probes answer "CUDA,
+sm90", flags answer their defaults, anything else is a function that raises when called), so no
+server code runs. The stubs used are listed in ``PEER_NOTES``.
+
+Differences from a production SGLang process (all recorded with each measurement):
+  * SGLang's JIT CUDA helpers (align for > 64 routes, silu_and_mul, the CUDA group quant,
+    moe_sum_reduce) need ``apache-tvm-ffi`` builds at run time; the peer uses SGLang's pure-Triton
+    equivalents instead, which SGLang itself uses on non-CUDA paths.
+  * for > 64 routes the align step is computed once outside the timed region (SGLang's align there
+    is a CUDA kernel not loadable here), so the peer is timed with one launch fewer than SGLang runs:
+    this favours the peer.
+  * the down GEMM runs the tuned tile config without its ``USE_TMA`` flag (the TMA variant needs the
+    sorted JIT quant).
+
+``SGLANG_ROOT`` is the folder holding the ``sglang`` package (the installed wheel here; on the GPU
+machine a carried copy of just the needed files, see scripts/gpu/moe_h200.sh).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+REAL_MODULES = {
+    "sglang.kernels.ops.moe.fused_moe_triton_kernels": "sglang/kernels/ops/moe/fused_moe_triton_kernels.py",
+    "sglang.kernels.ops.quantization.fp8_kernel": "sglang/kernels/ops/quantization/fp8_kernel.py",
+    "sglang.kernels.ops.quantization.int8_kernel": "sglang/kernels/ops/quantization/int8_kernel.py",
+    "sglang.kernels.ops.quantization.fp8_utils": "sglang/kernels/ops/quantization/fp8_utils.py",
+    "sglang.kernels.ops.moe.moe_align_small_numel": "sglang/kernels/ops/moe/moe_align_small_numel.py",
+}
+CONFIG_DIR = "sglang/srt/layers/moe/moe_runner/triton_utils/configs"
+CONFIG_UP = "E=256,N=512,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"
+CONFIG_DOWN = "E=256,N=512,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128]_down.json"
+PEER_FILES = [*REAL_MODULES.values()]
+PEER_NOTES: list[str] = []
+
+
+class _Flag:
+    """An ``envs.X`` flag: ``.get()`` gives its default (False / None)."""
+
+    def get(self) -> Any:
+        return False
+
+
+class _Envs:
+    def __getattr__(self, name: str) -> _Flag:
+        return _Flag()
+
+
+def _sm90() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9)
+
+
+_EXPLICIT: dict[str, dict[str, Any]] = {
+    "sglang.srt.utils": {
+        "is_cuda": lambda: True, "is_hip": lambda: False, "is_cpu": lambda: False, "is_musa": lambda: False,
+        "is_xpu": lambda: False, "is_npu": lambda: False, "cpu_has_amx_support": lambda: False,
+        "is_sm90_supported": _sm90, "is_sm100_supported": lambda: False,
+        "ceil_align": lambda x, a: (x + a - 1) // a * a, "get_bool_env_var": lambda *a, **k: False,
+        "get_device_name": lambda *a, **k: "NVIDIA H200",
+    },
+    "sglang.kernels.jit.utils": {"is_arch_support_pdl": _sm90},
+    "sglang.srt.environ": {"envs": _Envs()},
+    "sglang.srt.layers.moe.utils": {"get_moe_padding_size": lambda *a, **k: 0},
+    "sglang.srt.batch_invariant_ops": {"is_batch_invariant_mode_enabled": lambda: False},
+    "sglang.srt.utils.patch_torch": {"register_fake_if_exists": lambda *a, **k: (lambda f: f)},
+}
+
+
+def _raising(modname: str, attr: str) -> Any:
+    def stub(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"peer stub {modname}.{attr} called: not part of the Triton pipeline")
+
+    return stub
+
+
+class _StubModule(types.ModuleType):
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        PEER_NOTES.append(f"stub {self.__name__}.{attr}")
+        value = _raising(self.__name__, attr)
+        setattr(self, attr, value)
+        return value
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if not (fullname == "sglang" or fullname.startswith("sglang.") or fullname.split(".")[0] == "sgl_kernel"):
+            return None
+        if fullname in REAL_MODULES:
+            return importlib.util.spec_from_file_location(fullname, self.root / REAL_MODULES[fullname])
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        mod = _StubModule(spec.name)
+        mod.__path__ = []
+        for k, v in _EXPLICIT.get(spec.name, {}).items():
+            setattr(mod, k, v)
+        return mod
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        return None
+
+
+def load(root: Path) -> dict[str, Any]:
+    """Import the peer's kernel modules from ``root`` (the folder holding ``sglang/``)."""
+    missing = [f for f in PEER_FILES if not (root / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"SGLang peer files missing under {root}: {missing}")
+    if any(m == "sglang" or m.startswith("sglang.") for m in sys.modules):
+        raise RuntimeError("a real or stubbed sglang is already imported in this process; load the peer first")
+    sys.meta_path.insert(0, _Finder(root))
+    import importlib
+
+    fmk: Any = importlib.import_module("sglang.kernels.ops.moe.fused_moe_triton_kernels")
+    fp8k = importlib.import_module("sglang.kernels.ops.quantization.fp8_kernel")
+    align = importlib.import_module("sglang.kernels.ops.moe.moe_align_small_numel")
+    # SGLang's Triton group quant in place of the JIT CUDA one it calls on CUDA.
+    fmk.sglang_per_token_group_quant_fp8 = fp8k._per_token_group_quant_8bit_raw
+    cfg_root = root / CONFIG_DIR
+    # (no glob: the file names hold "[128, 128]", a glob character class)
+    up = json.loads((cfg_root / "triton_3_6_0" / CONFIG_UP).read_text())
+    down = json.loads((cfg_root / "triton_3_6_0" / CONFIG_DOWN).read_text())
+    return {"fmk": fmk, "fp8k": fp8k, "align": align, "up_cfg": up, "down_cfg": down}
+
+
+def _closest(configs: dict[str, dict[str, Any]], m: int) -> dict[str, Any]:
+    key = min(configs, key=lambda k: abs(int(k) - m))
+    cfg = dict(configs[key])
+    cfg.pop("USE_TMA", None)
+    return cfg
+
+
+class SglangRouted:
+    """The routed-expert pipeline for one batch size, buffers preallocated (graph-capturable)."""
+
+    def __init__(self, peer: dict[str, Any], m: int, w13: Any, w13_s: Any, w2: Any, w2_s: Any,
+                 topk_ids: Any, topk_w: Any) -> None:
+        import torch
+        import triton.language as tl
+
+        self.p, self.m = peer, m
+        self.w13, self.w13_s, self.w2, self.w2_s = w13, w13_s, w2, w2_s
+        self.ids, self.tw = topk_ids, topk_w
+        self.up_cfg = _closest(peer["up_cfg"], m)
+        self.down_cfg = _closest(peer["down_cfg"], m)
+        self.tl_bf16 = tl.bfloat16
+        e = w13.shape[0]
+        numel = topk_ids.numel()
+        bs = self.up_cfg["BLOCK_SIZE_M"]
+        maxpad = numel * bs if numel < e + 1 else numel + (e + 1) * (bs - 1)
+        maxpad = (maxpad + 3) // 4 * 4
+        dev = topk_ids.device
+        self.sorted_ids = torch.empty(maxpad, dtype=torch.int32, device=dev)
+        self.expert_ids = torch.empty((maxpad + bs - 1) // bs, dtype=torch.int32, device=dev)
+        self.ntp = torch.empty(1, dtype=torch.int32, device=dev)
+        self.align_in_timed = numel <= 64
+        self.cache1 = torch.empty(numel, 1024, dtype=torch.bfloat16, device=dev)
+        self.cache2 = torch.empty(numel, 512, dtype=torch.bfloat16, device=dev)
+        self.cache3 = torch.empty(m, topk_ids.shape[1], 2048, dtype=torch.bfloat16, device=dev)
+        self.out = torch.empty(m, 2048, dtype=torch.bfloat16, device=dev)
+        if not self.align_in_timed:
+            self._align()
+
+    def _align(self) -> None:
+        self.p["align"].moe_align_small_numel(self.ids, self.w13.shape[0] + 1, self.up_cfg["BLOCK_SIZE_M"],
+                                              self.sorted_ids, self.expert_ids, self.ntp)
+
+    def __call__(self, x: Any) -> Any:
+        fmk = self.p["fmk"]
+        if self.align_in_timed:
+            self._align()
+        common = dict(compute_type=self.tl_bf16, use_fp8_w8a8=True, use_int8_w8a8=False, use_int8_w8a16=False,
+                      use_int4_w4a16=False, per_channel_quant=False, block_shape=[128, 128], filter_expert=False)
+        fmk.invoke_fused_moe_kernel(x, self.w13, None, self.cache1, None, self.w13_s, None, self.tw, self.ids,
+                                    self.sorted_ids, self.expert_ids, self.ntp, False, self.ids.shape[1],
+                                    self.up_cfg, **common)
+        fmk.act_and_mul_triton(self.cache1, self.cache2, self.up_cfg, None, None, False, "silu")
+        fmk.invoke_fused_moe_kernel(self.cache2, self.w2, None, self.cache3, None, self.w2_s, None, self.tw,
+                                    self.ids, self.sorted_ids, self.expert_ids, self.ntp, True, 1,
+                                    self.down_cfg, **common)
+        fmk.moe_sum_reduce_triton(self.cache3, self.out, 1.0)
+        return self.out
+
+    def act_quant_pair(self, gu: Any) -> Any:
+        """SGLang's two-kernel activation + quantization (act_and_mul_triton, then group quant)."""
+        fmk, fp8k = self.p["fmk"], self.p["fp8k"]
+        h = self.cache2[: gu.shape[0]]
+        fmk.act_and_mul_triton(gu, h, self.up_cfg, None, None, False, "silu")
+        return fp8k._per_token_group_quant_8bit_raw(h, 128)

@@ -1,0 +1,391 @@
+"""MoE decode path with FP8 block-scaled experts: plain-PyTorch references (the oracles).
+
+Shapes (Qwen3.6-35B-A3B class): hidden 2048, 256 routed experts top-8 + 1 shared expert (width
+512) gated by sigmoid(w_gate . x). Expert weights are E4M3 with one FP32 scale per 128x128 block,
+stored with the shared expert appended as expert index 256:
+
+    w13 [257, 1024, 2048] e4m3 (rows [0, 512) gate, [512, 1024) up), w13_scale [257, 8, 16] fp32
+    w2  [257, 2048, 512]  e4m3,                                       w2_scale  [257, 16, 4] fp32
+
+Numerics (the sm90 kernels in kernels/sm90/moe/ follow them; see docs/moe.md):
+  * activations are quantized per token in groups of 128: scale = max(amax, 1e-10) / 448, q =
+    e4m3(clamp(v / scale, +-448)), both divisions IEEE (tensor / tensor, never a reciprocal);
+  * SiLU(gate) * up in FP32, rounded once to BF16, then quantized (``act_quant_ref``);
+  * router logits are BF16 (FP32 dot products rounded once), the top-8 is taken on them with
+    ties to the LOWEST expert index, and the weights are the softmax renormalised over the 8;
+  * the shared expert's weight is sigmoid of its BF16 gate logit, in FP32;
+  * expert GEMMs accumulate in FP32 per 128-wide K block, scaled by weight-block * token-group
+    scale; gate_up is rounded to BF16 before SiLU*up; each route's down output times its weight is
+    rounded to BF16; the routes are summed in FP32 in rank order (shared expert last) and
+    rounded once to BF16 (the engine's netra/ops/moe.py:moe_ref does the same).
+
+References import no kernel code and run on the CPU or the GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+HIDDEN = 2048
+INTER = 512
+NUM_EXPERTS = 256
+TOPK = 8
+GROUP = 128
+FP8_MAX = 448.0
+AMAX_EPS = 1e-10
+ROUTE_STRIDE = 9  # y rows per token: 8 routed ranks + the shared expert
+MAX_TOKENS = 128
+
+
+class MoeShapeError(ValueError):
+    """An input whose shape, dtype or range the MoE op does not cover."""
+
+
+def _torch() -> object:
+    import torch
+
+    return torch
+
+
+def quant_group_ref(v: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row group quantization of ``v`` [R, C] (C % group == 0) -> (e4m3 [R, C], fp32 [R, C/group])."""
+    import torch
+
+    if v.dim() != 2 or v.shape[1] % group:
+        raise MoeShapeError(f"quant_group_ref needs [rows, k*{group}], got {tuple(v.shape)}")
+    r, c = v.shape
+    f = v.float().reshape(r, c // group, group)
+    amax = f.abs().amax(dim=-1).clamp(min=AMAX_EPS)
+    scale = amax / torch.full_like(amax, FP8_MAX)  # tensor division: IEEE, as in the kernel
+    q = (f / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.reshape(r, c), scale
+
+
+def dequant_group_ref(q: torch.Tensor, scale: torch.Tensor, group: int = GROUP) -> torch.Tensor:
+    r, c = q.shape
+    return (q.float().reshape(r, c // group, group) * scale.unsqueeze(-1)).reshape(r, c)
+
+
+def silu_mul_ref(gu: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up in FP32 rounded to BF16; ``gu`` [R, 2*I] holds gate then up."""
+    import torch
+    import torch.nn.functional as F
+
+    if gu.dim() != 2 or gu.shape[1] % 2:
+        raise MoeShapeError(f"silu_mul_ref needs [rows, 2*width], got {tuple(gu.shape)}")
+    i = gu.shape[1] // 2
+    return (F.silu(gu[:, :i].float()) * gu[:, i:].float()).to(torch.bfloat16)
+
+
+def act_quant_ref(gu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two-step reference of the fused kernel: silu_mul_ref, then quant_group_ref."""
+    return quant_group_ref(silu_mul_ref(gu))
+
+
+def quant_weight_blocks_ref(w: torch.Tensor, block: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., N, K] real weights -> (e4m3 [..., N, K], fp32 [..., N/128, K/128]) one scale per block."""
+    import torch
+
+    *lead, n, k = w.shape
+    if n % block or k % block:
+        raise MoeShapeError(f"weight [{n}, {k}] is not a multiple of {block}x{block} blocks")
+    f = w.float().reshape(*lead, n // block, block, k // block, block)
+    amax = f.abs().amax(dim=(-3, -1)).clamp(min=AMAX_EPS)
+    scale = amax / torch.full_like(amax, FP8_MAX)
+    q = (f / scale[..., :, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.reshape(*lead, n, k), scale
+
+
+def dequant_weight_blocks_ref(q: torch.Tensor, scale: torch.Tensor, block: int = GROUP) -> torch.Tensor:
+    *lead, n, k = q.shape
+    f = q.float().reshape(*lead, n // block, block, k // block, block)
+    return (f * scale[..., :, None, :, None]).reshape(*lead, n, k)
+
+
+def router_logits_ref(x: torch.Tensor, w_router: torch.Tensor,
+                      w_shared_gate: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """BF16 router logits [M, 256] (FP32 dots rounded once) and the BF16 shared-gate logit [M]."""
+    import torch
+
+    xf = x.double()
+    logits = (xf @ w_router.double().t()).float().to(torch.bfloat16)
+    shared = None
+    if w_shared_gate is not None:
+        shared = (xf @ w_shared_gate.double()).float().to(torch.bfloat16)
+    return logits, shared
+
+
+def route_ref(logits: torch.Tensor, shared_logit: torch.Tensor | None = None,
+              topk: int = TOPK) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Top-k of BF16 logits [M, E]: (ids int32 [M, k], renormalised fp32 weights, shared fp32 [M]).
+
+    Ranking is by logit value (equivalently the exact softmax), ties to the lowest expert index:
+    a stable descending sort keeps equal values in index order.
+    """
+    import torch
+
+    if logits.dim() != 2 or logits.dtype != torch.bfloat16:
+        raise MoeShapeError(f"route_ref needs BF16 [tokens, experts], got {logits.dtype} {tuple(logits.shape)}")
+    lf = logits.float()
+    order = torch.sort(lf, dim=-1, descending=True, stable=True).indices[:, :topk]
+    probs = torch.softmax(lf.double(), dim=-1)
+    top = torch.gather(probs, 1, order)
+    weights = (top / top.sum(dim=-1, keepdim=True)).float()
+    shared = None
+    if shared_logit is not None:
+        shared = torch.sigmoid(shared_logit.float())
+    return order.to(torch.int32), weights, shared
+
+
+@dataclass(frozen=True)
+class RouteMetaRef:
+    """Expected route metadata (see kernels/sm90/moe/route.cu for the order)."""
+
+    slot_expert: list[int]
+    slot_start: list[int]
+    route_token: list[int]
+    route_dst: list[int]
+    route_w: list[float]
+
+
+def route_meta_ref(ids: torch.Tensor, weights: torch.Tensor, shared_w: torch.Tensor | None) -> RouteMetaRef:
+    """Group routes by expert (increasing id, shared expert last), tokens increasing inside one."""
+    m, k = ids.shape
+    ids_l = ids.tolist()
+    w_l = weights.tolist()
+    by_expert: dict[int, list[tuple[int, int, float]]] = {}
+    for t in range(m):
+        for r in range(k):
+            by_expert.setdefault(int(ids_l[t][r]), []).append((t, t * ROUTE_STRIDE + r, float(w_l[t][r])))
+    if shared_w is not None:
+        sw = shared_w.tolist()
+        by_expert[NUM_EXPERTS] = [(t, t * ROUTE_STRIDE + TOPK, float(sw[t])) for t in range(m)]
+    slot_expert: list[int] = []
+    slot_start: list[int] = []
+    tok: list[int] = []
+    dst: list[int] = []
+    wts: list[float] = []
+    for e in sorted(by_expert):
+        slot_expert.append(e)
+        slot_start.append(len(tok))
+        for t, d, w in by_expert[e]:
+            tok.append(t)
+            dst.append(d)
+            wts.append(w)
+    slot_start.append(len(tok))
+    return RouteMetaRef(slot_expert, slot_start, tok, dst, wts)
+
+
+def moe_routed_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                   w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
+                   shared_w: torch.Tensor | None = None) -> torch.Tensor:
+    """FP32 reference of the routed (+ optional shared, as expert 256) MoE emulating the FP8 path.
+
+    x [M, 2048] BF16; ids/weights [M, 8]; shared_w [M] or None. Returns BF16 [M, 2048].
+    """
+    import torch
+
+    m = x.shape[0]
+    xq, xs = quant_group_ref(x)
+    xd = dequant_group_ref(xq, xs)
+    ids_l, w_l = ids.tolist(), weights.tolist()
+    routes = [(t, int(ids_l[t][r]), float(w_l[t][r])) for t in range(m) for r in range(ids.shape[1])]
+    if shared_w is not None:
+        routes += [(t, NUM_EXPERTS, float(w)) for t, w in enumerate(shared_w.tolist())]
+    y = torch.zeros(m, ROUTE_STRIDE, HIDDEN, dtype=torch.float32, device=x.device)
+    experts = sorted({e for _, e, _ in routes})
+    for e in experts:
+        toks = [(t, w, i) for i, (t, ee, w) in enumerate(routes) if ee == e]
+        tt = torch.tensor([t for t, _, _ in toks], device=x.device)
+        w13d = dequant_weight_blocks_ref(w13[e], w13_scale[e])
+        gu = (xd[tt] @ w13d.t()).to(torch.bfloat16)  # SGLang's BF16 gate_up cache
+        hq, hs = act_quant_ref(gu)
+        w2d = dequant_weight_blocks_ref(w2[e], w2_scale[e])
+        ye = dequant_group_ref(hq, hs) @ w2d.t()
+        for j, (t, w, i) in enumerate(toks):
+            slot = i % ids.shape[1] if i < m * ids.shape[1] else TOPK
+            y[t, slot] = (ye[j] * w).to(torch.bfloat16).float()  # each route rounded to BF16
+    n_slots = ids.shape[1] + (1 if shared_w is not None else 0)
+    out = y[:, 0].clone()
+    for s in range(1, n_slots):
+        out = out + y[:, s]
+    return out.to(torch.bfloat16)
+
+
+# ---------------------------------------------------------------------------------------------
+# sm90 tactic bindings (kernels/sm90/moe/*.contract.json through netra.runtime).
+# ---------------------------------------------------------------------------------------------
+
+import ctypes  # noqa: E402  (kept next to the bindings; the references above need none of it)
+
+CONTRACTS = {
+    "act_quant": "moe_act_quant_w512",
+    "route": "moe_route_e256_k8",
+    "align": "moe_align_e256_k8",
+    "gate_up": "moe_gate_up_e256",
+    "down": "moe_down_e256",
+}
+GU_CTAS_PER_SLOT = 32
+DOWN_CTAS_PER_SLOT = 32
+
+
+class _ActQuantParams(ctypes.Structure):
+    _fields_ = [("gu", ctypes.c_void_p), ("q", ctypes.c_void_p), ("scale", ctypes.c_void_p),
+                ("rows", ctypes.c_int32), ("width", ctypes.c_int32)]
+
+
+class _RouteParams(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_void_p) for n in (
+        "x", "w_router", "w_shared", "logits", "shared_logit", "topk_ids_in", "topk_w_in", "topk_ids", "topk_w",
+        "shared_w", "counters", "num_slots", "slot_expert", "slot_start", "route_token", "route_dst", "route_w")
+    ] + [("M", ctypes.c_int32), ("_pad", ctypes.c_int32)]
+
+
+class _GemmParams(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_void_p) for n in (
+        "w13", "w13_scale", "w2", "w2_scale", "x", "h", "y", "out", "counters", "num_slots", "slot_expert",
+        "slot_start", "route_token", "route_dst", "route_w")] + [("M", ctypes.c_int32),
+                                                                  ("routes_per_token", ctypes.c_int32)]
+
+
+def max_slots(tokens: int, shared: bool) -> int:
+    """Upper bound of active experts (grid size is derived from it; the kernel exits idle slots)."""
+    return min(tokens * TOPK, NUM_EXPERTS) + (1 if shared else 0)
+
+
+class MoeSm90:
+    """The sm90 MoE decode sequence on one device: route (or align) -> gate_up -> down.
+
+    ``prepare`` loads every code object and allocates every buffer (for up to 128 tokens) before any
+    graph capture; the ``run_*`` methods then only fill launch structs and launch on the current
+    stream (no allocation except the returned output views, no host synchronisation), so a whole
+    layer is captured into the caller's CUDA graph as three kernel nodes.
+    """
+
+    def __init__(self, device: int = 0) -> None:
+        import torch
+
+        from netra.catalog import Catalog
+        from netra.runtime import load_tactic
+
+        self.device = device
+        cat = Catalog.load()
+        self.t = {k: load_tactic(cat.by_name(v), device) for k, v in CONTRACTS.items()}
+        dev = f"cuda:{device}"
+        r = MAX_TOKENS * ROUTE_STRIDE
+        i32, f32, bf = torch.int32, torch.float32, torch.bfloat16
+        self.topk_ids = torch.zeros(MAX_TOKENS, TOPK, dtype=i32, device=dev)
+        self.topk_w = torch.zeros(MAX_TOKENS, TOPK, dtype=f32, device=dev)
+        self.shared_w = torch.zeros(MAX_TOKENS, dtype=f32, device=dev)
+        self.logits = torch.zeros(MAX_TOKENS, NUM_EXPERTS, dtype=bf, device=dev)
+        self.shared_logit = torch.zeros(MAX_TOKENS, dtype=bf, device=dev)
+        self.num_slots = torch.zeros(1, dtype=i32, device=dev)
+        self.slot_expert = torch.zeros(NUM_EXPERTS + 1, dtype=i32, device=dev)
+        self.slot_start = torch.zeros(NUM_EXPERTS + 2, dtype=i32, device=dev)
+        self.route_token = torch.zeros(r, dtype=i32, device=dev)
+        self.route_dst = torch.zeros(r, dtype=i32, device=dev)
+        self.route_w = torch.zeros(r, dtype=f32, device=dev)
+        self.h = torch.zeros(r, INTER, dtype=bf, device=dev)
+        self.y = torch.zeros(r, HIDDEN, dtype=bf, device=dev)
+        self.out = torch.zeros(MAX_TOKENS, HIDDEN, dtype=bf, device=dev)
+        self.aq_q = torch.zeros(r, INTER, dtype=torch.float8_e4m3fn, device=dev)
+        self.aq_s = torch.zeros(r, INTER // GROUP, dtype=f32, device=dev)
+        self._aq = _ActQuantParams.from_buffer(self.t["act_quant"].params)
+        self._rt = _RouteParams.from_buffer(self.t["route"].params)
+        self._al = _RouteParams.from_buffer(self.t["align"].params)
+        self._gu = _GemmParams.from_buffer(self.t["gate_up"].params)
+        self._dn = _GemmParams.from_buffer(self.t["down"].params)
+        for p in (self._rt, self._al):
+            self._fill_meta(p)
+
+    @staticmethod
+    def _stream() -> int:
+        import torch
+
+        return int(torch.cuda.current_stream().cuda_stream)
+
+    def _fill_meta(self, p: _RouteParams) -> None:
+        p.topk_ids, p.topk_w = self.topk_ids.data_ptr(), self.topk_w.data_ptr()
+        p.logits, p.shared_logit = self.logits.data_ptr(), self.shared_logit.data_ptr()
+        p.num_slots, p.slot_expert = self.num_slots.data_ptr(), self.slot_expert.data_ptr()
+        p.slot_start, p.route_token = self.slot_start.data_ptr(), self.route_token.data_ptr()
+        p.route_dst, p.route_w = self.route_dst.data_ptr(), self.route_w.data_ptr()
+
+    def act_quant(self, gu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """gu [rows, 1024] BF16 -> (q [rows, 512] e4m3, scale [rows, 4] fp32), views of persistent buffers."""
+        import torch
+
+        rows = gu.shape[0]
+        if gu.dtype != torch.bfloat16 or gu.shape[1:] != (2 * INTER,) or not gu.is_contiguous() \
+                or not 1 <= rows <= MAX_TOKENS * ROUTE_STRIDE:
+            raise MoeShapeError(f"act_quant needs contiguous BF16 [1..1152, 1024], got {gu.dtype} {tuple(gu.shape)}")
+        t = self.t["act_quant"]
+        with t.lock:
+            self._aq.gu, self._aq.q, self._aq.scale = gu.data_ptr(), self.aq_q.data_ptr(), self.aq_s.data_ptr()
+            self._aq.rows, self._aq.width = rows, INTER
+            t.launch((rows + 1) // 2, self._stream())
+        return self.aq_q[:rows], self.aq_s[:rows]
+
+    def route(self, x: torch.Tensor, w_router: torch.Tensor, w_shared_gate: torch.Tensor | None) -> None:
+        """Routing + metadata for x [M, 2048] (the shared expert becomes slot 'last' when its gate is given)."""
+        m = self._check_x(x)
+        t = self.t["route"]
+        p = self._rt
+        with t.lock:
+            p.x, p.w_router = x.data_ptr(), w_router.data_ptr()
+            p.w_shared = w_shared_gate.data_ptr() if w_shared_gate is not None else None
+            p.shared_w = self.shared_w.data_ptr()
+            p.counters = t.workspace.data_ptr()
+            p.M = m
+            t.launch(((m + 3) // 4) * 17, self._stream())
+
+    def align(self, topk_ids: torch.Tensor, topk_w: torch.Tensor, shared_w: torch.Tensor | None = None) -> None:
+        """Metadata from given ids [M, 8] int32 and weights [M, 8] fp32 (+ optional shared weights [M])."""
+        import torch
+
+        m = topk_ids.shape[0]
+        if topk_ids.dtype != torch.int32 or topk_w.dtype != torch.float32 or topk_ids.shape != (m, TOPK) \
+                or topk_w.shape != (m, TOPK) or not 1 <= m <= MAX_TOKENS:
+            raise MoeShapeError("align needs int32 ids and fp32 weights of shape [1..128, 8]")
+        t = self.t["align"]
+        p = self._al
+        with t.lock:
+            p.topk_ids_in, p.topk_w_in = topk_ids.data_ptr(), topk_w.data_ptr()
+            p.shared_w = shared_w.data_ptr() if shared_w is not None else None
+            p.M = m
+            t.launch(1, self._stream())
+
+    def experts(self, x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
+                w2_scale: torch.Tensor, shared: bool) -> torch.Tensor:
+        """gate_up then down(+top-k sum) over the metadata of the last route/align; BF16 [M, 2048]."""
+        m = self._check_x(x)
+        ns = max_slots(m, shared)
+        if w13.shape[0] < (NUM_EXPERTS + 1 if shared else NUM_EXPERTS):
+            raise MoeShapeError(f"w13 holds {w13.shape[0]} experts; the shared route needs index {NUM_EXPERTS}")
+        for key, p, grid in (("gate_up", self._gu, ns * GU_CTAS_PER_SLOT), ("down", self._dn, ns * DOWN_CTAS_PER_SLOT)):
+            t = self.t[key]
+            with t.lock:
+                p.w13, p.w13_scale, p.w2, p.w2_scale = (w13.data_ptr(), w13_scale.data_ptr(), w2.data_ptr(),
+                                                        w2_scale.data_ptr())
+                p.x, p.h, p.y, p.out = x.data_ptr(), self.h.data_ptr(), self.y.data_ptr(), self.out.data_ptr()
+                p.counters = t.workspace.data_ptr()
+                p.num_slots, p.slot_expert, p.slot_start = (self.num_slots.data_ptr(), self.slot_expert.data_ptr(),
+                                                            self.slot_start.data_ptr())
+                p.route_token, p.route_dst, p.route_w = (self.route_token.data_ptr(), self.route_dst.data_ptr(),
+                                                         self.route_w.data_ptr())
+                p.M, p.routes_per_token = m, TOPK + (1 if shared else 0)
+                t.launch(grid, self._stream())
+        return self.out[:m]
+
+    @staticmethod
+    def _check_x(x: torch.Tensor) -> int:
+        import torch
+
+        m = x.shape[0]
+        if x.dtype != torch.bfloat16 or x.shape[1:] != (HIDDEN,) or not x.is_contiguous() or not 1 <= m <= MAX_TOKENS:
+            raise MoeShapeError(f"x must be contiguous BF16 [1..128, 2048], got {x.dtype} {tuple(x.shape)}")
+        return int(m)

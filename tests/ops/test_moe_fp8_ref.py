@@ -1,0 +1,95 @@
+"""CPU oracle tests for the MoE decode references (netra/ops/moe_fp8.py), cross-checked against the
+engine's own layer reference (netra/ops/moe.py, netra/ops/fp8.py) so both describe one numerics."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from netra.ops import fp8
+from netra.ops.moe import expert_mlp_ref
+from netra.ops.moe_fp8 import (
+    MoeShapeError,
+    act_quant_ref,
+    moe_routed_ref,
+    quant_group_ref,
+    quant_weight_blocks_ref,
+    route_meta_ref,
+    route_ref,
+    silu_mul_ref,
+)
+
+
+def test_group_quant_matches_engine_helper_and_bounds() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(7, 512, generator=g) * torch.logspace(-6, 3, 7).unsqueeze(1)).to(torch.bfloat16)
+    x[3] = 0
+    q, s = quant_group_ref(x)
+    eq, es = fp8.quantize_per_token_group(x)
+    assert torch.equal(q.view(torch.uint8), eq.view(torch.uint8))  # CPU: scalar and tensor division agree
+    assert torch.equal(s, es)
+    deq = q.float().reshape(7, 4, 128) * s.unsqueeze(-1)
+    err = (deq.reshape(7, 512) - x.float()).abs()
+    assert bool((err <= x.float().abs() * 2**-3 + s.repeat_interleave(128, 1) * 2**-9).all())
+    assert torch.equal(s[3], torch.full((4,), 1e-10 / 448.0))
+
+
+def test_act_quant_ref_is_the_two_step_definition() -> None:
+    g = torch.Generator().manual_seed(1)
+    gu = torch.randn(9, 1024, generator=g).to(torch.bfloat16)
+    h = silu_mul_ref(gu)
+    expect = (torch.nn.functional.silu(gu[:, :512].float()) * gu[:, 512:].float()).to(torch.bfloat16)
+    assert torch.equal(h, expect)
+    q, s = act_quant_ref(gu)
+    q2, s2 = quant_group_ref(expect)
+    assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(s, s2)
+    with pytest.raises(MoeShapeError):
+        act_quant_ref(gu[:, :1023])
+
+
+def test_route_ref_ties_go_to_lowest_index() -> None:
+    logits = torch.zeros(3, 256, dtype=torch.bfloat16)
+    logits[1, 200] = 1.0
+    logits[1, 5] = 1.0
+    logits[2, 17:40] = 2.0
+    ids, w, shared = route_ref(logits, torch.tensor([0.0, 1.0, -1.0], dtype=torch.bfloat16))
+    assert ids[0].tolist() == list(range(8))
+    assert ids[1].tolist() == [5, 200, 0, 1, 2, 3, 4, 6]
+    assert ids[2].tolist() == list(range(17, 25))
+    assert torch.allclose(w.sum(-1), torch.ones(3))
+    assert torch.allclose(w[0], torch.full((8,), 0.125))
+    assert shared is not None and torch.allclose(shared, torch.sigmoid(torch.tensor([0.0, 1.0, -1.0])))
+
+
+def test_route_meta_groups_by_expert_then_token() -> None:
+    ids = torch.tensor([[3, 1], [1, 7]], dtype=torch.int32)
+    w = torch.tensor([[0.6, 0.4], [0.9, 0.1]])
+    meta = route_meta_ref(ids, w, torch.tensor([0.5, 0.25]))
+    assert meta.slot_expert == [1, 3, 7, 256]
+    assert meta.slot_start == [0, 2, 3, 4, 6]
+    assert meta.route_token == [0, 1, 0, 1, 0, 1]
+    assert meta.route_dst == [1, 9, 0, 10, 8, 17]
+    assert meta.route_w == pytest.approx([0.4, 0.9, 0.6, 0.1, 0.5, 0.25])
+
+
+def test_moe_routed_ref_matches_engine_expert_mlp() -> None:
+    g = torch.Generator().manual_seed(2)
+    e, m = 6, 3
+    w13, s13 = quant_weight_blocks_ref(torch.randn(e, 1024, 2048, generator=g) * 0.02)
+    w2, s2 = quant_weight_blocks_ref(torch.randn(e, 2048, 512, generator=g) * 0.04)
+    x = torch.randn(m, 2048, generator=g).to(torch.bfloat16)
+    ids = torch.tensor([[0, 1, 2, 3, 4, 5, 0, 1]] * m, dtype=torch.int32)[:, :8]
+    ids[1] = torch.tensor([5, 4, 3, 2, 1, 0, 5, 4])
+    ids = ids[:, :6].contiguous()  # distinct experts per token
+    w = torch.softmax(torch.randn(m, 6, generator=g), -1)
+    got = moe_routed_ref(x, ids, w, w13, s13, w2, s2)
+    routes = torch.zeros(m, 6, 2048)
+    for t in range(m):
+        for k in range(6):
+            ex = int(ids[t, k])
+            routes[t, k] = expert_mlp_ref(x[t:t + 1], fp8.block_dequantize_weight(w13[ex], s13[ex]),
+                                          fp8.block_dequantize_weight(w2[ex], s2[ex]), w[t, k:k + 1], True)[0].float()
+    want = routes.sum(1).to(torch.bfloat16)
+    assert torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-3)
+    rel = (got.float() - want.float()).norm() / want.float().norm()
+    assert rel < 2e-3
