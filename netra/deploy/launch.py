@@ -208,6 +208,7 @@ class Launch:
     # --- running --------------------------------------------------------------------------------
 
     def set_down(self, down: set[int]) -> None:
+        """Re-render with these workers `down` and reload (only for workers given up for good)."""
         nginx.write(self.plan, down)
         if self.nginx_proc is not None and self.nginx_proc.alive():
             self.nginx_proc.send(signal.SIGHUP)  # graceful reload: in-flight requests finish

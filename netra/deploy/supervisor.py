@@ -4,11 +4,14 @@
 and a parent-death signal, so nothing outlives a launcher killed with SIGKILL.
 
 `Supervisor.step()` is called a few times a second by the launcher. A worker whose engine or
-response layer died is marked `down` in nginx at once (re-render + SIGHUP: new requests go to the
-other workers; requests that were running on it end with an error from its response layer, or with
-nginx's 502 if the response layer itself died), then restarted after a doubling backoff, health-
-checked, audited again, and put back. Every restart is recorded; after `max_restarts` the worker
-stays down and the launch keeps serving on the others (it stops only when no worker is left).
+response layer died is restarted after a doubling backoff, health-checked, audited again, and is
+back in rotation. Meanwhile nginx routes around it by itself: a refused connection, or the 502/503
+its response layer answers while the engine is gone, passes the request to the next worker
+(`proxy_next_upstream`) and marks the server failed for `fail_timeout` (passive health). The config
+is not reloaded for a restart, because a reload closes every client's idle keepalive connection,
+and a client that was just reusing one sees a disconnect. Every restart is recorded; after
+`max_restarts` the worker is marked `down` in the config for good (one reload) and the launch keeps
+serving on the others; it stops only when no worker is left.
 """
 
 from __future__ import annotations
@@ -190,15 +193,16 @@ class Supervisor:
     def delay(self, attempt: int) -> float:
         return min(self.backoff_max_s, self.backoff_initial_s * (2 ** max(0, attempt - 1)))
 
-    def _mark_down(self, w: WorkerState, up: bool) -> None:
-        new = (self.down - {w.index}) if up else (self.down | {w.index})
-        if new != self.down:
-            self.down = new
-            self.set_down(set(self.down))
+    def _fail(self, w: WorkerState) -> None:
+        """Give a worker up: stop its processes and take it out of the front for good."""
+        w.status = "failed"
+        w.engine.stop(5)
+        w.serve.stop(5)
+        self.down.add(w.index)
+        self.set_down(set(self.down))
 
     def _died(self, w: WorkerState, now: float) -> None:
         dead = [p for p in (w.engine, w.serve) if p.popen is not None and not p.alive() and not p.exit_reported]
-        self._mark_down(w, up=False)
         for p in dead:
             p.exit_reported = True
             event = {"time": now_utc(), "process": p.role, "pid": p.pid, "exit_code": p.exit_code(),
@@ -206,9 +210,7 @@ class Supervisor:
             w.restarts.append(event)
             self.log(f"worker {w.index}: {p.role} (pid {p.pid}) exited with {p.exit_code()}")
         if w.attempts >= self.max_restarts:
-            w.status = "failed"
-            w.engine.stop(5)
-            w.serve.stop(5)
+            self._fail(w)
             self.log(f"worker {w.index}: gave up after {w.attempts} restarts; it stays out of the front")
         else:
             w.attempts += 1
@@ -253,13 +255,10 @@ class Supervisor:
         w.audit = problems
         if problems:
             self.log(f"worker {w.index}: audit failed after restart: {problems}")
-            w.status = "failed"
-            w.engine.stop(5)
-            w.serve.stop(5)
+            self._fail(w)
             self.on_change()
             return
         w.status = "up"
-        self._mark_down(w, up=True)
         self.log(f"worker {w.index}: back (engine pid {w.engine.pid}, serve pid {w.serve.pid})")
         self.on_change()
 
