@@ -66,7 +66,9 @@ class ServeState:
         if self._name is None:
             info = await self.model_info()
             path = info.get("served_model_name") or info.get("model_path")
-            if isinstance(path, str) and path:
+            if isinstance(path, str) and path.startswith("preset:"):  # the embedded engine's seeded presets
+                self._name = f"netra-{path.removeprefix('preset:')}"
+            elif isinstance(path, str) and path:
                 self._name = path if not PurePath(path).is_absolute() else PurePath(path).name
             else:
                 self._name = f"netra-{info.get('preset', 'model')}"
