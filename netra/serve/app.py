@@ -143,8 +143,13 @@ def create_app(config: ServeConfig, transport: httpx.AsyncBaseTransport | None =
     async def guarded(endpoint: str, run: Callable[[], Awaitable[Response]]) -> Response:
         """Count requests that fail before a response exists (streams count themselves)."""
         state.metrics.in_flight.inc()
+        streaming = False
         try:
-            return await run()
+            response = await run()
+            if isinstance(response, openai_api.SSEResponse):
+                streaming = True  # in flight until the stream ends
+                response.on_close.append(state.metrics.in_flight.dec)
+            return response
         except OpenAIError as exc:
             state.metrics.requests.labels(endpoint, str(exc.status)).inc()
             raise
@@ -152,7 +157,8 @@ def create_app(config: ServeConfig, transport: httpx.AsyncBaseTransport | None =
             state.metrics.requests.labels(endpoint, "500").inc()
             raise
         finally:
-            state.metrics.in_flight.dec()
+            if not streaming:
+                state.metrics.in_flight.dec()
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

@@ -70,6 +70,7 @@ class Choice:
     stream: UpstreamStream | None = None
     first_token_at: float | None = None
     timed: bool = True  # TTFT and inter-token times mean something only for streamed requests
+    finalized: bool = False  # its upstream request was completed or aborted
 
     def __post_init__(self) -> None:
         skip = self.skip_special_tokens
@@ -183,6 +184,7 @@ class Choice:
             abort_reason = "error"
             raise
         finally:
+            self.finalized = True
             self.metrics.upstream_bytes.inc(stream.bytes_received)
             stream.bytes_received = 0
             if not done:

@@ -26,6 +26,22 @@ DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
+class SSEResponse(StreamingResponse):
+    """An SSE stream whose close callbacks run however it ends, even when the client left before
+    the first byte (then the body generator never starts, and its own cleanup never runs)."""
+
+    def __init__(self, content: AsyncIterator[bytes]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
+        self.on_close: list[Callable[[], None]] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            for callback in self.on_close:
+                callback()
+
+
 def json_response(obj: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
 
@@ -130,7 +146,11 @@ class Endpoint:
         interval = self.state.config.stream_interval
         metrics = self.state.metrics
 
+        began = False
+
         async def body() -> AsyncIterator[bytes]:
+            nonlocal began
+            began = True
             status = 499
             sent = events = 0
             try:
@@ -162,7 +182,19 @@ class Endpoint:
                 metrics.stream_events.labels(self.name).inc(events)
                 self.count(status, self.usage(choices, n) if status == 200 else None)
 
-        return StreamingResponse(body(), media_type="text/event-stream", headers=SSE_HEADERS)
+        response = SSEResponse(body())
+
+        def abort_unfinished() -> None:
+            if not began:
+                self.count(499, None)
+            for c in choices:
+                if not c.finalized and c.stream is not None:
+                    c.finalized = True
+                    self.state.metrics.aborts.labels("client_disconnect").inc()
+                    upstream.abort_soon(c.rid, c.stream)
+
+        response.on_close.append(abort_unfinished)
+        return response
 
 
 async def merge(choices: list[Choice], upstream: Any, interval: int) -> AsyncIterator[Delta]:
@@ -312,7 +344,11 @@ async def generate(state: ServeState, request: Request, req: GenerateRequest) ->
 
     stream = await upstream.open_stream(body)
 
+    started = False
+
     async def events() -> AsyncIterator[bytes]:
+        nonlocal started
+        started = True
         tracker = TokenTracker()
         status, sent, n_events = 499, 0, 0
         meta: dict[str, Any] = {}
@@ -359,4 +395,11 @@ async def generate(state: ServeState, request: Request, req: GenerateRequest) ->
                 metrics.aborts.labels("client_disconnect" if status == 499 else "error").inc()
                 upstream.abort_soon(rid, stream)
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+    response = SSEResponse(events())
+
+    def abort_unstarted() -> None:
+        if not started:
+            upstream.abort_soon(rid, stream)
+
+    response.on_close.append(abort_unstarted)
+    return response

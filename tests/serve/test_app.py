@@ -281,3 +281,4 @@ def test_models_health_and_metrics(stack: Stack) -> None:
     assert metric(after, "netra_serve_inter_token_seconds_count", 'endpoint="chat"') - \
         metric(before, "netra_serve_inter_token_seconds_count", 'endpoint="chat"') == 32
     assert metric(after, "netra_serve_upstream_stream_bytes_total") > metric(before, "netra_serve_upstream_stream_bytes_total")
+    assert metric(after, "netra_serve_in_flight") == 0.0
