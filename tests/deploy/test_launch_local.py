@@ -1,0 +1,196 @@
+"""`netra launch --profile local` for real: 2 embedded-engine workers (tiny, CPU), 2 response layers,
+nginx; driven with the `openai` SDK, from another shell (`--detach`, `netra status`, `netra stop`)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from netra.deploy.record import is_alive, read_record
+from netra.settings import REPO_ROOT
+from tests.deploy.conftest import free_block, free_port, needs_nginx
+
+pytestmark = [needs_nginx, pytest.mark.timeout(420)]
+MODEL = "netra-tiny"
+
+
+@dataclass
+class Local:
+    run_dir: Path
+    url: str
+
+    def record(self) -> dict:
+        return read_record(self.run_dir)
+
+    def client(self) -> openai.OpenAI:
+        # No SDK retries: a request that fails must show up as a failure here.
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def netra(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "netra", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO_ROOT)
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
+    run_dir = tmp_path_factory.mktemp("local")
+    front = free_port()
+    out = netra("launch", "--profile", "local", "--front-port", str(front), "--port-base", str(free_block(4)),
+                "--run-dir", str(run_dir), "--detach")
+    try:
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert f"serving local on http://127.0.0.1:{front}/v1" in out.stdout
+        yield Local(run_dir, f"http://127.0.0.1:{front}")
+    finally:
+        rec = read_record(run_dir) if (run_dir / "launch.json").exists() else None
+        stop = netra("stop", "--run-dir", str(run_dir), timeout=120)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        if rec is not None:
+            final = read_record(run_dir)
+            pids = [(p["pid"], p["ticks"]) for w in final["workers"] for p in (w["engine"], w["serve"])]
+            pids.append((final["front"]["process"]["pid"], final["front"]["process"]["ticks"]))
+            assert not [pid for pid, ticks in pids if is_alive(pid, ticks)]
+            assert final["state"] == "stopped"
+
+
+def served_per_worker(local: Local) -> list[float]:
+    counts = []
+    for w in local.record()["workers"]:
+        text = httpx.get(w["serve_url"] + "/metrics", timeout=10).text
+        counts.append(sum(float(v) for v in re.findall(r'^netra_serve_requests_total\{[^}]*\} (\S+)$', text, re.M)))
+    return counts
+
+
+def test_record_and_status(local: Local) -> None:
+    rec = local.record()
+    assert rec["state"] == "serving" and rec["profile_name"] == "local"
+    assert all(w["status"] == "up" and w["audit"] == [] for w in rec["workers"])
+    st = netra("status", "--run-dir", str(local.run_dir), timeout=60)
+    assert st.returncode == 0 and "local: serving" in st.stdout, st.stdout + st.stderr
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+def test_openai_stream_equals_non_stream(local: Local, api: str) -> None:
+    c = local.client()
+    kw = {"model": MODEL, "max_tokens": 24, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    if api == "chat":
+        messages = [{"role": "user", "content": "Tell me about Netra."}]
+        full = c.chat.completions.create(messages=messages, **kw)
+        text = full.choices[0].message.content
+        stream = c.chat.completions.create(messages=messages, stream=True,
+                                           stream_options={"include_usage": True}, **kw)
+        parts, usage = [], None
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                parts.append(chunk.choices[0].delta.content)
+            usage = chunk.usage or usage
+    else:
+        full = c.completions.create(prompt="Netra serves", **kw)
+        text = full.choices[0].text
+        stream = c.completions.create(prompt="Netra serves", stream=True, stream_options={"include_usage": True},
+                                      **kw)
+        parts, usage = [], None
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].text:
+                parts.append(chunk.choices[0].text)
+            usage = chunk.usage or usage
+    assert text and "".join(parts) == text
+    assert full.usage.completion_tokens == 24 and usage is not None
+    assert (usage.prompt_tokens, usage.completion_tokens) == (full.usage.prompt_tokens, 24)
+
+
+def test_round_robin_spreads_2n_requests_n_n(local: Local) -> None:
+    n = 6
+    before = served_per_worker(local)
+    c = local.client()
+    for _ in range(2 * n):
+        c.completions.create(model=MODEL, prompt="hi", max_tokens=1, temperature=0)
+    after = served_per_worker(local)
+    assert [a - b for a, b in zip(after, before, strict=True)] == [n, n]
+
+
+def test_malformed_requests_get_openai_errors(local: Local) -> None:
+    bad = [
+        (b"{not json", "application/json"),
+        (b'{"model": "netra-tiny"}', "application/json"),  # no messages
+        (b'{"model": "netra-tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}',
+         "application/json"),
+        (b'{"model": "netra-tiny", "messages": "x", "temperature": "hot"}', "application/json"),
+    ]
+    with httpx.Client(timeout=30) as h:
+        for body, ctype in bad:
+            r = h.post(local.url + "/v1/chat/completions", content=body, headers={"Content-Type": ctype})
+            assert 400 <= r.status_code < 500, (body, r.status_code, r.text)
+            err = r.json()["error"]
+            assert err["message"] and err["type"] and err["code"] == r.status_code
+        r = h.post(local.url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+    with pytest.raises(openai.BadRequestError):
+        local.client().completions.create(model=MODEL, prompt="hi", max_tokens=1, temperature=-1)
+
+
+def _stream(local: Local, tokens: int) -> tuple[str, int]:
+    """('ok' | error text, tokens received) for one long streamed completion."""
+    got = 0
+    try:
+        stream = local.client().completions.create(model=MODEL, prompt="go", max_tokens=tokens, temperature=0,
+                                                   stream=True, extra_body={"ignore_eos": True})
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].text:
+                got += 1
+        return "ok", got
+    except (openai.APIError, httpx.HTTPError) as exc:
+        return f"{type(exc).__name__}: {exc}", got
+
+
+def test_killed_engine_streams_end_with_an_error_then_100_requests_complete(local: Local) -> None:
+    rec = local.record()
+    victim = rec["workers"][1]
+    old_pid = victim["engine"]["pid"]
+    # Two long streams, one per worker (round robin), both running when worker 1's engine is killed.
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(_stream, local, 120) for _ in range(2)]
+        time.sleep(4.0)
+        assert all(not f.done() for f in futures), [f.result() for f in futures if f.done()]
+        os.kill(old_pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        results = [f.result(timeout=120) for f in futures]
+    outcomes = sorted(r[0] == "ok" for r in results)
+    assert outcomes == [False, True], results  # the stream on the dead worker ends with an error
+    # The next 100 requests all complete while the worker restarts.
+    with httpx.Client(timeout=60) as h, ThreadPoolExecutor(4) as pool:
+        codes = Counter(pool.map(lambda _: h.post(local.url + "/v1/completions", json={
+            "model": MODEL, "prompt": "hi", "max_tokens": 1}).status_code, range(100)))
+    assert codes == Counter({200: 100})
+    while True:
+        w = local.record()["workers"][1]
+        if w["status"] == "up" and w["engine"]["pid"] != old_pid:
+            break
+        assert time.monotonic() - killed_at < 30, f"worker 1 not back within 30 s: {w['status']}"
+        time.sleep(0.2)
+    back_s = time.monotonic() - killed_at
+    print(f"worker 1 back {back_s:.1f} s after SIGKILL")
+    assert w["restarts"][-1]["exit_code"] == -9 and w["restarts"][-1]["pid"] == old_pid
+    assert is_alive(w["engine"]["pid"], w["engine"]["ticks"])
+    # And it takes traffic again once nginx's passive-health window (fail_timeout) has passed.
+    time.sleep(local.record()["profile"]["front"]["fail_timeout_s"] + 0.5)
+    before = served_per_worker(local)
+    c = local.client()
+    for _ in range(6):
+        c.completions.create(model=MODEL, prompt="hi", max_tokens=1)
+    after = served_per_worker(local)
+    assert after[1] - before[1] >= 2
