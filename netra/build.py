@@ -119,15 +119,22 @@ def build_one(contract: Any, build_dir: Path, nvcc: str) -> dict[str, Any]:
     }
 
 
-def build_all(build_dir: Path, catalog: Any = None) -> dict[str, Any]:
-    """Build every buildable contract into ``build_dir``; returns the lock document (not written)."""
+def build_all(build_dir: Path, catalog: Any = None, families: set[str] | None = None,
+              base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Build every buildable contract (of ``families``, default all) into ``build_dir``; returns the
+    lock document (not written). With ``families``, other families' entries are kept from ``base``."""
     from netra.catalog import Catalog
 
     catalog = catalog or Catalog.load()
     nvcc = nvcc_path()
     if nvcc is None:
         raise BuildError("nvcc not found on PATH (needed to build sm90 code objects)")
-    entries = [build_one(c, build_dir, nvcc) for c in _buildable(catalog.contracts)]
+    chosen = [c for c in _buildable(catalog.contracts) if families is None or c.family in families]
+    if families is not None and not chosen:
+        raise BuildError(f"no buildable contract in families {sorted(families)}")
+    entries = [build_one(c, build_dir, nvcc) for c in chosen]
+    if families is not None and base is not None:
+        entries += [e for e in base["code_objects"] if e["family"] not in families]
     return {"version": LOCK_VERSION, "nvcc": nvcc_version(nvcc),
             "code_objects": sorted(entries, key=lambda e: (e["target"], e["family"], e["name"]))}
 
@@ -200,6 +207,8 @@ def register(sub: Any) -> None:
     b = verbs.add_parser("build", help="compile every contract's source; write the lock")
     b.add_argument("--check", action="store_true",
                    help="build into a temporary dir and compare with the committed lock; write nothing")
+    b.add_argument("--family", action="append", default=None,
+                   help="only these families (repeatable); other lock entries are kept as they are")
     b.set_defaults(func=_cmd_build)
     v = verbs.add_parser("verify", help="check built code objects against the lock (no compiler)")
     v.set_defaults(func=_cmd_verify)
@@ -218,15 +227,18 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
     try:
         if args.check:
+            families = set(args.family) if args.family else None
+            want = read_lock()
             with tempfile.TemporaryDirectory(prefix="netra-build-") as tmp:
-                lock = build_all(Path(tmp))
-            problems = compare_locks(read_lock(), lock)
+                lock = build_all(Path(tmp), families=families, base=want)
+            problems = compare_locks(want, lock)
             _print_lock(lock)
             for p in problems:
                 print(f"MISMATCH {p}")
             return 1 if problems else 0
         build_dir = settings.get("NETRA_BUILD_DIR")
-        lock = build_all(build_dir)
+        families = set(args.family) if args.family else None
+        lock = build_all(build_dir, families=families, base=read_lock() if families and LOCK_PATH.exists() else None)
         write_lock(lock)
     except BuildError as exc:
         print(f"netra kernels build: {exc}")

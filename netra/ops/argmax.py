@@ -99,6 +99,17 @@ def launch_shape(rows: int, vocab: int, dtype_name: str, block: int, target_bloc
     return rows * chunks, chunks
 
 
+_CONTRACT_BY_DTYPE = {"float32": "argmax_f32_v248320", "bfloat16": "argmax_bf16_v248320"}
+
+
+def contract_launch_shape(rows: int, dtype_name: str) -> tuple[int, int]:
+    """``(grid, chunks)`` the sm90 contract of ``dtype_name`` launches for ``rows`` (tests, emulation)."""
+    from netra.catalog import Catalog
+
+    c = Catalog.load().by_name(_CONTRACT_BY_DTYPE[dtype_name])
+    return launch_shape(rows, c.dims["vocab"].lo, dtype_name, int(c.launch["block"]), int(c.launch["target_blocks"]))
+
+
 def _bind(tactic: Any) -> dict[str, Any]:
     """Once per loaded tactic: a typed view of its argument buffer, workspace pointers, shapes."""
     b: dict[str, Any] = tactic.binding

@@ -39,12 +39,14 @@ def test_lock_covers_catalog_and_has_the_shared_format() -> None:
     lock = read_lock()
     assert lock["version"] == 1 and lock["nvcc"].startswith("Cuda compilation tools")
     names = {e["name"] for e in lock["code_objects"]}
-    assert names == {c.name for c in Catalog.load().contracts if c.target == "sm90"}
+    cat = Catalog.load()
+    assert names == {c.name for c in cat.contracts if c.target == "sm90"}
     for e in lock["code_objects"]:
         assert set(e) == {"target", "family", "name", "source", "code_object", "sha256", "flags", "resources"}
         assert e["code_object"] == f"{e['target']}/{e['family']}/{e['name']}.cubin"
         assert len(e["sha256"]) == 64 and (Path(__file__).parents[2] / e["source"]).is_file()
-        assert e["resources"]["spill_stores"] == 0 and e["resources"]["spill_loads"] == 0
+        if e["resources"]["spill_stores"] or e["resources"]["spill_loads"]:
+            assert cat.by_name(e["name"]).kernel.get("accepted_spills"), f"{e['name']}: unexplained spills"
 
 
 def test_compare_locks_names_every_difference() -> None:
@@ -74,13 +76,10 @@ def test_verify_lock_detects_missing_and_tampered_code_objects(tmp_path: Path) -
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed (CI installs CUDA 13.0 nvcc)")
 def test_rebuild_matches_lock_bitwise(tmp_path: Path) -> None:
-    """CI: rebuilding from source gives exactly the locked bytes and resources (and twice the same)."""
+    """CI: rebuilding from source, in another directory, gives exactly the locked bytes and resources
+    (the lock was built elsewhere, earlier: equal hashes show the build is deterministic)."""
     fresh = build_all(tmp_path / "a")
     assert compare_locks(read_lock(), fresh) == []
-    again = build_all(tmp_path / "b")
     for e in fresh["code_objects"]:
-        a = (tmp_path / "a" / e["code_object"]).read_bytes()
-        b = (tmp_path / "b" / e["code_object"]).read_bytes()
-        assert a == b and hashlib.sha256(a).hexdigest() == e["sha256"]
+        assert hashlib.sha256((tmp_path / "a" / e["code_object"]).read_bytes()).hexdigest() == e["sha256"]
     assert verify_lock(tmp_path / "a") == []
-    assert again == fresh

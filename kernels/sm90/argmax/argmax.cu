@@ -69,6 +69,8 @@ constexpr int kBlock = 256;
 constexpr int kUnroll = 8;                       // 8 x 16 B loads in flight per thread
 constexpr int kVec = NETRA_ARGMAX_BF16 ? 8 : 4;  // elements per 16-byte load
 constexpr unsigned kNone = 0xFFFFFFFFu;          // "no element seen" index
+// A 32-bit word of -inf: one float32 -inf, or two bfloat16 -inf.
+constexpr unsigned kNegInf4 = NETRA_ARGMAX_BF16 ? 0xFF80FF80u : 0xFF800000u;
 
 __device__ __forceinline__ float max_nan(float a, float b) {
   float r;
@@ -169,12 +171,17 @@ extern "C" __global__ void __launch_bounds__(kBlock) netra_argmax_sm90(const Arg
                                                      static_cast<size_t>(row) * p.row_stride * elem_bytes);
 
   Best best{0.0f, kNone, false};
-  int v = v0 + static_cast<int>(threadIdx.x);
-  // Full batches: kUnroll independent 16-byte loads, one NaN-propagating max per element.
-  for (; v + (kUnroll - 1) * kBlock < v1; v += kUnroll * kBlock) {
+  // Batches of kUnroll independent 16-byte loads per thread, all issued before any is used; the
+  // last batch of a chunk is predicated (out-of-chunk lanes read as -inf, which can never beat an
+  // element: the rescan below skips them, and a chunk always has at least one element). At decode
+  // batch sizes a chunk is one partial batch, so the whole chunk is in flight at once.
+  for (int v = v0 + static_cast<int>(threadIdx.x); v < v1; v += kUnroll * kBlock) {
     uint4 raw[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) raw[u] = load16(base + v + u * kBlock);
+    for (int u = 0; u < kUnroll; ++u) {
+      const int vi = v + u * kBlock;
+      raw[u] = vi < v1 ? load16(base + vi) : make_uint4(kNegInf4, kNegInf4, kNegInf4, kNegInf4);
+    }
     float m = vec_max(raw[0]);
 #pragma unroll
     for (int u = 1; u < kUnroll; ++u) m = max_nan(m, vec_max(raw[u]));
@@ -182,19 +189,15 @@ extern "C" __global__ void __launch_bounds__(kBlock) netra_argmax_sm90(const Arg
     if (!best.nan && (m != m || best.index == kNone || m > best.value)) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        Vec e;
-        unpack(raw[u], e);
+        const int vi = v + u * kBlock;
+        if (vi < v1) {
+          Vec e;
+          unpack(raw[u], e);
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) consider(best, e.v[j], static_cast<unsigned>((v + u * kBlock) * kVec + j));
+          for (int j = 0; j < kVec; ++j) consider(best, e.v[j], static_cast<unsigned>(vi * kVec + j));
+        }
       }
     }
-  }
-  // Tail: the chunk's remaining loads, one at a time.
-  for (; v < v1; v += kBlock) {
-    Vec e;
-    unpack(load16(base + v), e);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) consider(best, e.v[j], static_cast<unsigned>(v * kVec + j));
   }
 
   // Block reduction of the 64-bit keys.

@@ -1,0 +1,37 @@
+"""The kernel benchmark's verdict logic and its CPU behaviour (the timing itself needs a GPU)."""
+
+from __future__ import annotations
+
+import argparse
+
+from netra.bench import kernels as kb
+
+
+def _row(dtype: str, rows: int, provider: str, median: float, floor: float) -> dict[str, object]:
+    return {"shape": [rows, 248320], "dtype": dtype, "provider": provider, "median_us": median,
+            "floor_us": floor, "floor_fraction": round(floor / median, 3)}
+
+
+def test_gates_apply_issue_thresholds() -> None:
+    rows = [_row("float32", 128, "netra", 35.0, 30.0), _row("bfloat16", 128, "netra", 25.0, 15.0)]
+    speedups = {"float32[16,248320]": {"netra_vs_torch.argmax": 3.2}}
+    g = kb.gates(rows, speedups, 248320)
+    assert g["float32[16] speedup >= 3.0"] == {"value": 3.2, "pass": True}
+    assert g["float32[128] floor_fraction >= 0.8"]["pass"] is True  # 30/35 = 0.857
+    assert g["bfloat16[128] floor_fraction >= 0.7"] == {"value": 0.6, "pass": False}
+    assert kb.gates([], {}, 248320)["float32[16] speedup >= 3.0"] == {"value": None, "pass": False}
+
+
+def test_quantiles() -> None:
+    xs = [5.0, 1.0, 3.0, 2.0, 4.0]
+    assert kb._quantile(xs, 0.5) == 3.0 and kb._quantile(xs, 0.9) == 5.0
+
+
+def test_bench_refuses_without_gpu(capsys: object) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    p = argparse.ArgumentParser()
+    kb.add_arguments(p)
+    assert kb.main(p.parse_args([])) == 2
