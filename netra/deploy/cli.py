@@ -168,15 +168,23 @@ def _launch(args: argparse.Namespace) -> int:
 
     try:
         base, prof, ov = _resolve(args)
-        plan = make_plan(prof, None, ov)
-    except (ProfileError, PlanError, PlacementError, LaunchRefused) as exc:
+        v = verify(prof, base=base, strict=args.strict)
+    except (ProfileError, LaunchRefused) as exc:
         print(f"launch refused: {exc}", file=sys.stderr)
         return 2
+    try:
+        plan = make_plan(prof, None, ov)
+    except (PlanError, PlacementError) as exc:
+        # Report every cause at once: the placement problem and whatever verification found.
+        print(str(LaunchRefused([str(exc), *v.problems])), file=sys.stderr)
+        return 2
     if args.detach:
+        if v.problems:
+            print(str(LaunchRefused(v.problems)), file=sys.stderr)
+            return 2
         return _detach(args, Path(plan.run_dir), float(plan.supervisor["health_timeout_s"]) * 2 + 60)
     print_plan(plan)
     print(f"plan sha256 {plan.sha256()}")
-    v = verify(prof, base=base, strict=args.strict)
     for w in v.warnings:
         print(f"warning: {w}", file=sys.stderr)
     if v.problems:
