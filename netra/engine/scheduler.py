@@ -138,6 +138,16 @@ class Scheduler:
         return {"waiting": len(self.waiting), "prefilling": len(self.prefilling), "running": len(self.decoding),
                 "free_slots": self.pools.free_slots}
 
+    def run_until_idle(self, max_steps: int = 1_000_000) -> None:
+        """Synchronous driving (tests, offline measurement): process the inbox and step until no work is left.
+        Never call it while the scheduler thread runs."""
+        for _ in range(max_steps):
+            self._drain(block=False)
+            if not (self.waiting or self.prefilling or self.decoding):
+                return
+            self.step()
+        raise RuntimeError(f"still busy after {max_steps} steps")
+
     # ---- scheduler thread ------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -111,11 +111,45 @@ def moe_ref(x: torch.Tensor, w: MoEWeights) -> torch.Tensor:
     return routes.float().sum(dim=1).to(x.dtype)
 
 
+def moe_dense_ref(x: torch.Tensor, w: MoEWeights) -> torch.Tensor:
+    """`moe_ref`'s arithmetic evaluated for every (token, expert) pair at once, then the routes picked.
+
+    Same numbers as `moe_ref` (each route's values are the same dot products, accumulated in
+    `acc_dtype`), a few ops instead of a loop over experts: the fallback uses it while
+    ``tokens · experts`` is small (the tiny preset on a CPU), where the E/k-fold extra arithmetic
+    costs less than the per-expert launches.
+    """
+    acc = acc_dtype(x.device)
+    t, k, e = x.shape[0], w.top_k, w.num_experts
+    logits = linear_ref(x, w.router, torch.bfloat16)
+    weights, ids = moe_route_ref(logits, k, w.renormalize)
+    shared_weight = torch.sigmoid(linear_ref(x, w.shared_gate, torch.bfloat16).float())[:, 0]
+    w13, w2 = _expert(w.w13, None, acc), _expert(w.w2, None, acc)  # [E, 2I, H], [E, H, I]
+    inter = w13.shape[1] // 2
+    xa = _act_dequant(x, w.w13.is_fp8, acc)
+    gate_up = (xa @ w13.reshape(e * 2 * inter, -1).t()).to(torch.bfloat16).view(t, e, 2 * inter)
+    act = (torch.nn.functional.silu(gate_up[..., :inter].float()) * gate_up[..., inter:].float()).to(torch.bfloat16)
+    down = torch.bmm(_act_dequant(act, w.w13.is_fp8, acc).transpose(0, 1), w2.transpose(1, 2))  # [E, T, H]
+    picked = down.transpose(0, 1)[torch.arange(t, device=x.device)[:, None], ids]  # [T, k, H]
+    routes = torch.empty(t, k + 1, x.shape[1], dtype=torch.bfloat16, device=x.device)
+    routes[:, :k] = (picked.float() * weights[:, :, None]).to(torch.bfloat16)
+    routes[:, k] = expert_mlp_ref(x, _expert(w.shared_w13, None, acc), _expert(w.shared_w2, None, acc),
+                                  shared_weight, w.shared_w13.is_fp8)
+    return routes.float().sum(dim=1).to(x.dtype)
+
+
+# Below this many (token, expert) pairs the fallback evaluates every expert densely.
+DENSE_FALLBACK_MAX_PAIRS = 2048
+
+
 def moe(x: torch.Tensor, w: MoEWeights) -> torch.Tensor:
-    """The MoE block through dispatch (op ``moe_fp8_block``); fallback `moe_ref`."""
+    """The MoE block through dispatch (op ``moe_fp8_block``); fallback `moe_dense_ref` for small
+    ``tokens · experts``, `moe_ref` otherwise (identical arithmetic)."""
     hit = route("moe_fp8_block" if w.w13.is_fp8 else "moe_bf16", {"x": x, "w13": w.w13.data, "w2": w.w2.data},
                 {"tokens": x.shape[0], "hidden": x.shape[1], "experts": w.num_experts, "top_k": w.top_k,
                  "inter": w.w2.in_features}, quant="fp8_e4m3_block128" if w.w13.is_fp8 else "none")
     if hit is not None:
         return hit[0](hit[1], x=x, weights=w)
+    if x.shape[0] * w.num_experts <= DENSE_FALLBACK_MAX_PAIRS:
+        return moe_dense_ref(x, w)
     return moe_ref(x, w)

