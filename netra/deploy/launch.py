@@ -277,9 +277,11 @@ class Launch:
                 self.log(f"launch failed: {exc}")
         finally:
             final = self.state
+            self.log("stopping: nginx, response layers, engines")
             self.stop()
             self.state = final
             self.save()
+            self.log(f"{final}: every process of this launch has exited")
             for s, handler in previous.items():
                 signal.signal(s, handler)
         return code

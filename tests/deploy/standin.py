@@ -4,6 +4,7 @@
       /health, /server_info (the flags it was given, as SGLang dest names), /generate
       env STANDIN_DROP=a,b: leave options a and b out of /server_info (a wrapper that drops options)
       env STANDIN_SLOW=S: /generate takes S seconds (a request in flight when the engine is killed)
+      env STANDIN_FAIL_MARKER=F: exit with 3 at startup while file F exists (a worker that cannot restart)
   python standin.py serve --upstream URL --host H --port N [...]
       /health is 200 only when the upstream's /health is; POST /v1/completions forwards to /generate
       and answers {"worker": PORT, ...}; 503 when the upstream is unreachable, 502 when it fails.
@@ -155,6 +156,10 @@ def main() -> int:
         return launch(argv)
     Handler.role = role
     Handler.opts = parse_flags(argv)
+    marker = os.environ.get("STANDIN_FAIL_MARKER")
+    if role == "engine" and marker and Path(marker).exists():
+        print("standin engine: refusing to start (marker file present)", flush=True)
+        return 3
     server = ThreadingHTTPServer((Handler.opts["host"], int(Handler.opts["port"])), Handler)
     server.daemon_threads = True
     server.serve_forever()

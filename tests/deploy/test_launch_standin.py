@@ -235,3 +235,62 @@ def test_detached_launcher_status_and_stop_from_another_shell(tmp_path: Path) ->
         if driver.poll() is None:
             driver.kill()
             driver.wait(10)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_foreground_launcher_stops_cleanly_on_ctrl_c_and_sigterm(tmp_path: Path, sig: int) -> None:
+    out = (tmp_path / "driver.log").open("wb")
+    driver = subprocess.Popen([sys.executable, str(STANDIN), "launch", "--run-dir", str(tmp_path),
+                               "--front-port", str(free_port()), "--port-base", str(free_block(4))],
+                              stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO_ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while not ((tmp_path / "launch.json").exists() and read_record(tmp_path)["state"] == "serving"):
+            assert driver.poll() is None and time.monotonic() < deadline, (tmp_path / "driver.log").read_text()
+            time.sleep(0.2)
+        rec = read_record(tmp_path)
+        procs = [(w[k]["pid"], w[k]["ticks"]) for w in rec["workers"] for k in ("engine", "serve")]
+        procs.append((rec["front"]["process"]["pid"], rec["front"]["process"]["ticks"]))
+        os.killpg(driver.pid, sig)  # Ctrl-C reaches the launcher's process group; children have their own
+        assert driver.wait(30) == 0
+        assert not [pid for pid, ticks in procs if is_alive(pid, ticks)]
+        assert read_record(tmp_path)["state"] == "stopped"
+        assert "every process of this launch has exited" in (tmp_path / "driver.log").read_text()
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait(10)
+
+
+def test_worker_that_cannot_restart_is_given_up_and_the_rest_keeps_serving(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    marker = tmp_path / "no-restart"
+    monkeypatch.setenv("STANDIN_FAIL_MARKER", str(marker))
+    launch = Launch(standin_plan(tmp_path / "run", **{"supervisor.max_restarts": 2}), Verification(),
+                    log=lambda m: None)
+    r = Running(launch)
+    try:
+        launch.start()
+        r.thread.start()
+        marker.touch()
+        assert launch.workers[0].engine.pid
+        os.kill(launch.workers[0].engine.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while launch.workers[0].status != "failed":
+            assert time.monotonic() < deadline, launch.workers[0].status
+            time.sleep(0.1)
+        rec = read_record(launch.plan.run_dir)
+        events = rec["workers"][0]["restarts"]
+        assert [e["exit_code"] for e in events] == [-9, 3, 3] and [e["attempt"] for e in events] == [1, 2, 3]
+        assert [e["delay_s"] for e in events[:2]] == [0.2, 0.4]  # doubling backoff
+        conf = Path(launch.plan.front.conf_path).read_text()
+        assert f"127.0.0.1:{launch.plan.workers[0].serve_port} max_fails=1 fail_timeout=5s down;" in conf
+        time.sleep(1.0)  # the reload takes effect
+        with httpx.Client() as client:
+            served = Counter(complete(client, r.url).json()["worker"] for _ in range(10))
+        assert served == Counter({launch.plan.workers[1].serve_port: 10})
+        assert r.thread.is_alive() and rec["state"] == "serving"
+    finally:
+        launch.stopping = True
+        r.thread.join(10)
+        launch.stop()
