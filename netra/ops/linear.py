@@ -24,7 +24,8 @@ class Weight:
     scale_inv: torch.Tensor | None = None
     block: tuple[int, int] = (fp8.BLOCK, fp8.BLOCK)
     # The fallback's dequantized copy in the accumulator dtype, made once (identical numerics to
-    # dequantizing on every call; a tactic never reads it).
+    # dequantizing on every call; a tactic never reads it). Stacked expert weights are never cached
+    # implicitly (256 experts in FP32 would not fit next to the model); the engine asks for it on a CPU.
     _dequant: torch.Tensor | None = field(default=None, repr=False)
 
     @property
@@ -39,7 +40,14 @@ class Weight:
     def in_features(self) -> int:
         return int(self.data.shape[-1])
 
-    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+    def dequantized(self, dtype: torch.dtype, cache: bool = True) -> torch.Tensor:
+        if self._dequant is not None and self._dequant.dtype == dtype:
+            return self._dequant
+        if not cache:
+            if self.is_fp8:
+                assert self.scale_inv is not None
+                return fp8.block_dequantize_weight(self.data, self.scale_inv, self.block, dtype)
+            return self.data.to(dtype)
         if self._dequant is None or self._dequant.dtype != dtype:
             if self.is_fp8:
                 assert self.scale_inv is not None

@@ -138,8 +138,10 @@ def moe_dense_ref(x: torch.Tensor, w: MoEWeights) -> torch.Tensor:
     return routes.float().sum(dim=1).to(x.dtype)
 
 
-# Below this many (token, expert) pairs the fallback evaluates every expert densely.
+# The fallback evaluates every expert densely while tokens·experts stays below this and the expert
+# count is small (it dequantizes the whole expert stack: fine for 8 experts, not for 256).
 DENSE_FALLBACK_MAX_PAIRS = 2048
+DENSE_FALLBACK_MAX_EXPERTS = 64
 
 
 def moe(x: torch.Tensor, w: MoEWeights) -> torch.Tensor:
@@ -150,6 +152,6 @@ def moe(x: torch.Tensor, w: MoEWeights) -> torch.Tensor:
                  "inter": w.w2.in_features}, quant="fp8_e4m3_block128" if w.w13.is_fp8 else "none")
     if hit is not None:
         return hit[0](hit[1], x=x, weights=w)
-    if x.shape[0] * w.num_experts <= DENSE_FALLBACK_MAX_PAIRS:
+    if w.num_experts <= DENSE_FALLBACK_MAX_EXPERTS and x.shape[0] * w.num_experts <= DENSE_FALLBACK_MAX_PAIRS:
         return moe_dense_ref(x, w)
     return moe_ref(x, w)

@@ -1,0 +1,160 @@
+"""`python -m netra.engine.bench`: tiny-preset serving figures of the embedded engine on this machine.
+
+Starts `netra engine` as a child process, drives it over HTTP with streaming `/generate` requests at
+each concurrency (a closed loop: C clients, each sending its next request when the previous ends),
+and reports output tokens/s over the global window (first submit to last finish), TTFT / TPOT
+percentiles, bytes on the wire per output token, and the scheduler's own split of each step
+(model forward, sampling, and the rest: batch building and output processing) from `/engine_stats`.
+Exact checks: every request completes with exactly ``output_len`` tokens. Writes one record under
+``results/serving/`` through `netra.records.write_record`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from netra.engine.process import engine_process
+from netra.records import git_sha, host_device, utc_now, write_record
+from netra.settings import REPO_ROOT
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
+
+
+async def _one(client: httpx.AsyncClient, base: str, prompt: list[int], out_len: int) -> dict[str, Any]:
+    body = {"input_ids": prompt, "stream": True,
+            "sampling_params": {"max_new_tokens": out_len, "temperature": 0, "ignore_eos": True}}
+    t0 = time.perf_counter()
+    first = None
+    nbytes = 0
+    last: dict[str, Any] = {}
+    async with client.stream("POST", base + "/generate", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            nbytes += len(line) + 1
+            if line.startswith("data: {"):
+                if first is None:
+                    first = time.perf_counter()
+                last = orjson.loads(line[6:])
+    end = time.perf_counter()
+    n = int(last["meta_info"]["completion_tokens"])
+    return {"start": t0, "end": end, "ttft": (first or end) - t0, "n": n, "bytes": nbytes,
+            "tpot": (end - (first or end)) / (n - 1) if n > 1 else 0.0}
+
+
+async def _level(base: str, concurrency: int, requests: int, in_len: int, out_len: int, seed: int
+                 ) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(256) for _ in range(in_len)] for _ in range(requests)]
+    queue: asyncio.Queue[list[int]] = asyncio.Queue()
+    for p in prompts:
+        queue.put_nowait(p)
+    results: list[dict[str, Any]] = []
+
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        while not queue.empty():
+            results.append(await _one(client, base, queue.get_nowait(), out_len))
+
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        await asyncio.gather(*[client_loop(client) for _ in range(concurrency)])
+    return results
+
+
+def _stats(base: str) -> dict[str, Any]:
+    data: dict[str, Any] = httpx.get(base + "/engine_stats", timeout=30).json()
+    return data
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    sched: dict[str, Any] = {}
+    checks: dict[str, Any] = {"requests_completed": 0, "requests_sent": 0, "token_mismatches": 0}
+    engine_args = ["--preset", "tiny", "--torch-threads", str(args.torch_threads),
+                   "--max-running-requests", str(max(args.concurrency))]
+    with engine_process(*engine_args) as base:
+        asyncio.run(_level(base, 2, 4, args.input_len, 8, seed=1))  # warm-up
+        for c in args.concurrency:
+            n_req = max(args.min_requests, args.requests_per_client * c)
+            before = _stats(base)
+            res = asyncio.run(_level(base, c, n_req, args.input_len, args.output_len, seed=c))
+            after = _stats(base)
+            window = max(r["end"] for r in res) - min(r["start"] for r in res)
+            tokens = sum(r["n"] for r in res)
+            checks["requests_sent"] += n_req
+            checks["requests_completed"] += len(res)
+            checks["token_mismatches"] += sum(r["n"] != args.output_len for r in res)
+            d = {k: after[k] - before[k] for k in ("steps", "decode_steps", "prefill_steps", "decode_rows",
+                                                   "padded_rows", "forward_s", "sample_s", "step_s")}
+            steps = max(1, d["steps"])
+            overhead = d["step_s"] - d["forward_s"] - d["sample_s"]
+            sched[str(c)] = {**d, "forward_ms_per_step": 1e3 * d["forward_s"] / steps,
+                             "sample_ms_per_step": 1e3 * d["sample_s"] / steps,
+                             "overhead_ms_per_step": 1e3 * overhead / steps,
+                             "overhead_fraction_of_step": overhead / max(1e-9, d["step_s"]),
+                             "mean_decode_batch": d["decode_rows"] / max(1, d["decode_steps"])}
+            ttft = [r["ttft"] * 1e3 for r in res]
+            tpot = [r["tpot"] * 1e3 for r in res if r["n"] > 1]
+            rows.append({"scenario": "engine-tiny-closed-loop", "concurrency": c, "requests": len(res),
+                         "input_len": args.input_len, "output_len": args.output_len,
+                         "output_tok_s": tokens / window, "ttft_ms_p50": _pct(ttft, 50), "ttft_ms_p99": _pct(ttft, 99),
+                         "tpot_ms_p50": _pct(tpot, 50), "tpot_ms_p99": _pct(tpot, 99),
+                         "bytes_per_output_token": sum(r["bytes"] for r in res) / max(1, tokens),
+                         "clients": 1, "workers": 1, "window_s": window,
+                         "scheduler_overhead_ms_per_step": sched[str(c)]["overhead_ms_per_step"],
+                         "forward_ms_per_step": sched[str(c)]["forward_ms_per_step"],
+                         "mean_tpot_ms": statistics.fmean(tpot) if tpot else float("nan")})
+    checks["exact_tokens"] = checks["token_mismatches"] == 0 and checks["requests_completed"] == checks["requests_sent"]
+    return {"rows": rows, "scheduler": sched, "checks": checks}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m netra.engine.bench", description=__doc__.splitlines()[0])
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    p.add_argument("--input-len", type=int, default=32)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--requests-per-client", type=int, default=3)
+    p.add_argument("--min-requests", type=int, default=6)
+    p.add_argument("--torch-threads", type=int, default=1)
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "serving")
+    p.add_argument("--stem", default="engine-tiny-cpu")
+    p.add_argument("--no-record", action="store_true")
+    args = p.parse_args(argv)
+    result = run(args)
+    for r in result["rows"]:
+        print(f"C={r['concurrency']:>3}  {r['output_tok_s']:8.1f} out tok/s  TTFT p50 {r['ttft_ms_p50']:7.1f} ms  "
+              f"TPOT p50 {r['tpot_ms_p50']:6.1f} ms  step: forward {r['forward_ms_per_step']:.2f} ms, "
+              f"scheduler overhead {r['scheduler_overhead_ms_per_step']:.2f} ms")
+    print("checks:", result["checks"])
+    if args.no_record:
+        return 0
+    import os
+
+    record = {"kind": "serving", "family": "engine-tiny", "target": "cpu", "device": host_device(),
+              "cpu_count": os.cpu_count(), "git_sha": git_sha(), "date": utc_now(),
+              "command": "python -m netra.engine.bench " + " ".join(sys.argv[1:] if argv is None else argv),
+              "status": "measured", "rows": result["rows"], "scheduler": result["scheduler"],
+              "checks": result["checks"], "verdict": "info" if result["checks"]["exact_tokens"] else "rejected",
+              "notes": "client and engine share the machine's cores (and, here, other engineers' jobs); "
+                       "forward = model forward incl. logits; overhead = step time outside forward and sampling"}
+    path = write_record(record, args.out, args.stem)
+    print("record:", path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
