@@ -234,12 +234,15 @@ def render(profile: Any, topology_dir: str | Path | None = None, *, verified: bo
     return "\n".join(header) + "\n" + to_yaml(doc)
 
 
-def verification_problems(profile: Any, plan: Any) -> list[str]:
-    """What `netra launch` would refuse, plus SGLang's parser on every worker command."""
+def verification_problems(profile: Any, plan: Any, base: Any | None = None) -> list[str]:
+    """What `netra launch` would refuse, plus SGLang's parser on every worker command.
+
+    `base` is the profile as loaded from its file when `--set` overrides made `profile` (the profile
+    lock holds the file's hash)."""
     from netra.deploy import sglang as sg
     from netra.deploy.verify import verify
 
-    problems = list(verify(profile).problems)
+    problems = list(verify(profile, base=base).problems)
     if profile.engine.kind == "sglang":
         try:
             views = sg.check_argvs([w.engine_argv for w in plan.workers])
@@ -291,6 +294,8 @@ def resolved(path: str | Path) -> dict[str, Any]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", required=True, help="profile name (launcher/NAME.yaml) or path")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one profile key (dotted, YAML value), as `netra launch --set`")
     parser.add_argument("--topology", help="sysfs tree to place on (a fixture under numa/); default this machine")
     parser.add_argument("-o", "--output", type=Path, help="write here (and validate with compose) instead of stdout")
     parser.add_argument("--unverified", action="store_true",
@@ -298,25 +303,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    import yaml
+
     from netra.deploy.profile import ProfileError, load_profile
     from netra.deploy.topology import PlacementError
 
     try:
-        profile = load_profile(args.profile)
+        base = load_profile(args.profile)
+        profile = base
+        for item in args.sets:
+            key, sep, raw = item.partition("=")
+            if not sep:
+                raise ProfileError(f"--set {item!r}: expected KEY=VALUE")
+            profile = profile.replace(key.strip(), yaml.safe_load(raw))
         _, plan = build(profile, args.topology)
         if not args.unverified:
-            problems = verification_problems(profile, plan)
+            problems = verification_problems(profile, plan, base)
             if problems:
                 print(f"netra compose: refused, the plan of {profile.name!r} does not verify "
                       f"(--unverified renders it anyway, labelled):", file=sys.stderr)
                 for p in problems:
                     print(f"  - {p}", file=sys.stderr)
                 return 2
-        cmd = f"netra compose --profile {args.profile}" + (f" --topology {args.topology}" if args.topology else "")
+        cmd = f"netra compose --profile {args.profile}" + "".join(f" --set {shlex.quote(s)}" for s in args.sets)
+        cmd += f" --topology {args.topology}" if args.topology else ""
         if args.unverified:
             cmd += " --unverified"
         text = render(profile, args.topology, verified=not args.unverified, command=cmd)
-    except (ProfileError, PlacementError, ComposeError, ValueError) as exc:
+    except (ProfileError, PlacementError, ComposeError, ValueError, yaml.YAMLError) as exc:
         print(f"netra compose: {exc}", file=sys.stderr)
         return 2
     if args.output is None:

@@ -27,10 +27,12 @@ def at_repo(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
 
 
-def _args(**kw: Any) -> argparse.Namespace:
+def _args(*sets: str, **kw: Any) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     compose.add_arguments(parser)
     argv = ["--profile", kw.pop("profile")]
+    for item in sets:
+        argv += ["--set", item]
     for key, value in kw.items():
         if value is True:
             argv.append(f"--{key}")
@@ -251,3 +253,22 @@ def test_embedded_nginx_config_passes_nginx_t(name: str, tmp_path: Path) -> None
     (tmp_path / "nginx.conf").write_text(conf.replace("worker_processes 8;", "worker_processes 8;\nfrobnicate on;"))
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
     assert proc.returncode != 0 and "frobnicate" in proc.stderr
+
+
+def test_long_output_variant_with_overrides(at_repo: None, tmp_path: Path) -> None:
+    # The profiles' 1K/8K variant: no speculation, stream interval 4.
+    out = tmp_path / "long.yaml"
+    sets = ("engine.stream_interval=4", "engine.speculative=null")
+    assert compose.main(_args(*sets, profile="dp8-h200-throughput128", topology="numa/dual-socket-8x-h200",
+                              unverified=True, output=out)) == 0
+    text = out.read_text()
+    assert "--set engine.stream_interval=4 --set engine.speculative=null" in text.splitlines()[0]
+    cmd = yaml.safe_load(text)["services"]["worker7"]["command"]
+    assert cmd[cmd.index("--stream-interval") + 1] == "4"
+    assert not any(t.startswith("--speculative") for t in cmd)
+
+
+def test_bad_override_is_refused_naming_the_key(at_repo: None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert compose.main(_args("engine.stream_intervall=4", profile="dp8-h200-throughput128",
+                              topology="numa/dual-socket-8x-h200", unverified=True)) == 2
+    assert "stream_intervall" in capsys.readouterr().err
