@@ -21,7 +21,9 @@ otherwise one token per content-bearing event, reconciled against the final usag
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import resource
 import sys
 from pathlib import Path
 from typing import Any
@@ -222,24 +224,32 @@ async def run_client(spec: dict[str, Any]) -> int:
     bodies = [(r["idx"], f"{spec['run_id']}-{r['idx']}") for r in reqs]
     payloads = [request_body(spec, r["input_ids"], rid) for r, (_, rid) in zip(reqs, bodies, strict=True)]
     conc = max(1, min(spec["concurrency"], len(reqs))) if reqs else 1
-    limits = httpx.Limits(max_connections=conc, max_keepalive_connections=conc, keepalive_expiry=600)
+    # One AsyncClient with a single kept-alive connection per stream, not one pool of C connections:
+    # httpcore's pool re-scans every connection of the pool whenever a request is queued or
+    # released (quadratic in the pool size); at C=128 in one process that scan took 90% of the
+    # client's CPU in a profile (docs/bench.md). A stream sends its requests one after another, so
+    # its own connection is reused by every request it sends.
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1, keepalive_expiry=600)
     timeout = httpx.Timeout(spec["timeout_s"], connect=30.0)
-    async with httpx.AsyncClient(base_url=spec["url"], limits=limits, timeout=timeout) as http:
-        # Open the pool's connections before the barrier, so no connection setup lands in the window.
+    async with contextlib.AsyncExitStack() as stack:
+        https = [await stack.enter_async_context(httpx.AsyncClient(base_url=spec["url"], limits=limits,
+                                                                   timeout=timeout)) for _ in range(conc)]
+        # Open every stream's connection before the barrier, so no connection setup lands in the window.
         if spec.get("warm_path"):
-            async def warm() -> None:
+            async def warm(http: httpx.AsyncClient) -> None:
                 try:
                     await http.get(spec["warm_path"])
                 except httpx.HTTPError:
                     pass  # warm-up only; a real connection problem shows in the measured requests
-            await asyncio.gather(*(warm() for _ in range(conc)))
+            await asyncio.gather(*(warm(h) for h in https))
         barrier.announce_ready(Path(spec["barrier"]), spec["client"])
         await asyncio.to_thread(barrier.wait_release, Path(spec["barrier"]), spec["barrier_timeout_s"])
+        t_release, cpu_release = barrier.now(), _cpu_s()
         queue: asyncio.Queue[int] = asyncio.Queue()
         for i in range(len(reqs)):
             queue.put_nowait(i)
         with out.open("ab") as fh:
-            async def worker() -> None:
+            async def worker(http: httpx.AsyncClient) -> None:
                 while True:
                     try:
                         i = queue.get_nowait()
@@ -249,8 +259,18 @@ async def run_client(spec: dict[str, Any]) -> int:
                     rec = await one_request(http, spec, idx, payloads[i], rid)
                     fh.write(orjson.dumps(rec) + b"\n")
                     fh.flush()
-            await asyncio.gather(*(worker() for _ in range(conc)))
+            await asyncio.gather(*(worker(h) for h in https))
+    # This process's CPU time over its measured part: near 1.0 busy means the client itself (one
+    # event loop, one core at most) was the bottleneck.
+    stats = {"client": spec["client"], "cpu_s": _cpu_s() - cpu_release, "t_release": t_release,
+             "t_done": barrier.now(), "requests": len(reqs), "concurrency": conc}
+    Path(str(out) + ".stats.json").write_bytes(orjson.dumps(stats))
     return 0
+
+
+def _cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 def main(argv: list[str] | None = None) -> int:

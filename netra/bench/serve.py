@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import os
 import shlex
 import subprocess
 import sys
@@ -162,6 +163,43 @@ def _warmup(cfg: BenchConfig, spec: dict[str, Any], prompt: list[int]) -> None:
     asyncio.run(go())
 
 
+def _cpu_snapshot(url: str) -> dict[str, Any]:
+    """Host CPU jiffies (busy, total) from /proc/stat, and the upstream's own CPU seconds when its
+    /server_info reports ``cpu_s`` (the synthetic upstream does)."""
+    snap: dict[str, Any] = {"t": barrier.now(), "host": None, "upstream_cpu_s": None}
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+        snap["host"] = (sum(fields) - idle, sum(fields))
+    except (OSError, ValueError, IndexError):
+        pass
+    info = _get_json(url, "/server_info") or {}
+    if isinstance(info.get("cpu_s"), int | float):
+        snap["upstream_cpu_s"] = float(info["cpu_s"])
+    return snap
+
+
+def _cpu_usage(before: dict[str, Any], after: dict[str, Any], outs: list[Path]) -> dict[str, Any]:
+    """Busy fractions (1.0 = one core fully busy; host: fraction of all cores) over the run."""
+    import orjson
+
+    clients = []
+    for out in outs:
+        path = Path(str(out) + ".stats.json")
+        if path.exists():
+            st = orjson.loads(path.read_bytes())
+            wall = st["t_done"] - st["t_release"]
+            clients.append({"client": st["client"], "cpu_s": st["cpu_s"], "wall_s": wall,
+                            "busy": st["cpu_s"] / wall if wall > 0 else None})
+    host = None
+    if before["host"] and after["host"] and after["host"][1] > before["host"][1]:
+        host = (after["host"][0] - before["host"][0]) / (after["host"][1] - before["host"][1])
+    upstream = None
+    if before["upstream_cpu_s"] is not None and after["upstream_cpu_s"] is not None:
+        upstream = (after["upstream_cpu_s"] - before["upstream_cpu_s"]) / (after["t"] - before["t"])
+    return {"clients": clients, "host_busy": host, "host_cores": os.cpu_count(), "upstream_busy": upstream}
+
+
 def _count_lines(path: Path) -> int:
     try:
         with path.open("rb") as fh:
@@ -237,7 +275,9 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
                     return f"client {k} exited with {p.returncode} before the barrier:\n{tail}"
             return None
 
-        barrier.release_when_ready(bar_dir, cfg.clients, timeout_s=600.0, alive=dead_client)
+        start = barrier.release_when_ready(bar_dir, cfg.clients, timeout_s=600.0, alive=dead_client)
+        time.sleep(max(0.0, start - barrier.now()))
+        cpu_before = _cpu_snapshot(cfg.url)  # at the common start, so busy fractions cover the run only
         _wait_clients(cfg, procs, outs)
     finally:
         for p in procs:
@@ -246,6 +286,7 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
                 p.wait(timeout=10)
         for log in logs:
             log.close()
+    cpu = _cpu_usage(cpu_before, _cpu_snapshot(cfg.url), outs)
     bad = [(k, p.returncode) for k, p in enumerate(procs) if p.returncode != 0]
     records = summarize.load_records(outs)
     expect = summarize.Expect(cfg.requests, cfg.input_len, cfg.output_len, cfg.stream_interval)
@@ -261,6 +302,9 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
     row = summarize.serving_row(summ, scenario=cfg.scenario_name(), concurrency=cfg.concurrency,
                                 requests=cfg.requests, input_len=cfg.input_len, output_len=cfg.output_len,
                                 clients=cfg.clients, workers=cfg.workers)
+    row["client_cpu_busy_max"] = max((c["busy"] for c in cpu["clients"]), default=None)
+    row["host_cpu_busy"] = cpu["host_busy"]
+    row["upstream_cpu_busy"] = cpu["upstream_busy"]
     server_info = _get_json(cfg.url, "/server_info")
     record: dict[str, Any] = {
         "kind": "serving", "family": cfg.scenario_name(), "target": cfg.target,
@@ -273,7 +317,7 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
                           for k in range(cfg.clients)],
         "hash_covers": ("sha256 of the output token IDs (int32 LE)" if cfg.api == "native"
                         else "sha256 of the concatenated UTF-8 text deltas"),
-        "server_info": server_info, "work_dir": str(work),
+        "server_info": server_info, "work_dir": str(work), "cpu": cpu,
     }
     result.summary, result.row, result.record = summ, row, record
     if cfg.results_dir is not None:
@@ -329,6 +373,14 @@ def print_summary(result: BenchResult) -> None:
     t.add_row("bytes / output token", f"{bpt:.1f}" if bpt is not None else "-")
     tpe = s["tokens_per_event"]
     t.add_row("tokens / event", f"{tpe:.2f}" if tpe is not None else "-")
+    cpu = result.record["cpu"] if result.record else None
+    if cpu:
+        busy = ", ".join(f"{c['busy']:.2f}" for c in cpu["clients"] if c["busy"] is not None)
+        t.add_row("client CPU busy (cores)", busy or "-")
+        if cpu["host_busy"] is not None:
+            t.add_row(f"host CPU busy (of {cpu['host_cores']} cores)", f"{cpu['host_busy']:.2f}")
+        if cpu["upstream_busy"] is not None:
+            t.add_row("upstream CPU busy (cores)", f"{cpu['upstream_busy']:.2f}")
     console.print(t)
     lat = Table(title="latency (ms)")
     for col in ("", "mean", "p50", "p90", "p99"):

@@ -183,7 +183,8 @@ def create_app(cfg: Config) -> Any:
 
     @app.get("/server_info")
     async def server_info() -> Any:
-        return {"engine": "synthetic", "rate": cfg.rate, "stream_interval": cfg.stream_interval,
+        # cpu_s lets the benchmark report how busy this upstream was during a run (instrument check).
+        return {"engine": "synthetic", "cpu_s": time.process_time(), "rate": cfg.rate, "stream_interval": cfg.stream_interval,
                 "incremental_streaming_output": cfg.incremental, "fault": cfg.fault}
 
     @app.get("/health")
