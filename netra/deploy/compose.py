@@ -173,6 +173,8 @@ def build(profile: Any, topology_dir: str | Path | None = None) -> tuple[dict[st
         "configs": [{"source": "nginx_conf", "target": NGINX_CONF}],
         "ulimits": {"nofile": nofile},
         "volumes": [run_volume],
+        # Healthy once nginx routes a request through to a response layer's /health.
+        "healthcheck": _health(front.port, SERVE_START_PERIOD_S),
         "depends_on": {f"serve{w.index}": {"condition": "service_healthy"} for w in plan.workers},
     }
     doc = {

@@ -135,6 +135,7 @@ def test_h200_services_follow_the_plan() -> None:
     assert set(front["depends_on"]) == {f"serve{i}" for i in range(8)}
     assert all(d["condition"] == "service_healthy" for d in front["depends_on"].values())
     assert front["ulimits"]["nofile"]["soft"] == 1048576
+    assert "127.0.0.1:8000/health" in " ".join(front["healthcheck"]["test"])
 
 
 def test_mi350x_services_use_rocm_devices() -> None:
