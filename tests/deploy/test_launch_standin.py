@@ -38,6 +38,7 @@ def standin_plan(run_dir: Path, **profile_sets: object) -> Plan:
     for key, value in profile_sets.items():
         prof = prof.replace(key, value)
     prof = prof.replace("supervisor.backoff_initial_s", 0.2).replace("supervisor.health_timeout_s", 20.0)
+    prof = prof.replace("front.fail_timeout_s", 1)
     plan = make_plan(prof, None, Overrides(run_dir=run_dir, port_base=free_block(4), front_port=free_port()))
     workers = tuple(dataclasses.replace(
         w, engine_argv=(sys.executable, str(STANDIN), "engine", *w.engine_argv[2:]),
@@ -87,7 +88,7 @@ def test_start_record_and_round_robin(running: Running) -> None:
     rec = read_record(plan.run_dir)
     assert rec["state"] == "serving" and rec["plan_sha256"] == plan.sha256()
     assert rec["profile_sha256"] == load_profile("local").replace("supervisor.backoff_initial_s", 0.2).replace(
-        "supervisor.health_timeout_s", 20.0).sha256()
+        "supervisor.health_timeout_s", 20.0).replace("front.fail_timeout_s", 1).sha256()
     assert (Path(plan.run_dir) / "plan.json").read_text() == plan.canonical_json()
     for w, ws in zip(rec["workers"], plan.workers, strict=True):
         assert w["engine_port"] == ws.engine_port and w["cpus"] == ws.cpulist and w["status"] == "up"
@@ -122,7 +123,8 @@ def test_sigkill_engine_routes_around_and_restarts(running: Running) -> None:
     restarts = rec["workers"][0]["restarts"]
     assert len(restarts) == 1 and restarts[0]["process"] == "engine" and restarts[0]["exit_code"] == -9
     assert restarts[0]["pid"] == old_pid and rec["workers"][0]["engine"]["pid"] != old_pid
-    # Back in rotation: the next requests spread over both workers again.
+    # Back in rotation once nginx's passive-health window (fail_timeout) has passed.
+    time.sleep(launch.plan.front.fail_timeout_s + 0.5)
     with httpx.Client() as client:
         served = Counter(complete(client, running.url).json()["worker"] for _ in range(8))
     assert len(served) == 2
@@ -284,7 +286,7 @@ def test_worker_that_cannot_restart_is_given_up_and_the_rest_keeps_serving(
         assert [e["exit_code"] for e in events] == [-9, 3, 3] and [e["attempt"] for e in events] == [1, 2, 3]
         assert [e["delay_s"] for e in events[:2]] == [0.2, 0.4]  # doubling backoff
         conf = Path(launch.plan.front.conf_path).read_text()
-        assert f"127.0.0.1:{launch.plan.workers[0].serve_port} max_fails=1 fail_timeout=5s down;" in conf
+        assert f"127.0.0.1:{launch.plan.workers[0].serve_port} max_fails=1 fail_timeout=1s down;" in conf
         time.sleep(1.0)  # the reload takes effect
         with httpx.Client() as client:
             served = Counter(complete(client, r.url).json()["worker"] for _ in range(10))

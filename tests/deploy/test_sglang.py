@@ -106,6 +106,12 @@ def test_throughput128_contract_reaches_sglang(parsed: None, name: str) -> None:
     assert view.speculative_num_draft_tokens is None  # DFLASH spelling only: SGLang refuses both differing
     assert view.speculative_draft_window_size == 4096
     assert (view.host, view.port) == ("127.0.0.1", 30000)
+    # SGLang's own graph resolution: full decode graphs at exactly the contract's buckets, covering
+    # the whole scheduler range (1..max_running_requests).
+    assert view.cuda_graph["decode"]["backend"] == "full"
+    assert view.cuda_graph["decode"]["max_bs"] == 128
+    assert view.decode_graph_sizes() == BUCKETS
+    assert max(view.decode_graph_sizes()) >= view.max_running_requests
     with pytest.raises(AttributeError, match="no field"):
         _ = view.no_such_field
 
@@ -164,6 +170,7 @@ def test_profile_without_graphs_or_optional_flags(parsed: None) -> None:
         assert flag not in argv
     view = sg.check_argv(argv)
     assert view.disable_cuda_graph is True
+    assert view.cuda_graph["decode"]["backend"] == "disabled" and view.decode_graph_sizes() == []
     assert view.kv_cache_dtype == "auto" and view.enable_metrics is False
     assert view.speculative_algorithm is None
 
