@@ -82,6 +82,16 @@ class ServerArgsView:
     argv: tuple[str, ...]
     fields: Mapping[str, Any] = field(repr=False)
     sglang_version: str = ""
+    # SGLang's own resolution of the CUDA/HIP graph options ({"decode": {...}, "prefill": {...}}):
+    # which backend captures graphs and at which batch sizes, as the server would.
+    cuda_graph: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    def decode_graph_sizes(self) -> list[int]:
+        """Decode batch sizes SGLang would capture (empty when decode graphs are disabled)."""
+        decode = self.cuda_graph.get("decode", {})
+        if decode.get("backend") == "disabled":
+            return []
+        return sorted(int(b) for b in decode.get("bs") or [])
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
@@ -230,7 +240,8 @@ def parse_many(argvs: Iterable[Sequence[str]]) -> list[ServerArgsView | str]:
             if "error" in res:
                 _CACHE[key] = str(res["error"])
             else:
-                _CACHE[key] = ServerArgsView(argv=key, fields=res["fields"], sglang_version=version)
+                _CACHE[key] = ServerArgsView(argv=key, fields=res["fields"], sglang_version=version,
+                                             cuda_graph=res["cuda_graph"])
     return [_CACHE[k] for k in keys]
 
 
@@ -361,7 +372,26 @@ def _parse_one(sa: Any, argv: list[str], known_flags: frozenset[str]) -> dict[st
         except ValueError as exc:
             return {"error": f"option --speculative-algorithm: {exc}"}
     fields = {f.name: sa._plain(getattr(record, f.name)) for f in sa.record_fields(type(record))}
-    return {"fields": json.loads(json.dumps(fields, default=repr))}
+    try:
+        graph = _resolve_cuda_graph(record, sa)
+    except Exception as exc:  # SGLang's graph resolution refusing the options is a finding, not a crash
+        return {"error": f"cuda graph options: {type(exc).__name__}: {exc}"}
+    return {"fields": json.loads(json.dumps(fields, default=repr)), "cuda_graph": graph}
+
+
+def _resolve_cuda_graph(record: Any, sa: Any) -> dict[str, Any]:
+    """Run SGLang's own graph-option resolution (`parse_cuda_graph_config`, model-independent) on the
+    parsed record (its fields were already read). It is one stage of `ServerArgs.resolve_once`, whose
+    whole pipeline needs the checkpoint's config; the two bookkeeping attributes set here are what
+    that pipeline sets before its first stage (pinned 0.5.23)."""
+    from sglang.srt.arg_groups.cuda_graph_hook import parse_cuda_graph_config
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    record._raw_input = {f.name: getattr(record, f.name) for f in sa.record_fields(type(record))}
+    record._resolved_overrides = []
+    parse_cuda_graph_config(record)
+    config = resolving_view(record).cuda_graph_config
+    return {"decode": sa._plain(config.decode), "prefill": sa._plain(config.prefill)}
 
 
 def _child_main() -> int:
