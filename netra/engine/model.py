@@ -45,6 +45,11 @@ class Model:
         self.cfg, self.w, self.pools, self.device = cfg, weights, pools, device
         self.rope_cache = rope_cache(pools.context_length, cfg.rotary_dim, cfg.rope_theta, device)
         self.sm_scale = cfg.head_dim ** -0.5
+        if device.type == "cuda":
+            # The fallbacks are FP32 references: TF32 GEMMs (10-bit mantissa) would move BF16/FP8
+            # rounding decisions and drift from the oracle; tactics are unaffected (own kernels).
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
         if device.type == "cpu":
             # Every op runs its reference on a CPU: dequantize each projection once into the
             # accumulator dtype instead of on every call (same numbers, far fewer ops per step).

@@ -154,3 +154,27 @@ def seeded_weights(cfg: ModelConfig, seed: int, device: torch.device | str = "cp
                                                                       std=2.0 * h ** -0.5)
     return ModelWeights(embed=embed, layers=layers,
                         norm=init.randn(PREFIX + "norm.weight", (h,), 0.1).to(BF16), lm_head=lm_head)
+
+
+def weights_to(w: ModelWeights, device: torch.device | str) -> ModelWeights:
+    """A copy of ``w`` on ``device`` (seeded weights differ between CPU and CUDA generators; this
+    puts one device's model on another)."""
+    import copy
+
+    def move(obj: object) -> object:
+        if isinstance(obj, torch.Tensor):
+            return obj.to(device)
+        if isinstance(obj, Weight):
+            return Weight(obj.data.to(device), None if obj.scale_inv is None else obj.scale_inv.to(device), obj.block)
+        if isinstance(obj, list):
+            return [move(x) for x in obj]
+        if hasattr(obj, "__dataclass_fields__"):
+            new = copy.copy(obj)
+            for name in obj.__dataclass_fields__:
+                setattr(new, name, move(getattr(obj, name)))
+            return new
+        return obj
+
+    out = move(w)
+    assert isinstance(out, ModelWeights)
+    return out
