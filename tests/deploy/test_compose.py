@@ -118,6 +118,7 @@ def test_h200_services_follow_the_plan() -> None:
         assert svc["cpuset"] == w.cpulist
         cpusets.append(set(w.cpus))
         assert svc["ipc"] == "host" and svc["network_mode"] == "host"
+        assert svc["restart"] == "on-failure:3"  # the profile's supervisor.max_restarts
         assert svc["cap_add"] == ["SYS_NICE"]
         assert svc["ulimits"]["nofile"] == {"soft": 1048576, "hard": 1048576}
         assert f"127.0.0.1:{w.engine_port}/health" in " ".join(svc["healthcheck"]["test"])

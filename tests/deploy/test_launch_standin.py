@@ -106,23 +106,24 @@ def test_start_record_and_round_robin(running: Running) -> None:
     assert json.loads(status.stdout)["front_healthy"] is True
 
 
-def test_sigkill_engine_routes_around_and_restarts(running: Running) -> None:
+@pytest.mark.parametrize("role", ["engine", "serve"])
+def test_sigkill_routes_around_and_restarts(running: Running, role: str) -> None:
     launch = running.launch
-    victim = launch.workers[0]
-    old_pid = victim.engine.pid
+    victim = getattr(launch.workers[0], role)
+    old_pid = victim.pid
     assert old_pid is not None
     os.kill(old_pid, signal.SIGKILL)
     killed_at = time.monotonic()
     with httpx.Client() as client:
         codes = Counter(complete(client, running.url).status_code for _ in range(100))
     assert codes == Counter({200: 100})
-    while launch.workers[0].status != "up" or launch.workers[0].engine.pid == old_pid:
+    while launch.workers[0].status != "up" or getattr(launch.workers[0], role).pid == old_pid:
         assert time.monotonic() - killed_at < 30, f"worker 0 not back: {launch.workers[0].status}"
         time.sleep(0.1)
     rec = read_record(launch.plan.run_dir)
     restarts = rec["workers"][0]["restarts"]
-    assert len(restarts) == 1 and restarts[0]["process"] == "engine" and restarts[0]["exit_code"] == -9
-    assert restarts[0]["pid"] == old_pid and rec["workers"][0]["engine"]["pid"] != old_pid
+    assert len(restarts) == 1 and restarts[0]["process"] == role and restarts[0]["exit_code"] == -9
+    assert restarts[0]["pid"] == old_pid and rec["workers"][0][role]["pid"] != old_pid
     # Back in rotation once nginx's passive-health window (fail_timeout) has passed.
     time.sleep(launch.plan.front.fail_timeout_s + 0.5)
     with httpx.Client() as client:
