@@ -115,8 +115,10 @@ def build(profile: Any, topology_dir: str | Path | None = None) -> tuple[dict[st
     run_volume = f"run:{plan.run_dir}"
     front = plan.front
     nofile = {"soft": front.worker_rlimit_nofile, "hard": front.worker_rlimit_nofile}
-    common = {"image": entry.tag, "pull_policy": "never", "network_mode": "host", "restart": "no",
-              "init": True}
+    # The plan's restart budget (profile.supervisor.max_restarts), as Docker's restart policy.
+    restarts = int(profile.supervisor.max_restarts)
+    common = {"image": entry.tag, "pull_policy": "never", "network_mode": "host",
+              "restart": f"on-failure:{restarts}" if restarts > 0 else "no", "init": True}
     services: dict[str, Any] = {}
     for w in plan.workers:
         env = dict(w.engine_env)
