@@ -184,13 +184,14 @@ class Choice:
             abort_reason = "error"
             raise
         finally:
+            aborted_already = self.finalized  # the response's close callback got here first
             self.finalized = True
             self.metrics.upstream_bytes.inc(stream.bytes_received)
             stream.bytes_received = 0
-            if not done:
+            if not done and not aborted_already:
                 self.metrics.aborts.labels(abort_reason).inc()
                 upstream.abort_soon(self.rid, stream)
-            else:
+            elif done:
                 try:
                     await stream.aclose()
                 except Exception:  # the request is complete; a failing close costs only the connection

@@ -155,3 +155,19 @@ def test_cli_rejects_bad_options() -> None:
     r = subprocess.run([sys.executable, "-m", "netra", "serve", "--stream-interval", "0"], capture_output=True,
                        text=True, timeout=30)
     assert r.returncode == 2 and "--stream-interval 0" in r.stdout
+
+
+def test_disconnect_with_several_choices_aborts_each_once(tokenizer_dir: Path) -> None:
+    with make_stack(tokenizer_dir, FakeConfig(step_delay=0.01)) as s:
+        body = {"prompt": ["a", "b"], "n": 2, "max_tokens": 2000, "temperature": 0, "stream": True}
+        with httpx.Client(base_url=s.url, timeout=10) as c, c.stream("POST", "/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: {")
+            rids = [q["rid"] for q in s.fake.requests[-4:]]
+        assert len(set(rids)) == 4
+        assert wait_for(lambda: all(_aborted_upstream(s.fake, rid) for rid in rids))
+        time.sleep(0.2)
+        metrics = httpx.get(s.url + "/metrics").text
+        assert 'netra_serve_upstream_aborts_total{reason="client_disconnect"} 4.0' in metrics
+        assert 'netra_serve_requests_total{endpoint="completions",status="499"} 1.0' in metrics
+        assert "netra_serve_in_flight 0.0" in metrics
