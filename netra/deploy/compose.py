@@ -32,6 +32,7 @@ import json
 import shlex
 import subprocess
 import sys
+import tempfile
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -337,17 +338,20 @@ def main(args: argparse.Namespace) -> int:
     except (ProfileError, PlacementError, ComposeError, ValueError, yaml.YAMLError) as exc:
         print(f"netra compose: {exc}", file=sys.stderr)
         return 2
-    if args.output is None:
-        sys.stdout.write(text)
-        return 0
-    tmp = args.output.with_name(args.output.name + ".tmp")
-    tmp.write_text(text)
-    try:
-        validate(tmp)
-    except ComposeError as exc:
-        tmp.unlink()
-        print(f"netra compose: {exc}", file=sys.stderr)
-        return 1
-    tmp.replace(args.output)
+    # Every rendered file passes Compose's own check before anyone sees it.
+    out: Path | None = args.output
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = (out.with_name(out.name + ".tmp") if out is not None else Path(scratch) / "compose.yaml")
+        tmp.write_text(text)
+        try:
+            validate(tmp)
+        except ComposeError as exc:
+            tmp.unlink()
+            print(f"netra compose: {exc}", file=sys.stderr)
+            return 1
+        if out is None:
+            sys.stdout.write(text)
+            return 0
+        tmp.replace(out)
     print(f"wrote {args.output} (docker compose config -q: ok)", file=sys.stderr)
     return 0

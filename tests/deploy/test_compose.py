@@ -274,3 +274,16 @@ def test_bad_override_is_refused_naming_the_key(at_repo: None, capsys: pytest.Ca
     assert compose.main(_args("engine.stream_intervall=4", profile="dp8-h200-throughput128",
                               topology="numa/dual-socket-8x-h200", unverified=True)) == 2
     assert "stream_intervall" in capsys.readouterr().err
+
+
+def test_render_that_compose_rejects_is_not_written(at_repo: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(compose, "render", lambda *a, **k: "services:\n  worker0:\n    image: x\n    cpuset_mems: '0'\n")
+    out = tmp_path / "x.yaml"
+    assert compose.main(_args(profile="dp8-throughput128", topology=EXAMPLES["dp8-throughput128"],
+                              unverified=True, output=out)) == 1
+    assert not out.exists() and not (tmp_path / "x.yaml.tmp").exists()
+    assert "cpuset_mems" in capsys.readouterr().err
+    assert compose.main(_args(profile="dp8-throughput128", topology=EXAMPLES["dp8-throughput128"],
+                              unverified=True)) == 1
+    assert capsys.readouterr().out == ""
