@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -143,34 +144,55 @@ def test_malformed_requests_get_openai_errors(local: Local) -> None:
         local.client().completions.create(model=MODEL, prompt="hi", max_tokens=1, temperature=-1)
 
 
-def _stream(local: Local, tokens: int) -> tuple[str, int]:
-    """('ok' | error text, tokens received) for one long streamed completion."""
-    got = 0
-    try:
-        stream = local.client().completions.create(model=MODEL, prompt="go", max_tokens=tokens, temperature=0,
-                                                   stream=True, extra_body={"ignore_eos": True})
-        for chunk in stream:
-            if chunk.choices and chunk.choices[0].text:
-                got += 1
-        return "ok", got
-    except (openai.APIError, httpx.HTTPError) as exc:
-        return f"{type(exc).__name__}: {exc}", got
+class LongStream:
+    """A long streamed completion in a thread; `progress` counts text chunks; `stop` closes it early."""
+
+    def __init__(self, local: Local) -> None:
+        self.local = local
+        self.progress = 0
+        self.outcome: str | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        try:
+            stream = self.local.client().completions.create(
+                model=MODEL, prompt="go", max_tokens=3000, temperature=0, stream=True,
+                extra_body={"ignore_eos": True})
+            for chunk in stream:
+                if chunk.choices and chunk.choices[0].text:
+                    self.progress += 1
+                if self.stop.is_set():
+                    stream.close()  # a client that goes away: its request is aborted upstream
+                    self.outcome = "closed"
+                    return
+            self.outcome = "finished"
+        except (openai.APIError, httpx.HTTPError) as exc:
+            self.outcome = f"error: {type(exc).__name__}: {exc}"
 
 
 def test_killed_engine_streams_end_with_an_error_then_100_requests_complete(local: Local) -> None:
     rec = local.record()
     victim = rec["workers"][1]
     old_pid = victim["engine"]["pid"]
-    # Two long streams, one per worker (round robin), both running when worker 1's engine is killed.
-    with ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(_stream, local, 120) for _ in range(2)]
-        time.sleep(4.0)
-        assert all(not f.done() for f in futures), [f.result() for f in futures if f.done()]
-        os.kill(old_pid, signal.SIGKILL)
-        killed_at = time.monotonic()
-        results = [f.result(timeout=120) for f in futures]
-    outcomes = sorted(r[0] == "ok" for r in results)
-    assert outcomes == [False, True], results  # the stream on the dead worker ends with an error
+    # Two long streams, one per worker (round robin), both producing when worker 1's engine is killed.
+    streams = [LongStream(local) for _ in range(2)]
+    deadline = time.monotonic() + 60
+    while not all(s.progress > 0 for s in streams):
+        assert time.monotonic() < deadline and all(s.outcome is None for s in streams)
+        time.sleep(0.1)
+    os.kill(old_pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    while not any(s.outcome for s in streams):
+        assert time.monotonic() - killed_at < 30, "no stream ended after its engine was killed: a hang"
+        time.sleep(0.1)
+    for s in streams:
+        s.stop.set()
+        s.thread.join(60)
+    results = [(s.outcome or "", s.progress) for s in streams]
+    # The stream on the dead worker ended with an error; the other was still running (then closed).
+    assert sorted(r[0].split(":")[0] for r in results) == ["closed", "error"], results
     # The next 100 requests all complete while the worker restarts.
     with httpx.Client(timeout=60) as h, ThreadPoolExecutor(4) as pool:
         codes = Counter(pool.map(lambda _: h.post(local.url + "/v1/completions", json={
