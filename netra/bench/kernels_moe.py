@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -65,10 +64,10 @@ def make_weights(seed: int = 0) -> dict[str, Any]:
     s2 = torch.empty(e, 16, 4, device="cuda")
     for i in range(0, e, 32):
         j = min(e, i + 32)
-        # per-block magnitudes vary by 4x so that the block scales matter
         a = torch.randn(j - i, 2 * INTER, HIDDEN, device="cuda", generator=g) * 0.02
-        a *= torch.rand(j - i, 8, 1, 16, 1, device="cuda", generator=g).add_(0.25).repeat_interleave(
-            128, 1).reshape(j - i, 8 * 128, 16, 1).repeat_interleave(128, 2).reshape(j - i, 1024, 2048) if False else 1
+        # per-block magnitudes vary by up to 5x so that the block scales matter
+        fac = torch.rand(j - i, 8, 16, device="cuda", generator=g).add_(0.25)
+        a *= fac.repeat_interleave(128, 1).repeat_interleave(128, 2)
         w13[i:j], s13[i:j] = quant_weight_blocks_ref(a)
         b = torch.randn(j - i, HIDDEN, INTER, device="cuda", generator=g) * 0.04
         w2[i:j], s2[i:j] = quant_weight_blocks_ref(b)
@@ -96,6 +95,7 @@ def time_graph(fn: Any, reps: int = 200) -> tuple[float, float]:
     """Median and p90 µs of one replay of a graph that runs ``fn()`` once (fn does ROT calls)."""
     import torch
 
+    print("  graph", getattr(fn, "__name__", "fn"), flush=True)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -217,8 +217,17 @@ def check_route(ours: Any, w: dict[str, Any]) -> dict[str, Any]:
             rel = ((ours.topk_w[:m] - wts).abs() / wts.abs()).max().item()
             res["weight_max_rel"] = max(res["weight_max_rel"], rel)
             res["meta_mismatches"] += _meta_mismatches(ours, ids, ours.topk_w[:m], ours.shared_w[:m])
+            res["xq_mismatches"] = res.get("xq_mismatches", 0) + _xq_mismatches(ours, x)
     res["ids_exact"] = res["id_mismatch_tokens"] == 0
     return res
+
+
+def _xq_mismatches(ours: Any, x: Any) -> int:
+    from netra.ops.moe_fp8 import quant_group_ref
+
+    m = x.shape[0]
+    q, sc = quant_group_ref(x)
+    return int((_bits(ours.xq[:m]) != _bits(q)).sum()) + int((_bits(ours.xs[:m]) != _bits(sc)).sum())
 
 
 def _meta_mismatches(ours: Any, ids: Any, wts: Any, sw: Any) -> int:
@@ -237,17 +246,18 @@ def _meta_mismatches(ours: Any, ids: Any, wts: Any, sw: Any) -> int:
 def check_align(ours: Any) -> dict[str, Any]:
     import torch
 
-    res = {"cases": 0, "meta_mismatches": 0}
+    res = {"cases": 0, "meta_mismatches": 0, "xq_mismatches": 0}
     for m in (1, 8, 33, 128):
         for case in ("random", "all_same_experts", "with_shared"):
-            _, ids, wts, sw = make_routing(m, seed=100 + m)
+            x, ids, wts, sw = make_routing(m, seed=100 + m)
             if case == "all_same_experts":
                 ids = torch.arange(248, 256, dtype=torch.int32, device="cuda").repeat(m, 1).contiguous()
             shared = sw if case == "with_shared" else None
-            ours.align(ids, wts, shared)
+            ours.align(x, ids, wts, shared)
             torch.cuda.synchronize()
             res["cases"] += 1
             res["meta_mismatches"] += _meta_mismatches(ours, ids, wts, shared)
+            res["xq_mismatches"] += _xq_mismatches(ours, x)
     return res
 
 
@@ -272,7 +282,7 @@ def check_layer(ours: Any, w: dict[str, Any]) -> dict[str, Any]:
             swv = sw if shared else None
 
             def run(x: Any = x, ids: Any = ids, wts: Any = wts, swv: Any = swv, shared: bool = shared) -> Any:
-                ours.align(ids, wts, swv)
+                ours.align(x, ids, wts, swv)
                 return ours.experts(x, w["w13"], w["s13"], w["w2"], w["s2"], shared)
 
             ours.out.fill_(float("nan"))
@@ -297,18 +307,23 @@ def check_layer(ours: Any, w: dict[str, Any]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------ benchmark
 
-def bench(ours: Any, w: dict[str, Any], peer: dict[str, Any] | None, peer_err: str | None, bw: float,
+def bench(ours: Any, w: dict[str, Any], peer: dict[str, Any] | None, bw: float,
           rot: int) -> dict[str, list[dict[str, Any]]]:
+    """Ours (``ours`` given) or the SGLang peer (``peer`` given) on the same seeded inputs; the two
+    run in separate processes so that a peer failure cannot take our measurements with it."""
     import torch
 
     from netra.bench.peers.sglang_moe import SglangRouted
 
     rows: dict[str, list[dict[str, Any]]] = {"act_quant": [], "route": [], "layer": [], "layer_shared": []}
+    layer_rot, rot = rot, 4 * rot  # single small kernels: more calls per graph amortise its launch
     # act+quant: 1, 16, 128 tokens x 9 routes
     for m in (1, 16, 128):
         r = m * 9
         gus = [torch.randn(r, 2 * INTER, device="cuda").to(torch.bfloat16) for _ in range(rot)]
-        provs: dict[str, Any] = {"netra": lambda gus=gus: [ours.act_quant(g) for g in gus]}
+        provs: dict[str, Any] = {}
+        if ours is not None:
+            provs["netra"] = lambda gus=gus: [ours.act_quant(g) for g in gus]
         if peer is not None:
             _, ids, wts, _ = make_routing(m, 1)
             sg = SglangRouted(peer, m, w["w13"][:NUM_EXPERTS], w["s13"][:NUM_EXPERTS], w["w2"][:NUM_EXPERTS],
@@ -316,6 +331,7 @@ def bench(ours: Any, w: dict[str, Any], peer: dict[str, Any] | None, peer_err: s
             sg.cache2 = torch.empty(r, INTER, dtype=torch.bfloat16, device="cuda")
             provs["sglang_triton_pair"] = lambda gus=gus, sg=sg: [sg.act_quant_pair(g) for g in gus]
         byts = r * (2 * INTER * 2 + INTER + 4 * 4)
+        print(f"act_quant m={m} providers {list(provs)}", flush=True)
         for name, fn in provs.items():
             for mode in ("graph", "eager"):
                 med, p90 = (time_graph if mode == "graph" else time_eager)(fn)
@@ -325,7 +341,7 @@ def bench(ours: Any, w: dict[str, Any], peer: dict[str, Any] | None, peer_err: s
                                           "gbps": byts / (med * 1e-6) / 1e9, "floor_us": byts / bw * 1e6,
                                           "floor_fraction": byts / bw * 1e6 / med})
     # routing
-    for m in BATCHES:
+    for m in BATCHES if ours is not None else ():
         xs = [torch.randn(m, HIDDEN, device="cuda").to(torch.bfloat16) for _ in range(rot)]
         med, p90 = time_graph(lambda xs=xs: [ours.route(x, w["wr"], w["wsg"]) for x in xs])
         byts = NUM_EXPERTS * HIDDEN * 2 + m * HIDDEN * 2
@@ -334,6 +350,7 @@ def bench(ours: Any, w: dict[str, Any], peer: dict[str, Any] | None, peer_err: s
                               "floor_us": byts / bw * 1e6, "floor_fraction": byts / bw * 1e6 / (med / rot)})
     # layer: routed only (vs SGLang) and with the shared expert as a ninth route
     for m in BATCHES:
+        rot = layer_rot
         sets = [make_routing(m, seed=1000 * m + i) for i in range(rot)]
         distinct = statistics.mean(len(set(s[1].flatten().tolist())) for s in sets)
         act_bytes = m * HIDDEN * 2 * 2
@@ -342,14 +359,15 @@ def bench(ours: Any, w: dict[str, Any], peer: dict[str, Any] | None, peer_err: s
 
         def ours_fn(sets: list[Any] = sets, shared: bool = False) -> None:
             for x, ids, wts, sw in sets:
-                ours.align(ids, wts, sw if shared else None)
+                ours.align(x, ids, wts, sw if shared else None)
                 ours.experts(x, w["w13"], w["s13"], w["w2"], w["s2"], shared)
 
-        provs = {"netra": ours_fn}
+        provs = {"netra": ours_fn} if ours is not None else {}
         if peer is not None:
             sgs = [SglangRouted(peer, m, w["w13"][:NUM_EXPERTS], w["s13"][:NUM_EXPERTS], w["w2"][:NUM_EXPERTS],
                                 w["s2"][:NUM_EXPERTS], s[1], s[2]) for s in sets]
             provs["sglang_triton"] = lambda sets=sets, sgs=sgs: [sg(s[0]) for sg, s in zip(sgs, sets, strict=True)]
+        print(f"layer m={m} providers {list(provs)}", flush=True)
         for rep in range(2):  # providers interleaved, twice, to show the spread
             for name, fn in provs.items():
                 for mode in ("graph", "eager"):
@@ -358,6 +376,8 @@ def bench(ours: Any, w: dict[str, Any], peer: dict[str, Any] | None, peer_err: s
                                           "provider": name, "mode": mode, "rep": rep, "median_us": med / rot,
                                           "p90_us": p90 / rot, "distinct_experts": distinct, "floor_us": floor_us,
                                           "floor_fraction": floor_us / (med / rot)})
+        if ours is None:
+            continue
         med, p90 = time_graph(lambda: ours_fn(shared=True))
         rows["layer_shared"].append({"shape": [m, HIDDEN], "tokens": m, "provider": "netra_shared_as_9th_route",
                                      "mode": "graph", "median_us": med / rot, "p90_us": p90 / rot,
@@ -369,8 +389,6 @@ def bench(ours: Any, w: dict[str, Any], peer: dict[str, Any] | None, peer_err: s
             rows["layer"].append({"shape": [m, HIDDEN], "tokens": m, "dtype": "fp8_e4m3_block128",
                                   "provider": "torch_reference", "mode": "eager", "rep": 0, "median_us": med,
                                   "p90_us": p90, "floor_us": floor_us, "floor_fraction": floor_us / med})
-    if peer_err:
-        rows["peer_error"] = [{"error": peer_err}]
     return rows
 
 
@@ -379,43 +397,43 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--mode", choices=("ours", "peer"), default="ours")
     ap.add_argument("--sglang-root", type=Path, default=None)
     ap.add_argument("--rot", type=int, default=8)
-    ap.add_argument("--skip-bench", action="store_true")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    peer, peer_err = None, None
-    if args.sglang_root is not None:
-        try:
-            from netra.bench.peers import sglang_moe
+    w = make_weights()
+    bw = copy_bandwidth()
+    doc: dict[str, Any] = {"device": torch.cuda.get_device_name(), "copy_bw_Bps": bw, "rot": args.rot}
+    if args.mode == "peer":
+        from netra.bench.peers import sglang_moe
 
-            peer = sglang_moe.load(args.sglang_root)
-        except Exception as exc:  # the peer failing to load is recorded, ours still runs
-            peer_err = f"{type(exc).__name__}: {exc}"
-            print("PEER LOAD FAILED", peer_err, file=sys.stderr)
+        if args.sglang_root is None:
+            raise SystemExit("--mode peer needs --sglang-root")
+        peer = sglang_moe.load(args.sglang_root)
+        print("peer loaded", flush=True)
+        doc["rows"] = bench(None, w, peer, bw, args.rot)
+        doc["peer_notes"] = sorted(set(sglang_moe.PEER_NOTES))
+        (args.out / "peer.json").write_text(json.dumps(doc, indent=1))
+        print_table(doc)
+        return 0
     from netra.ops.moe_fp8 import MoeSm90
 
     ours = MoeSm90(0)
-    w = make_weights()
     checks: dict[str, Any] = {}
     for name, fn in (("act_quant", lambda: check_act_quant(ours)), ("route", lambda: check_route(ours, w)),
                      ("align", lambda: check_align(ours)), ("layer", lambda: check_layer(ours, w))):
         try:
             checks[name] = fn()
-        except Exception as exc:
+        except Exception:  # recorded and reported; the other checks and the timing still run
             import traceback
 
             checks[name] = {"error": traceback.format_exc()}
-            print("CHECK FAILED", name, exc, file=sys.stderr)
-        print(name, json.dumps(checks[name])[:1500], flush=True)
+        print(name, json.dumps(checks[name])[:600], flush=True)
     (args.out / "checks.json").write_text(json.dumps(checks, indent=1))
-    if args.skip_bench:
-        return 0
-    bw = copy_bandwidth()
-    rows = bench(ours, w, peer, peer_err, bw, args.rot)
-    doc = {"device": torch.cuda.get_device_name(), "copy_bw_Bps": bw, "checks": checks, "rows": rows,
-           "peer_notes": sorted(set(__import__("netra.bench.peers.sglang_moe", fromlist=["x"]).PEER_NOTES))}
-    (args.out / "moe_bench.json").write_text(json.dumps(doc, indent=1))
+    doc["checks"] = checks
+    doc["rows"] = bench(ours, w, None, bw, args.rot)
+    (args.out / "ours.json").write_text(json.dumps(doc, indent=1))
     print_table(doc)
     return 0
 
@@ -423,11 +441,11 @@ def main(argv: list[str] | None = None) -> int:
 def print_table(doc: dict[str, Any]) -> None:
     rows = doc["rows"]
     print(f"copy bandwidth {doc['copy_bw_Bps'] / 1e12:.2f} TB/s")
-    for r in rows["act_quant"]:
+    for r in rows.get("act_quant", []):
         print(f"act_quant m={r['tokens']:3d} {r['provider']:20s} {r['mode']:5s} {r['median_us']:7.2f} us")
-    for r in rows["route"]:
+    for r in rows.get("route", []):
         print(f"route     m={r['tokens']:3d} {r['provider']:20s} {r['mode']:5s} {r['median_us']:7.2f} us")
-    for r in rows["layer"] + rows["layer_shared"]:
+    for r in rows.get("layer", []) + rows.get("layer_shared", []):
         print(f"layer     m={r['tokens']:3d} {r['provider']:26s} {r['mode']:5s} {r['median_us']:8.2f} us "
               f"floor {r['floor_us']:6.1f} frac {r['floor_fraction']:.2f}")
 

@@ -241,14 +241,15 @@ class _ActQuantParams(ctypes.Structure):
 class _RouteParams(ctypes.Structure):
     _fields_ = [(n, ctypes.c_void_p) for n in (
         "x", "w_router", "w_shared", "logits", "shared_logit", "topk_ids_in", "topk_w_in", "topk_ids", "topk_w",
-        "shared_w", "counters", "num_slots", "slot_expert", "slot_start", "route_token", "route_dst", "route_w")
+        "shared_w", "counters", "num_slots", "slot_expert", "slot_start", "route_token", "route_dst", "route_w",
+        "xq", "xs")
     ] + [("M", ctypes.c_int32), ("_pad", ctypes.c_int32)]
 
 
 class _GemmParams(ctypes.Structure):
     _fields_ = [(n, ctypes.c_void_p) for n in (
-        "w13", "w13_scale", "w2", "w2_scale", "x", "h", "y", "out", "counters", "num_slots", "slot_expert",
-        "slot_start", "route_token", "route_dst", "route_w")] + [("M", ctypes.c_int32),
+        "w13", "w13_scale", "w2", "w2_scale", "xq", "xs", "gu", "hq", "hs", "y", "out", "counters", "num_slots",
+        "slot_expert", "slot_start", "route_token", "route_dst", "route_w")] + [("M", ctypes.c_int32),
                                                                   ("routes_per_token", ctypes.c_int32)]
 
 
@@ -289,7 +290,9 @@ class MoeSm90:
         self.route_token = torch.zeros(r, dtype=i32, device=dev)
         self.route_dst = torch.zeros(r, dtype=i32, device=dev)
         self.route_w = torch.zeros(r, dtype=f32, device=dev)
-        self.h = torch.zeros(r, INTER, dtype=bf, device=dev)
+        self.xq = torch.zeros(MAX_TOKENS, HIDDEN, dtype=torch.float8_e4m3fn, device=dev)
+        self.xs = torch.zeros(MAX_TOKENS, HIDDEN // GROUP, dtype=f32, device=dev)
+        self.gu = torch.zeros(r, 2 * INTER, dtype=bf, device=dev)
         self.y = torch.zeros(r, HIDDEN, dtype=bf, device=dev)
         self.out = torch.zeros(MAX_TOKENS, HIDDEN, dtype=bf, device=dev)
         self.aq_q = torch.zeros(r, INTER, dtype=torch.float8_e4m3fn, device=dev)
@@ -314,6 +317,7 @@ class MoeSm90:
         p.num_slots, p.slot_expert = self.num_slots.data_ptr(), self.slot_expert.data_ptr()
         p.slot_start, p.route_token = self.slot_start.data_ptr(), self.route_token.data_ptr()
         p.route_dst, p.route_w = self.route_dst.data_ptr(), self.route_w.data_ptr()
+        p.xq, p.xs = self.xq.data_ptr(), self.xs.data_ptr()
 
     def act_quant(self, gu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """gu [rows, 1024] BF16 -> (q [rows, 512] e4m3, scale [rows, 4] fp32), views of persistent buffers."""
@@ -343,43 +347,56 @@ class MoeSm90:
             p.M = m
             t.launch(((m + 3) // 4) * 17, self._stream())
 
-    def align(self, topk_ids: torch.Tensor, topk_w: torch.Tensor, shared_w: torch.Tensor | None = None) -> None:
-        """Metadata from given ids [M, 8] int32 and weights [M, 8] fp32 (+ optional shared weights [M])."""
+    def align(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
+              shared_w: torch.Tensor | None = None) -> None:
+        """Metadata from given ids [M, 8] int32 and weights [M, 8] fp32 (+ optional shared weights [M]),
+        and x [M, 2048] BF16 quantized for the gate_up GEMM."""
         import torch
 
-        m = topk_ids.shape[0]
+        m = self._check_x(x)
+        if topk_ids.shape[0] != m:
+            raise MoeShapeError(f"align: {topk_ids.shape[0]} id rows for {m} tokens")
         if topk_ids.dtype != torch.int32 or topk_w.dtype != torch.float32 or topk_ids.shape != (m, TOPK) \
                 or topk_w.shape != (m, TOPK) or not 1 <= m <= MAX_TOKENS:
             raise MoeShapeError("align needs int32 ids and fp32 weights of shape [1..128, 8]")
         t = self.t["align"]
         p = self._al
         with t.lock:
-            p.topk_ids_in, p.topk_w_in = topk_ids.data_ptr(), topk_w.data_ptr()
+            p.x, p.topk_ids_in, p.topk_w_in = x.data_ptr(), topk_ids.data_ptr(), topk_w.data_ptr()
             p.shared_w = shared_w.data_ptr() if shared_w is not None else None
             p.M = m
-            t.launch(1, self._stream())
+            t.launch(1 + (m + 3) // 4, self._stream())
 
     def experts(self, x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
                 w2_scale: torch.Tensor, shared: bool) -> torch.Tensor:
-        """gate_up then down(+top-k sum) over the metadata of the last route/align; BF16 [M, 2048]."""
+        """gate_up -> act+quant -> down(+top-k sum) over the metadata and quantized x of the last
+        route/align call (x itself only sets the token count); BF16 [M, 2048]."""
         m = self._check_x(x)
         ns = max_slots(m, shared)
         if w13.shape[0] < (NUM_EXPERTS + 1 if shared else NUM_EXPERTS):
             raise MoeShapeError(f"w13 holds {w13.shape[0]} experts; the shared route needs index {NUM_EXPERTS}")
-        for key, p, grid in (("gate_up", self._gu, ns * GU_CTAS_PER_SLOT), ("down", self._dn, ns * DOWN_CTAS_PER_SLOT)):
-            t = self.t[key]
-            with t.lock:
-                p.w13, p.w13_scale, p.w2, p.w2_scale = (w13.data_ptr(), w13_scale.data_ptr(), w2.data_ptr(),
-                                                        w2_scale.data_ptr())
-                p.x, p.h, p.y, p.out = x.data_ptr(), self.h.data_ptr(), self.y.data_ptr(), self.out.data_ptr()
-                p.counters = t.workspace.data_ptr()
-                p.num_slots, p.slot_expert, p.slot_start = (self.num_slots.data_ptr(), self.slot_expert.data_ptr(),
-                                                            self.slot_start.data_ptr())
-                p.route_token, p.route_dst, p.route_w = (self.route_token.data_ptr(), self.route_dst.data_ptr(),
-                                                         self.route_w.data_ptr())
-                p.M, p.routes_per_token = m, TOPK + (1 if shared else 0)
-                t.launch(grid, self._stream())
+        routes = m * (TOPK + (1 if shared else 0))
+        self._gemm("gate_up", self._gu, ns * GU_CTAS_PER_SLOT, m, shared, w13, w13_scale, w2, w2_scale)
+        self.act_quant(self.gu[:routes])
+        self._gemm("down", self._dn, ns * DOWN_CTAS_PER_SLOT, m, shared, w13, w13_scale, w2, w2_scale)
         return self.out[:m]
+
+    def _gemm(self, key: str, p: _GemmParams, grid: int, m: int, shared: bool, w13: torch.Tensor,
+              w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor) -> None:
+        t = self.t[key]
+        with t.lock:
+            p.w13, p.w13_scale, p.w2, p.w2_scale = (w13.data_ptr(), w13_scale.data_ptr(), w2.data_ptr(),
+                                                    w2_scale.data_ptr())
+            p.xq, p.xs, p.gu = self.xq.data_ptr(), self.xs.data_ptr(), self.gu.data_ptr()
+            p.hq, p.hs = self.aq_q.data_ptr(), self.aq_s.data_ptr()
+            p.y, p.out = self.y.data_ptr(), self.out.data_ptr()
+            p.counters = t.workspace.data_ptr()
+            p.num_slots, p.slot_expert, p.slot_start = (self.num_slots.data_ptr(), self.slot_expert.data_ptr(),
+                                                        self.slot_start.data_ptr())
+            p.route_token, p.route_dst, p.route_w = (self.route_token.data_ptr(), self.route_dst.data_ptr(),
+                                                     self.route_w.data_ptr())
+            p.M, p.routes_per_token = m, TOPK + (1 if shared else 0)
+            t.launch(grid, self._stream())
 
     @staticmethod
     def _check_x(x: torch.Tensor) -> int:

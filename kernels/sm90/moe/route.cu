@@ -47,6 +47,8 @@ struct RouteParams {
   float* shared_w;                 // [M] out (sigmoid of the gate logit)
   unsigned* counters;              // [ceil(M/4) + 1] zeroed once, self-resetting
   RouteMeta meta;
+  uint8_t* xq;                     // [M, 2048] e4m3 out: x quantized per token group of 128
+  float* xs;                       // [M, 16] out: its FP32 scales
   int M;
 };
 
@@ -55,7 +57,8 @@ extern "C" __device__ unsigned int netra_params_layout[] = {
     offsetof(RouteParams, w_shared), offsetof(RouteParams, logits), offsetof(RouteParams, shared_logit),
     offsetof(RouteParams, topk_ids_in), offsetof(RouteParams, topk_w_in), offsetof(RouteParams, topk_ids),
     offsetof(RouteParams, topk_w), offsetof(RouteParams, shared_w), offsetof(RouteParams, counters),
-    offsetof(RouteParams, meta), offsetof(RouteParams, M)};
+    offsetof(RouteParams, meta), offsetof(RouteParams, xq), offsetof(RouteParams, xs),
+    offsetof(RouteParams, M)};
 
 #define ROUTE_TILES 17  // 16 expert tiles of 16 + the shared-gate tile
 
@@ -141,6 +144,26 @@ __device__ void build_meta(const RouteParams& p, const int* ids, const float* tw
   }
 }
 
+// Quantizes tokens [t0, t0+4) of x (the gate_up GEMM's input) once, per group of 128, so that the
+// expert GEMM reads E4M3 directly: warp w takes groups w, w+8, ...; a lane holds 4 values.
+__device__ void quant_x_tile(const RouteParams& p, int t0) {
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  const int nt = min(4, p.M - t0);
+  for (int gi = wid; gi < nt * (HIDDEN / 128); gi += blockDim.x / 32) {
+    const int t = t0 + gi / (HIDDEN / 128), grp = gi % (HIDDEN / 128);
+    const __nv_bfloat16* src = p.x + (size_t)t * HIDDEN + grp * 128 + lane * 4;
+    const uint2 raw = *reinterpret_cast<const uint2*>(src);
+    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    const float2 a = __bfloat1622float2(h2[0]), b = __bfloat1622float2(h2[1]);
+    float amax = fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(b.x), fabsf(b.y)));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float s = moe::group_scale(amax);
+    *reinterpret_cast<uint32_t*>(p.xq + (size_t)t * HIDDEN + grp * 128 + lane * 4) = moe::quant4(a.x, a.y, b.x, b.y, s);
+    if (lane == 0) p.xs[t * (HIDDEN / 128) + grp] = s;
+  }
+}
+
 // Top-8 of one token's 256 BF16 logits by one warp; lane holds experts lane + 32*j.
 __device__ void topk_token(const RouteParams& p, int t) {
   const int lane = threadIdx.x & 31;
@@ -208,6 +231,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_route(const RouteParams p)
   }
   __syncthreads();
   const bool gate_tile = etile == NUM_EXPERTS / 16;
+  if (gate_tile) quant_x_tile(p, t0);
   if (!gate_tile || p.w_shared != nullptr) {
     // Each warp: 2 experts (or, in the gate tile, warp 0 the shared gate row); lane covers
     // 64 columns of a row through 8 x 16-byte loads issued before any use.
@@ -274,7 +298,12 @@ extern "C" __global__ void __launch_bounds__(256) moe_route(const RouteParams p)
 }
 
 // Align-only entry (the routed comparison against SGLang, whose pipeline starts from given
-// top-k ids and weights): one CTA, metadata only, no shared route unless shared_w is given.
+// top-k ids and weights). Grid 1 + ceil(M/4): CTA 0 builds the metadata (no shared route unless
+// shared_w is given); CTA 1 + i quantizes tokens [4i, 4i+4) of x for the gate_up GEMM.
 extern "C" __global__ void __launch_bounds__(256) moe_align(const RouteParams p) {
-  build_meta(p, p.topk_ids_in, p.topk_w_in, p.shared_w != nullptr);
+  if (blockIdx.x == 0) {
+    build_meta(p, p.topk_ids_in, p.topk_w_in, p.shared_w != nullptr);
+  } else {
+    quant_x_tile(p, (blockIdx.x - 1) * 4);
+  }
 }
