@@ -19,7 +19,7 @@ from netra.engine.config import ModelConfig
 from netra.engine.weights import AttentionWeights, GDNWeights, ModelWeights
 from netra.ops import attention, conv, gdn, norm
 from netra.ops._common import acc_dtype
-from netra.ops.linear import linear
+from netra.ops.linear import linear, linear_group
 from netra.ops.moe import moe
 from netra.ops.rope import rope, rope_cache
 
@@ -79,14 +79,13 @@ class Model:
     def _attention(self, x: torch.Tensor, w: AttentionWeights, fb: ForwardBatch, li: int) -> torch.Tensor:
         cfg = self.cfg
         t, hq, hkv, d = x.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        qg = linear(x, w.q_proj)
+        qg, k, v = linear_group(x, [w.q_proj, w.k_proj, w.v_proj])
         if cfg.attn_output_gate:
-            qg = qg.view(t, hq, 2 * d)
+            qg = qg.reshape(t, hq, 2 * d)
             q, gate = qg[..., :d], qg[..., d:]
         else:
-            q, gate = qg.view(t, hq, d), None
-        k = linear(x, w.k_proj).view(t, hkv, d)
-        v = linear(x, w.v_proj).view(t, hkv, d)
+            q, gate = qg.reshape(t, hq, d), None
+        k, v = k.reshape(t, hkv, d), v.reshape(t, hkv, d)
         q = norm.rmsnorm(q, w.q_norm, cfg.rms_norm_eps)
         k = norm.rmsnorm(k, w.k_norm, cfg.rms_norm_eps)
         q, k = rope(q, k, fb.positions, self.rope_cache, cfg.rotary_dim)
@@ -105,10 +104,9 @@ class Model:
         t = x.shape[0]
         hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        qkv = linear(x, w.in_proj_qkv)
-        z = linear(x, w.in_proj_z).view(t, hv, dv)
-        b = linear(x, w.in_proj_b)
-        a = linear(x, w.in_proj_a)
+        qkv, z = linear_group(x, [w.in_proj_qkv, w.in_proj_z])
+        z = z.reshape(t, hv, dv)
+        b, a = linear_group(x, [w.in_proj_b, w.in_proj_a])
         conv_pool, ssm_pool = self.pools.conv[li], self.pools.ssm[li]
         if fb.decode:
             qkv = conv.causal_conv1d_update(qkv, w.conv1d, conv_pool, fb.slots)

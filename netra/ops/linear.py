@@ -77,3 +77,44 @@ def linear(x: torch.Tensor, weight: Weight, out_dtype: torch.dtype | None = None
         launcher, decision = hit
         return launcher(decision, x=x, weight=weight, out_dtype=out_dtype or x.dtype)
     return linear_ref(x, weight, out_dtype)
+
+
+_group_cache: dict[tuple[int, ...], torch.Tensor] = {}
+
+
+def linear_group_ref(x: torch.Tensor, weights: list[Weight], out_dtype: torch.dtype | None = None
+                     ) -> list[torch.Tensor]:
+    """Several projections of the same input: the same numbers as ``[linear_ref(x, w) for w in weights]``.
+
+    The activation is quantized once (per-token-group quantization does not depend on the weight)
+    and, when every weight holds its dequantized copy, the copies are concatenated once and the
+    projections run as one GEMM: each output column is the same dot product either way.
+    """
+    acc = acc_dtype(x.device)
+    out_dtype = out_dtype or x.dtype
+    kinds = {(w.is_fp8, w.block[1]) for w in weights}
+    if len(kinds) != 1 or any(w._dequant is None or w._dequant.dtype != acc for w in weights):
+        return [linear_ref(x, w, out_dtype) for w in weights]
+    is_fp8, group = kinds.pop()
+    xa = fp8.fake_quantize_per_token_group(x, group, acc) if is_fp8 else x.to(acc)
+    key = tuple(id(w._dequant) for w in weights)
+    stacked = _group_cache.get(key)
+    if stacked is None:
+        stacked = torch.cat([w._dequant for w in weights if w._dequant is not None]).t()
+        _group_cache[key] = stacked
+    out = torch.matmul(xa, stacked).to(out_dtype)
+    return list(out.split([w.out_features for w in weights], dim=-1))
+
+
+def linear_group(x: torch.Tensor, weights: list[Weight], out_dtype: torch.dtype | None = None
+                 ) -> list[torch.Tensor]:
+    """Projections sharing an input through dispatch (op ``linear_group``); fallback `linear_group_ref`."""
+    tensors = {"x": x}
+    tensors.update({f"w{i}": w.data for i, w in enumerate(weights)})
+    hit = route("linear_group", tensors, {"m": x.numel() // max(1, x.shape[-1]), "k": x.shape[-1],
+                                          **{f"n{i}": w.out_features for i, w in enumerate(weights)}},
+                quant="fp8_e4m3_block128" if weights[0].is_fp8 else "none")
+    if hit is not None:
+        out: list[torch.Tensor] = hit[0](hit[1], x=x, weights=weights, out_dtype=out_dtype or x.dtype)
+        return out
+    return linear_group_ref(x, weights, out_dtype)

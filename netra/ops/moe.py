@@ -124,18 +124,47 @@ def moe_dense_ref(x: torch.Tensor, w: MoEWeights) -> torch.Tensor:
     logits = linear_ref(x, w.router, torch.bfloat16)
     weights, ids = moe_route_ref(logits, k, w.renormalize)
     shared_weight = torch.sigmoid(linear_ref(x, w.shared_gate, torch.bfloat16).float())[:, 0]
-    w13, w2 = _expert(w.w13, None, acc), _expert(w.w2, None, acc)  # [E, 2I, H], [E, H, I]
-    inter = w13.shape[1] // 2
+    stack = _dense_stack(w, acc)
+    if stack is not None:  # the shared expert is expert E of the stack: one pass for all k+1 routes
+        w13, w2 = stack
+        ids = torch.cat([ids, torch.full((t, 1), e, dtype=ids.dtype, device=ids.device)], dim=1)
+        weights = torch.cat([weights, shared_weight[:, None]], dim=1)
+    else:
+        w13, w2 = _expert(w.w13, None, acc), _expert(w.w2, None, acc)  # [E, 2I, H], [E, H, I]
+    n_exp, inter = w13.shape[0], w13.shape[1] // 2
     xa = _act_dequant(x, w.w13.is_fp8, acc)
-    gate_up = (xa @ w13.reshape(e * 2 * inter, -1).t()).to(torch.bfloat16).view(t, e, 2 * inter)
+    gate_up = (xa @ w13.reshape(n_exp * 2 * inter, -1).t()).to(torch.bfloat16).view(t, n_exp, 2 * inter)
     act = (torch.nn.functional.silu(gate_up[..., :inter].float()) * gate_up[..., inter:].float()).to(torch.bfloat16)
     down = torch.bmm(_act_dequant(act, w.w13.is_fp8, acc).transpose(0, 1), w2.transpose(1, 2))  # [E, T, H]
-    picked = down.transpose(0, 1)[torch.arange(t, device=x.device)[:, None], ids]  # [T, k, H]
-    routes = torch.empty(t, k + 1, x.shape[1], dtype=torch.bfloat16, device=x.device)
-    routes[:, :k] = (picked.float() * weights[:, :, None]).to(torch.bfloat16)
-    routes[:, k] = expert_mlp_ref(x, _expert(w.shared_w13, None, acc), _expert(w.shared_w2, None, acc),
-                                  shared_weight, w.shared_w13.is_fp8)
+    picked = down.transpose(0, 1)[torch.arange(t, device=x.device)[:, None], ids]  # [T, routes, H]
+    routes = (picked.float() * weights[:, :, None]).to(torch.bfloat16)
+    if stack is None:
+        shared = expert_mlp_ref(x, _expert(w.shared_w13, None, acc), _expert(w.shared_w2, None, acc),
+                                shared_weight, w.shared_w13.is_fp8)
+        routes = torch.cat([routes, shared[:, None]], dim=1)
     return routes.float().sum(dim=1).to(x.dtype)
+
+
+_stacks: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _dense_stack(w: MoEWeights, acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Routed experts plus the shared expert as one ``[E+1, ...]`` stack of the cached dequantized
+    weights (only when the engine cached them and the widths agree); built once per layer."""
+    parts = (w.w13, w.w2, w.shared_w13, w.shared_w2)
+    if any(p._dequant is None or p._dequant.dtype != acc for p in parts) or \
+            w.shared_w13.out_features != w.w13.data.shape[-2] or \
+            len({p.is_fp8 for p in parts}) != 1:
+        return None
+    key = (id(w.w13._dequant), id(w.shared_w13._dequant))
+    stack = _stacks.get(key)
+    if stack is None:
+        assert w.w13._dequant is not None and w.w2._dequant is not None
+        assert w.shared_w13._dequant is not None and w.shared_w2._dequant is not None
+        stack = (torch.cat([w.w13._dequant, w.shared_w13._dequant[None]]),
+                 torch.cat([w.w2._dequant, w.shared_w2._dequant[None]]))
+        _stacks[key] = stack
+    return stack
 
 
 # The fallback evaluates every expert densely while tokens·experts stays below this and the expert
