@@ -419,5 +419,38 @@ def _child_reply(request: dict[str, Any]) -> dict[str, Any]:
     return {"sglang_version": version, "shims": shims, "results": results}
 
 
-if __name__ == "__main__" and _CHILD_FLAG in sys.argv:
-    sys.exit(_child_main())
+def main(argv: list[str] | None = None) -> int:
+    """`python -m netra.deploy.sglang PROFILE...`: render each SGLang profile's worker command, parse it
+    with SGLang's parser, and print what reached SGLang (exit 1 when any profile fails)."""
+    import argparse
+
+    from netra.deploy.profile import ProfileError, list_profiles, load_profile
+
+    parser = argparse.ArgumentParser(prog="python -m netra.deploy.sglang", description=main.__doc__)
+    parser.add_argument("profiles", nargs="*", help="profile names (default: every sglang profile)")
+    args = parser.parse_args(argv)
+    failed = 0
+    try:
+        profiles = [load_profile(n) for n in (args.profiles or list_profiles())]
+    except ProfileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    profiles = [p for p in profiles if p.engine.kind == "sglang" or args.profiles]
+    # One parser child for all of them (check_profile then reads the cache).
+    parse_many([render_argv(p, host="127.0.0.1", port=30000) for p in profiles if p.engine.kind == "sglang"])
+    for p in profiles:
+        try:
+            view = check_profile(p)
+        except (SGLangArgsError, ValueError) as exc:
+            print(f"{p.name}: FAILED: {exc}")
+            failed += 1
+            continue
+        decode = view.cuda_graph.get("decode", {})
+        print(f"{p.name}: ok, {len(expected_fields(p, host='127.0.0.1', port=30000))} options reached their "
+              f"SGLang {view.sglang_version} fields; decode graphs {decode.get('backend')} at "
+              f"{view.decode_graph_sizes()}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main() if _CHILD_FLAG in sys.argv else main())

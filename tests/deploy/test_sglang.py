@@ -202,3 +202,12 @@ def test_parser_import_shims_are_only_the_documented_two(parsed: None) -> None:
 
     triton = [] if importlib.util.find_spec("triton") is not None else ["triton absent (inert module)"]
     assert sg.LAST_CHILD["shims"] == ["sglang/__init__ (frontend) skipped", *triton]
+
+
+def test_cli_reports_every_sglang_profile(parsed: None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert sg.main([]) == 0
+    out = capsys.readouterr().out
+    assert "dp8-throughput128: ok" in out and "dp8-h200-throughput128: ok" in out
+    assert "decode graphs full at [1, 2, 4, 8, 16, 32, 64, 80, 96, 112, 128]" in out
+    assert sg.main(["local"]) == 1
+    assert "not sglang" in capsys.readouterr().out
