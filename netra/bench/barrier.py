@@ -64,11 +64,13 @@ def ready_clients(directory: Path, clients: int) -> list[int]:
 
 
 def release_when_ready(directory: Path, clients: int, timeout_s: float,
-                       alive: Callable[[], str | None] | None = None) -> float:
+                       alive: Callable[[], str | None] | None = None,
+                       on_ready: Callable[[], None] | None = None) -> float:
     """Wait for all ``clients`` ready files, then write the release; returns the start instant.
 
     ``alive`` is polled while waiting: it returns an error message when a client died, which
-    aborts the wait with that message instead of waiting out the timeout.
+    aborts the wait with that message instead of waiting out the timeout. ``on_ready`` runs once
+    every client is ready, just before the release (nothing is in flight then).
     """
     deadline = now() + timeout_s
     while len(ready_clients(directory, clients)) < clients:
@@ -80,6 +82,8 @@ def release_when_ready(directory: Path, clients: int, timeout_s: float,
             missing = sorted(set(range(clients)) - set(ready_clients(directory, clients)))
             raise BarrierError(f"barrier {directory}: clients {missing} not ready within {timeout_s:.0f} s")
         time.sleep(0.01)
+    if on_ready is not None:
+        on_ready()
     start = now() + RELEASE_LEAD_S
     _atomic_write(directory / RELEASE, f"{start!r}\n")
     return start

@@ -72,14 +72,29 @@ def command_upstream(template: str, work: Path, timeout_s: float = 600.0) -> Ite
             time.sleep(0.2)
         yield sweep.Upstream(url=url, info_url=None, workers=0, run_dir=None)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
+        _stop_group(proc)
         log.close()
+
+
+def _stop_group(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    """SIGTERM the command's whole process group (the shell and what it started), wait until every
+    member is gone, SIGKILL what is left after ``timeout_s``."""
+    def group_alive() -> bool:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    if group_alive():
+        os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while group_alive() and time.monotonic() < deadline:
+        proc.poll()  # reap the shell so it does not linger as a zombie member
+        time.sleep(0.05)
+    if group_alive():
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=timeout_s)
 
 
 def arm_upstream(args: argparse.Namespace, arm: str, work: Path) -> contextlib.AbstractContextManager[sweep.Upstream]:

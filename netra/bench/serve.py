@@ -163,40 +163,45 @@ def _warmup(cfg: BenchConfig, spec: dict[str, Any], prompt: list[int]) -> None:
     asyncio.run(go())
 
 
-def _cpu_snapshot(url: str) -> dict[str, Any]:
-    """Host CPU jiffies (busy, total) from /proc/stat, and the upstream's own CPU seconds when its
-    /server_info reports ``cpu_s`` (the synthetic upstream does)."""
-    snap: dict[str, Any] = {"t": barrier.now(), "host": None, "upstream_cpu_s": None}
+def _host_jiffies() -> tuple[int, int] | None:
+    """(busy, total) CPU jiffies of the whole host, from /proc/stat."""
     try:
         fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-        snap["host"] = (sum(fields) - idle, sum(fields))
     except (OSError, ValueError, IndexError):
-        pass
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields) - idle, sum(fields)
+
+
+def _upstream_cpu_s(url: str) -> float | None:
+    """The upstream's own CPU seconds, when its /server_info reports ``cpu_s`` (the synthetic does)."""
     info = _get_json(url, "/server_info") or {}
-    if isinstance(info.get("cpu_s"), int | float):
-        snap["upstream_cpu_s"] = float(info["cpu_s"])
-    return snap
+    return float(info["cpu_s"]) if isinstance(info.get("cpu_s"), int | float) else None
 
 
-def _cpu_usage(before: dict[str, Any], after: dict[str, Any], outs: list[Path]) -> dict[str, Any]:
-    """Busy fractions (1.0 = one core fully busy; host: fraction of all cores) over the run."""
+def _cpu_usage(host_before: tuple[int, int] | None, host_after: tuple[int, int] | None, up_before: float | None,
+               up_after: float | None, outs: list[Path]) -> dict[str, Any]:
+    """Busy fractions over the run: clients and upstream in cores (1.0 = one core fully busy), the
+    host as the fraction of all its cores."""
     import orjson
 
     clients = []
+    t0 = t1 = None
     for out in outs:
         path = Path(str(out) + ".stats.json")
         if path.exists():
             st = orjson.loads(path.read_bytes())
             wall = st["t_done"] - st["t_release"]
+            t0 = st["t_release"] if t0 is None else min(t0, st["t_release"])
+            t1 = st["t_done"] if t1 is None else max(t1, st["t_done"])
             clients.append({"client": st["client"], "cpu_s": st["cpu_s"], "wall_s": wall,
                             "busy": st["cpu_s"] / wall if wall > 0 else None})
     host = None
-    if before["host"] and after["host"] and after["host"][1] > before["host"][1]:
-        host = (after["host"][0] - before["host"][0]) / (after["host"][1] - before["host"][1])
+    if host_before and host_after and host_after[1] > host_before[1]:
+        host = (host_after[0] - host_before[0]) / (host_after[1] - host_before[1])
     upstream = None
-    if before["upstream_cpu_s"] is not None and after["upstream_cpu_s"] is not None:
-        upstream = (after["upstream_cpu_s"] - before["upstream_cpu_s"]) / (after["t"] - before["t"])
+    if up_before is not None and up_after is not None and t0 is not None and t1 is not None and t1 > t0:
+        upstream = (up_after - up_before) / (t1 - t0)
     return {"clients": clients, "host_busy": host, "host_cores": os.cpu_count(), "upstream_busy": upstream}
 
 
@@ -275,10 +280,15 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
                     return f"client {k} exited with {p.returncode} before the barrier:\n{tail}"
             return None
 
-        start = barrier.release_when_ready(bar_dir, cfg.clients, timeout_s=600.0, alive=dead_client)
+        # The upstream's CPU is read while nothing is in flight (its GET must not land inside the
+        # window, where it would also shift a round-robin front by one); the host's at the start.
+        up_before: list[float | None] = []
+        start = barrier.release_when_ready(bar_dir, cfg.clients, timeout_s=600.0, alive=dead_client,
+                                           on_ready=lambda: up_before.append(_upstream_cpu_s(cfg.url)))
         time.sleep(max(0.0, start - barrier.now()))
-        cpu_before = _cpu_snapshot(cfg.url)  # at the common start, so busy fractions cover the run only
+        host_before = _host_jiffies()
         _wait_clients(cfg, procs, outs)
+        host_after = _host_jiffies()
     finally:
         for p in procs:
             if p.poll() is None:
@@ -286,7 +296,7 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
                 p.wait(timeout=10)
         for log in logs:
             log.close()
-    cpu = _cpu_usage(cpu_before, _cpu_snapshot(cfg.url), outs)
+    cpu = _cpu_usage(host_before, host_after, up_before[0], _upstream_cpu_s(cfg.url), outs)
     bad = [(k, p.returncode) for k, p in enumerate(procs) if p.returncode != 0]
     records = summarize.load_records(outs)
     expect = summarize.Expect(cfg.requests, cfg.input_len, cfg.output_len, cfg.stream_interval)
