@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from netra.serve.app import create_app
@@ -79,3 +80,25 @@ def test_disconnect_frees_the_engine_slot(engine_stack: tuple[str, str]) -> None
             break
         time.sleep(0.1)
     assert load["running"] == 0 and load["waiting"] == 0, load
+
+
+def test_stop_token_ids_match_native(engine_stack: tuple[str, str]) -> None:
+    up, url = engine_stack
+    stops = list(range(0, 128))  # any ASCII byte ends it: a random-weight model hits one within a few tokens
+    sp = {"max_new_tokens": 64, "temperature": 0, "stop_token_ids": stops}
+    native = httpx.post(up + "/generate", json={"input_ids": [1, 2, 3], "sampling_params": sp}, timeout=120).json()
+    assert native["meta_info"]["finish_reason"]["type"] == "stop"
+    body = {"prompt": [1, 2, 3], "max_tokens": 64, "temperature": 0, "stop_token_ids": stops}
+    whole = httpx.post(url + "/v1/completions", json=body, timeout=120).json()
+    raw = httpx.post(url + "/v1/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}},
+                     timeout=120).content
+    events = [orjson.loads(b[6:]) for b in raw.split(b"\n\n") if b.startswith(b"data: {")]
+    from netra.engine.tokenizer import ByteTokenizer
+
+    expected = ByteTokenizer().decode(native["output_ids"])
+    assert whole["choices"][0]["text"] == expected
+    assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == expected
+    assert whole["choices"][0]["finish_reason"] == events[-2]["choices"][0]["finish_reason"] == "stop"
+    assert whole["choices"][0]["matched_stop"] == native["meta_info"]["finish_reason"]["matched"]
+    n = native["meta_info"]["completion_tokens"]
+    assert whole["usage"]["completion_tokens"] == events[-1]["usage"]["completion_tokens"] == n
