@@ -95,10 +95,16 @@ class Proc:
         with self.log.open("ab") as out:
             out.write(f"\n=== {now_utc()} start {' '.join(self.exec_argv)}\n".encode())
             out.flush()
-            self.popen = subprocess.Popen(
-                self.exec_argv, env={**os.environ, **self.env}, stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True,  # Ctrl-C reaches the launcher only
-                preexec_fn=_preexec(self.cpus, self.mem_node, os.getpid()))
+            try:
+                self.popen = subprocess.Popen(
+                    self.exec_argv, env={**os.environ, **self.env}, stdin=subprocess.DEVNULL, stdout=out,
+                    stderr=subprocess.STDOUT, start_new_session=True,  # Ctrl-C reaches the launcher only
+                    preexec_fn=_preexec(self.cpus, self.mem_node, os.getpid()))
+            except subprocess.SubprocessError as exc:
+                # Python reports only "Exception occurred in preexec_fn": name what it was doing.
+                raise OSError(f"cannot start {self.role} {self.index}: setting CPU affinity "
+                              f"{list(self.cpus)} or binding memory to NUMA node {self.mem_node} failed in the "
+                              f"child ({exc}); set_mempolicy may be forbidden here (container seccomp)") from exc
         self.ticks = proc_start_ticks(self.popen.pid)
         self.started_at = now_utc()
 

@@ -190,7 +190,18 @@ def _placement(gpu: Gpu | None, cores: list[Core]) -> Placement:
 
 
 def place(topology: Topology, vendor: str | None, dp: int) -> list[Placement]:
-    """One placement per worker; GPU workers get NUMA-local cores, CPU workers split the machine."""
+    """One placement per worker; GPU workers get NUMA-local cores, CPU workers split the machine.
+
+    Memory is bound only on a machine with several NUMA nodes: on one node binding changes nothing,
+    and containers often forbid set_mempolicy, which would make a plain laptop launch fail.
+    """
+    out = _place(topology, vendor, dp)
+    if len({c.node for c in topology.cores if c.node is not None}) <= 1:
+        out = [Placement(p.gpu, p.numa_node, p.cpus, None, p.physical_cores) for p in out]
+    return out
+
+
+def _place(topology: Topology, vendor: str | None, dp: int) -> list[Placement]:
     if vendor is None:
         return [_placement(None, share) for share in _split(list(topology.cores), dp)]
     gpus = topology.gpus_of(vendor)

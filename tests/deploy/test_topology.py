@@ -56,7 +56,7 @@ def test_single_socket_and_partial_use() -> None:
     places = place(topo, "nvidia", 4)
     for k, p in enumerate(places):
         assert set(p.cpus) == set(range(8 * k, 8 * k + 8)) | set(range(32 + 8 * k, 32 + 8 * k + 8))
-        assert p.numa_node == 0
+        assert p.numa_node == 0 and p.mem_node is None  # one node: nothing to bind
     # Two workers on a 4-GPU node: GPUs 0 and 1, each with half of the node's cores.
     two = place(topo, "nvidia", 2)
     assert [p.gpu.index for p in two if p.gpu] == [0, 1] and [p.physical_cores for p in two] == [16, 16]
