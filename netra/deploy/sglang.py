@@ -197,7 +197,7 @@ def worker_env(profile: Any, gpus: list[int]) -> dict[str, str]:
     """The worker's environment: the visible-devices variable for its GPU(s) plus the profile's own.
 
     In a container with an NVIDIA device reservation the runtime already narrows the GPUs, and the
-    one GPU shows up as index 0: callers there pass ``gpus=[0]`` (netra/deploy/compose.py does).
+    one GPU shows up as index 0 (netra/deploy/compose.py sets ``CUDA_VISIBLE_DEVICES=0`` there).
     """
     _require_sglang(profile)
     if not gpus:
