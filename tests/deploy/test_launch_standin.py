@@ -297,3 +297,34 @@ def test_worker_that_cannot_restart_is_given_up_and_the_rest_keeps_serving(
         launch.stopping = True
         r.thread.join(10)
         launch.stop()
+
+
+def test_sigkilled_launcher_takes_its_children_with_it(tmp_path: Path) -> None:
+    out = (tmp_path / "driver.log").open("wb")
+    driver = subprocess.Popen([sys.executable, str(STANDIN), "launch", "--run-dir", str(tmp_path),
+                               "--front-port", str(free_port()), "--port-base", str(free_block(4))],
+                              stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO_ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while not ((tmp_path / "launch.json").exists() and read_record(tmp_path)["state"] == "serving"):
+            assert driver.poll() is None and time.monotonic() < deadline, (tmp_path / "driver.log").read_text()
+            time.sleep(0.2)
+        rec = read_record(tmp_path)
+        procs = [(w[k]["pid"], w[k]["ticks"]) for w in rec["workers"] for k in ("engine", "serve")]
+        procs.append((rec["front"]["process"]["pid"], rec["front"]["process"]["ticks"]))
+        driver.kill()
+        driver.wait(10)
+        deadline = time.monotonic() + 20  # the parent-death signal (SIGTERM) reaches every child
+        while [p for p, t in procs if is_alive(p, t)] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p, t in procs if is_alive(p, t)]
+        st = subprocess.run([sys.executable, "-m", "netra", "status", "--run-dir", str(tmp_path), "--json"],
+                            capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+        assert st.returncode == 1 and json.loads(st.stdout)["state"] == "dead"
+        stop = subprocess.run([sys.executable, "-m", "netra", "stop", "--run-dir", str(tmp_path)],
+                              capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+        assert stop.returncode == 0 and "launcher was not running" in stop.stdout
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait(10)

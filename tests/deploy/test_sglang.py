@@ -36,8 +36,22 @@ def _plan_argvs() -> list[tuple[str, ...]]:
             for w in make_plan(p, FIXTURE_BY_TARGET[p.target]).workers]
 
 
-EAGLE = profile_from_dict(_raw(speculative={"algorithm": "EAGLE3", "draft_model_path": "d/eagle",
-                                            "num_draft_tokens": 4, "num_steps": 3, "eagle_topk": 1}))
+EAGLE = profile_from_dict({**_raw(speculative={"algorithm": "EAGLE3", "draft_model_path": "d/eagle",
+                                               "num_draft_tokens": 4, "num_steps": 3, "eagle_topk": 1}),
+                           "checkpoint": {"revision": "0123abcd"}})
+
+
+def _with_backend(backend: str) -> Any:
+    """A profile-like object whose engine sets an attention backend (not in today's profile schema)."""
+    from types import SimpleNamespace
+
+    p = load_profile("dp8-h200-throughput128")
+    engine = SimpleNamespace(**{f: getattr(p.engine, f) for f in p.engine.__dataclass_fields__},
+                             attention_backend=backend)
+    return SimpleNamespace(name=p.name, target=p.target, engine=engine, serve=p.serve, checkpoint=p.checkpoint)
+
+
+FA3, FA9 = _with_backend("fa3"), _with_backend("fa9")
 NO_GRAPHS = profile_from_dict(_raw(kv_cache_dtype="auto", incremental_streaming_output=False,
                                    enable_metrics=False))
 
@@ -61,7 +75,7 @@ BAD = {
 def parsed() -> None:
     """One child parses every command of this module; later calls hit the per-process cache."""
     argvs = _plan_argvs() + list(BAD.values())
-    for p in (EAGLE, NO_GRAPHS):
+    for p in (EAGLE, NO_GRAPHS, FA3, FA9):
         argvs.append(sg.render_argv(p, host=LOOPBACK, port=30000))
     for p in _sglang_profiles():
         argvs.append(sg.render_argv(p, host="127.0.0.1", port=30000))
@@ -160,6 +174,7 @@ def test_eagle_family_uses_num_draft_tokens(parsed: None) -> None:
     view = sg.check_argv(argv)
     assert (view.speculative_algorithm, view.speculative_num_draft_tokens) == ("EAGLE3", 4)
     assert (view.speculative_num_steps, view.speculative_eagle_topk) == (3, 1)
+    assert view.revision == "0123abcd"  # the checkpoint revision the profile pins
     assert sg.compare_fields(view, sg.expected_fields(EAGLE, host=LOOPBACK, port=30000)) == []
 
 
@@ -211,3 +226,10 @@ def test_cli_reports_every_sglang_profile(parsed: None, capsys: pytest.CaptureFi
     assert "decode graphs full at [1, 2, 4, 8, 16, 32, 64, 80, 96, 112, 128]" in out
     assert sg.main(["local"]) == 1
     assert "not sglang" in capsys.readouterr().out
+
+
+def test_attention_backend_where_the_profile_sets_one(parsed: None) -> None:
+    view = sg.check_profile(FA3, host=LOOPBACK, port=30000)
+    assert view.attention_backend == "fa3"
+    with pytest.raises(sg.SGLangArgsError, match=r"--attention-backend: invalid choice: 'fa9'"):
+        sg.check_profile(FA9, host=LOOPBACK, port=30000)
