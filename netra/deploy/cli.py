@@ -111,8 +111,14 @@ def _plan(args: argparse.Namespace) -> int:
     if args.json:
         print(plan.canonical_json())
         return 0
+    if args.table:
+        print_plan(plan)
+        print(f"plan sha256 {plan.sha256()}")
+        return 0
     print_plan(plan)
-    print(f"plan sha256 {plan.sha256()} (canonical JSON: the same command with --json)")
+    print("canonical JSON:")
+    print(plan.canonical_json())
+    print(f"plan sha256 {plan.sha256()}")
     return 0
 
 
@@ -247,6 +253,7 @@ def register(sub: Any) -> None:
     _add_profile_args(p, default=None)
     p.add_argument("--topology", type=Path, help="a sysfs mirror (numa/<fixture>) instead of this machine")
     p.add_argument("--json", action="store_true", help="print only the canonical JSON (sha256 it to get the hash)")
+    p.add_argument("--table", action="store_true", help="print only the table and the hash")
     p.add_argument("--relock", action="store_true",
                    help="write the profile's sha256 (every profile's without --profile) into launcher/lock.json")
     p.add_argument("--write-schema", action="store_true", help="regenerate launcher/schema.json")
