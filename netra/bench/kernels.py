@@ -33,6 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, default=60, help="timed graph replays per provider and shape")
     p.add_argument("--sweep-target-blocks", default="",
                    help="also time the netra tactic at these launch widths (exploration rows)")
+    p.add_argument("--pdl", action="store_true",
+                   help="also time the tactic launched with programmatic dependent launch (exploration row)")
     p.add_argument("--skip-checks", action="store_true", help="skip the correctness checks (not for records)")
     p.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "sm90", help="record directory")
     p.add_argument("--stem", default="", help="record file stem (default argmax_<date>)")
@@ -99,6 +101,7 @@ def bench_argmax(args: argparse.Namespace, torch: Any, copy_bps: float) -> tuple
     sweep = [int(t) for t in args.sweep_target_blocks.split(",") if t]
     out_rows: list[dict[str, Any]] = []
     speedups: dict[str, Any] = {}
+    explorations: list[str] = []
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
         for rows in rows_list:
@@ -121,6 +124,19 @@ def bench_argmax(args: argparse.Namespace, torch: Any, copy_bps: float) -> tuple
             t_outs = [torch.empty_like(o) for o in outs]
             providers.append(GraphProvider("torch.argmax", lambda x, o: torch.argmax(x, dim=-1, out=o),
                                            inputs, t_outs, torch))
+            # The per-call cost of a trivial kernel node under the same protocol (fills the output):
+            # what any provider pays for its launch in graph replay, whatever it reads.
+            providers.append(GraphProvider("baseline:fill_", lambda x, o: o.fill_(0), inputs,
+                                           [torch.empty_like(o) for o in outs], torch))
+            if args.pdl:
+                from netra.runtime import RuntimeBridgeError
+
+                try:  # exploration: a failure is recorded, not fatal to the record
+                    providers.append(GraphProvider(
+                        "netra+pdl", lambda x, o, t=tactic: op.launch(t, x, o, pdl=True),
+                        inputs, [torch.empty_like(o) for o in outs], torch))
+                except (RuntimeBridgeError, TypeError, AttributeError, ValueError) as exc:
+                    explorations.append(f"netra+pdl {dtype_name} rows {rows}: {exc}")
             for tb in sweep:
                 providers.append(GraphProvider(
                     f"netra@tb{tb}", lambda x, o, tb=tb: netra_fn(x, o, tb=tb), inputs,
@@ -144,8 +160,13 @@ def bench_argmax(args: argparse.Namespace, torch: Any, copy_bps: float) -> tuple
                 })
             speedups[f"{dtype_name}[{rows},{vocab}]"] = {
                 "netra_vs_torch.argmax": round(by_name["torch.argmax"] / by_name["netra"], 3)}
+            if "netra+pdl" in by_name:
+                speedups[f"{dtype_name}[{rows},{vocab}]"]["netra+pdl_vs_torch.argmax (exploration)"] = round(
+                    by_name["torch.argmax"] / by_name["netra+pdl"], 3)
             del inputs, outs, t_outs, providers
             torch.cuda.empty_cache()
+    if explorations:
+        speedups["exploration_errors"] = explorations
     return out_rows, speedups
 
 

@@ -129,10 +129,11 @@ def _bind(tactic: Any) -> dict[str, Any]:
     return b
 
 
-def launch(tactic: Any, x: Any, out: Any, target_blocks: int | None = None) -> Any:
+def launch(tactic: Any, x: Any, out: Any, target_blocks: int | None = None, pdl: bool = False) -> Any:
     """Launch the tactic on ``x`` into ``out`` on the current stream (no allocation, no sync).
 
-    ``target_blocks`` overrides the contract's launch shape (benchmark sweeps only).
+    ``target_blocks`` overrides the contract's launch shape and ``pdl`` launches with programmatic
+    dependent launch (benchmark explorations only).
     """
     import torch
 
@@ -150,7 +151,10 @@ def launch(tactic: Any, x: Any, out: Any, target_blocks: int | None = None) -> A
         p.out = out.data_ptr()
         p.rows = rows
         p.chunks = chunks
-        tactic.launch(grid, stream)
+        if pdl:
+            tactic.launch_pdl(grid, stream)
+        else:
+            tactic.launch(grid, stream)
     return out
 
 

@@ -110,6 +110,30 @@ class Tactic:
             raise RuntimeBridgeError(f"cuLaunchKernel {self.contract.name}: {_err_name(_state['cu'], err)}")
 
 
+    def launch_pdl(self, grid: int, stream: int) -> None:
+        """As `launch`, with programmatic dependent launch allowed (Hopper): the kernel may be
+        scheduled before the previous kernel in the stream ends, and waits for it in-kernel
+        (``griddepcontrol.wait``). Exploration only (netra bench kernels); dispatch does not use it."""
+        cu = _state["cu"]
+        cfg = self.binding.get("_pdl_config")
+        if cfg is None:
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            cfg = cu.CUlaunchConfig()
+            cfg.gridDimY = cfg.gridDimZ = 1
+            cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = self.block, 1, 1
+            cfg.sharedMemBytes = self.smem_bytes
+            cfg.attrs = [attr]
+            cfg.numAttrs = 1
+            self.binding["_pdl_config"] = cfg
+        cfg.gridDimX = grid
+        cfg.hStream = stream
+        (err,) = cu.cuLaunchKernelEx(cfg, self.function, self._param_ptrs_addr, 0)
+        if int(err) != 0:
+            raise RuntimeBridgeError(f"cuLaunchKernelEx (PDL) {self.contract.name}: {_err_name(cu, err)}")
+
+
 def load_tactic(contract: Contract, device: int) -> Tactic:
     """Load (once) the contract's code object on ``device``; see the module docstring."""
     key = (contract.name, device)

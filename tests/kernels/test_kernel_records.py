@@ -1,0 +1,37 @@
+"""Committed kernel records are well formed, and every accepted contract's evidence supports it."""
+
+from __future__ import annotations
+
+import json
+
+from netra.build import read_lock
+from netra.catalog import Catalog
+from netra.records import validate
+from netra.settings import REPO_ROOT
+
+
+def test_kernel_records_validate() -> None:
+    for path in sorted((REPO_ROOT / "results" / "sm90").glob("*.json")):
+        record = json.loads(path.read_text())
+        validate(record)
+        assert record["kind"] == "kernel" and record["target"] == "sm90", path
+        for row in record["rows"]:
+            assert {"shape", "dtype", "provider", "mode", "median_us", "p90_us"} <= set(row), path
+
+
+def test_accepted_contracts_cite_passing_records() -> None:
+    locked = {e["name"]: e["sha256"] for e in read_lock()["code_objects"]}
+    for c in Catalog.load().contracts:
+        if c.maturity != "accepted":
+            continue
+        for ev in c.evidence:
+            record = json.loads((REPO_ROOT / ev).read_text())
+            assert record["family"] == c.family and record["status"] == "measured", ev
+            assert record["verdict"] == "accepted", f"{c.name} cites {ev} whose verdict is {record['verdict']}"
+            checks = record["checks"]
+            assert checks.get("mismatches") == 0 and checks.get("eager_equals_replay") is True, ev
+            gates = record.get("gates", {})
+            assert gates and all(g["pass"] for g in gates.values()), ev
+            assert c.name in record.get("code_objects", {}), f"{ev} did not measure {c.name}"
+            # The evidence measured the code object the lock pins (a changed kernel needs a new record).
+            assert record["code_objects"][c.name]["sha256"] == locked[c.name], f"{ev} measured another build"
