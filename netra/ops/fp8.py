@@ -22,6 +22,12 @@ AMAX_EPS = 1e-10  # SGLang's per_token_group_quant_fp8 floor: an all-zero group 
 BLOCK = 128
 
 
+def _div448(amax: torch.Tensor) -> torch.Tensor:
+    """``amax / 448`` as an IEEE division on every device (CUDA turns a division by a Python scalar
+    into a multiplication by its rounded reciprocal, which moves some scales by one ulp)."""
+    return amax / torch.full_like(amax, E4M3_MAX)
+
+
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -37,7 +43,7 @@ def block_quantize_weight(w: torch.Tensor, block: tuple[int, int] = (BLOCK, BLOC
     padded[..., :n, :k] = wf
     blocks = padded.reshape(*lead, nb, bn, kb, bk)
     amax = blocks.abs().amax(dim=(-3, -1)).clamp(min=AMAX_EPS)  # [..., nb, kb]
-    scale = amax / E4M3_MAX
+    scale = _div448(amax)
     q = (blocks / scale[..., :, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX)
     q = q.reshape(*lead, nb * bn, kb * bk)[..., :n, :k].to(E4M3)
     return q.contiguous(), scale.contiguous()
@@ -69,7 +75,7 @@ def quantize_per_token_group(x: torch.Tensor, group: int = BLOCK) -> tuple[torch
     if kb * group != k:
         xf = torch.nn.functional.pad(xf, (0, kb * group - k))
     g = xf.reshape(*x.shape[:-1], kb, group)
-    scale = g.abs().amax(dim=-1).clamp(min=AMAX_EPS) / E4M3_MAX
+    scale = _div448(g.abs().amax(dim=-1).clamp(min=AMAX_EPS))
     q = (g / scale[..., None]).clamp(-E4M3_MAX, E4M3_MAX).reshape(*x.shape[:-1], kb * group)[..., :k]
     return q.to(E4M3).contiguous(), scale.contiguous()
 
@@ -95,6 +101,6 @@ def fake_quantize_per_token_group(x: torch.Tensor, group: int = BLOCK, dtype: to
         return (q.to(dtype).reshape(*x.shape[:-1], -1)[..., :k] *
                 s.to(dtype).repeat_interleave(group, dim=-1)[..., :k])
     g = x.float().reshape(*x.shape[:-1], k // group, group)
-    scale = g.abs().amax(dim=-1, keepdim=True).clamp_(min=AMAX_EPS).div_(E4M3_MAX)
+    scale = _div448(g.abs().amax(dim=-1, keepdim=True).clamp_(min=AMAX_EPS))
     q = (g / scale).clamp_(-E4M3_MAX, E4M3_MAX).to(E4M3)
     return (q.to(dtype) * scale.to(dtype)).reshape(x.shape)

@@ -4,11 +4,13 @@ shapes (seeded weights) through prefill and decode. Reference ops only (no tacti
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 import torch
 
 from netra.engine.cache import StatePools
+from netra.engine.config import preset
 from netra.engine.engine import build_engine
 from netra.engine.model import Model, prefill_batch
 from netra.engine.options import EngineOptions
@@ -36,17 +38,18 @@ def _run(opts: EngineOptions, prompts: list[list[int]], n: int) -> tuple[list[li
 
 def test_tiny_on_cuda_matches_cpu_logits() -> None:
     opts = dict(preset="tiny", context_length=256, max_running_requests=4)
-    cpu = build_engine(EngineOptions(device="cpu", **opts))  # type: ignore[arg-type]
-    dev = torch.device("cuda")
-    # the CPU-seeded weights on the GPU (CUDA's generator draws other numbers for the same seed)
-    gpu = Model(cpu.config, weights_to(seeded_weights(cpu.config, 0), dev),
-                StatePools(cpu.config, 4, 256, dev), dev)
+    # Cross-device comparison on a BF16 variant (BF16 weights and KV cache): with FP8 everywhere a
+    # one-ulp difference (CUDA's exp/log differ from the CPU's) flips E4M3 roundings and a random
+    # model amplifies them layer by layer, so only the BF16 model is compared value by value.
+    cfg = replace(preset("tiny"), fp8_weights=False)
+    cpu_dev, dev = torch.device("cpu"), torch.device("cuda")
+    w = seeded_weights(cfg, 0)  # CPU-seeded, then moved (CUDA's generator draws other numbers)
+    cpu = Model(cfg, w, StatePools(cfg, 4, 256, cpu_dev, "bfloat16"), cpu_dev)
+    gpu = Model(cfg, weights_to(seeded_weights(cfg, 0), dev), StatePools(cfg, 4, 256, dev, "bfloat16"), dev)
     prompt = list(range(30, 90))
-    print("tf32:", torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
     lg = gpu.forward(prefill_batch(dev, [(1, prompt, 0, True)])).cpu()
-    lc = cpu.model.forward(prefill_batch(cpu.model.device, [(1, prompt, 0, True)]))
-    print("tiny cuda vs cpu max |dlogit|:", float((lg - lc).abs().max()), "argmax equal:",
-          bool(lg.argmax() == lc.argmax()))
+    lc = cpu.forward(prefill_batch(cpu_dev, [(1, prompt, 0, True)]))
+    print("tiny (bf16) cuda vs cpu max |dlogit|:", float((lg - lc).abs().max()))
     assert torch.allclose(lg, lc, atol=0.05, rtol=0.05)
     outs, dt = _run(EngineOptions(device="cuda", **opts), [prompt, prompt[:7], prompt[5:40]], 32)  # type: ignore[arg-type]
     assert [len(o) for o in outs] == [32, 32, 32]
