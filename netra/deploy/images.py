@@ -255,10 +255,16 @@ def relock(path: Path = LOCK_PATH, root: Path = REPO_ROOT) -> list[str]:
     return changed
 
 
-def pin(name: str, digest: str, path: Path = LOCK_PATH, root: Path = REPO_ROOT) -> ImageEntry:
-    """Record a registry digest for an image's upstream reference and pin the Dockerfile's FROM to it."""
+def pin(name: str, digest: str, path: Path = LOCK_PATH, root: Path = REPO_ROOT, *,
+        reference: str | None = None) -> ImageEntry:
+    """Record a registry digest for an image's upstream reference and pin the Dockerfile's FROM to it.
+
+    `reference` replaces the upstream reference too, for when the registry shows the locked tag under
+    another name (the digest is always the one read for that reference)."""
     if not DIGEST_RE.fullmatch(digest):
         raise ImageLockError(f"digest {digest!r} is not sha256:<64 hex>")
+    if reference is not None and ("@" in reference or not reference.strip() or " " in reference):
+        raise ImageLockError(f"reference {reference!r} must be a plain image reference without a digest")
     entries = load_lock(path)
     if name not in entries:
         raise ImageLockError(f"image {name!r} is not in the image lock (locked: {', '.join(sorted(entries))})")
@@ -269,7 +275,7 @@ def pin(name: str, digest: str, path: Path = LOCK_PATH, root: Path = REPO_ROOT) 
     pattern = re.compile(rf"^(FROM\s+(?:--\S+\s+)*){re.escape(old)}(\s|$)", re.MULTILINE)
     if not pattern.search(text):
         raise ImageLockError(f"{e.dockerfile}: no FROM {old} line to pin")
-    new = ImageEntry(**{**asdict(e), "digest": digest})
+    new = ImageEntry(**{**asdict(e), "digest": digest, "reference": reference or e.reference})
     df.write_text(pattern.sub(lambda m: f"{m.group(1)}{new.pinned_reference}{m.group(2)}", text))
     entries[name] = ImageEntry(**{**asdict(new), "dockerfile_sha256": _sha256(df)})
     write_lock(entries, path)
@@ -284,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     p_pin = sub.add_parser("pin", help="record a registry digest and pin the Dockerfile's FROM to it")
     p_pin.add_argument("name")
     p_pin.add_argument("digest")
+    p_pin.add_argument("--reference", help="the upstream reference the digest was read for, if not the locked one")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "lint":
@@ -299,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             changed = relock()
             print("relocked: " + (", ".join(changed) or "nothing changed"))
             return 0
-        e = pin(args.name, args.digest)
+        e = pin(args.name, args.digest, reference=args.reference)
         print(f"pinned {e.name}: FROM {e.pinned_reference}")
         return 0
     except ImageLockError as exc:

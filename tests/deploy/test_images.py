@@ -132,6 +132,16 @@ def test_pin_rewrites_from_and_satisfies_strict(tree: Path) -> None:
         images.pin("netra-sglang-cuda-sm90", "sha256:xyz", _lock(tree), tree)
 
 
+def test_pin_with_a_corrected_reference(tree: Path) -> None:
+    ref = "lmsysorg/sglang:v0.5.23-rocm724-mi35x"
+    entry = images.pin("netra-sglang-rocm-gfx950", DIGEST, _lock(tree), tree, reference=ref)
+    assert (entry.reference, entry.pinned_reference) == (ref, f"{ref}@{DIGEST}")
+    assert images.from_lines(tree / "images" / "sglang-gfx950.Dockerfile") == [f"{ref}@{DIGEST}"]
+    assert images.lint(_lock(tree), tree) == []
+    with pytest.raises(images.ImageLockError, match="without a digest"):
+        images.pin("netra-sglang-rocm-gfx950", DIGEST, _lock(tree), tree, reference=f"{ref}@{DIGEST}")
+
+
 @pytest.mark.parametrize(("edit", "named"), [
     (lambda e: e.update(registry="docker.io"), "unknown key images.netra-sglang-cuda-sm90.registry"),
     (lambda e: e.pop("digest"), "missing key images.netra-sglang-cuda-sm90.digest"),
