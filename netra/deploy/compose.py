@@ -72,8 +72,8 @@ def _image(profile: Any) -> tuple[str, Any]:
     return name, entries[name]
 
 
-def _health(port: int, start_period_s: float) -> dict[str, Any]:
-    probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/health', timeout=4)"
+def _health(base_url: str, start_period_s: float) -> dict[str, Any]:
+    probe = f"import urllib.request; urllib.request.urlopen('{base_url}/health', timeout=4)"
     return {"test": ["CMD", "python3", "-c", probe], **HEALTH, "start_period": f"{int(start_period_s)}s"}
 
 
@@ -149,7 +149,7 @@ def build(profile: Any, topology_dir: str | Path | None = None) -> tuple[dict[st
             "shm_size": SHM_SIZE,
             "ulimits": {"memlock": -1, "stack": 67108864, "nofile": nofile},
             "volumes": [run_volume, f"hf-cache:{HF_CACHE}"],
-            "healthcheck": _health(w.engine_port, profile.supervisor.health_timeout_s),
+            "healthcheck": _health(w.engine_url, profile.supervisor.health_timeout_s),
         })
         if w.cpus:
             svc["cpuset"] = w.cpulist
@@ -159,7 +159,7 @@ def build(profile: Any, topology_dir: str | Path | None = None) -> tuple[dict[st
         svc.update({
             "command": list(w.serve_argv),
             "ulimits": {"nofile": nofile},
-            "healthcheck": _health(w.serve_port, SERVE_START_PERIOD_S),
+            "healthcheck": _health(w.serve_url, SERVE_START_PERIOD_S),
             "depends_on": {f"worker{w.index}": {"condition": "service_healthy"}},
         })
         if w.serve_env:
@@ -177,7 +177,7 @@ def build(profile: Any, topology_dir: str | Path | None = None) -> tuple[dict[st
         "ulimits": {"nofile": nofile},
         "volumes": [run_volume],
         # Healthy once nginx routes a request through to a response layer's /health.
-        "healthcheck": _health(front.port, SERVE_START_PERIOD_S),
+        "healthcheck": _health(front.url, SERVE_START_PERIOD_S),
         "depends_on": {f"serve{w.index}": {"condition": "service_healthy"} for w in plan.workers},
     }
     doc = {

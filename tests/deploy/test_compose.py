@@ -287,3 +287,12 @@ def test_render_that_compose_rejects_is_not_written(at_repo: None, tmp_path: Pat
     assert compose.main(_args(profile="dp8-throughput128", topology=EXAMPLES["dp8-throughput128"],
                               unverified=True)) == 1
     assert capsys.readouterr().out == ""
+
+
+def test_front_health_probe_follows_its_listen_address(at_repo: None, tmp_path: Path) -> None:
+    out = tmp_path / "addr.yaml"
+    assert compose.main(_args("front.host=10.1.2.3", profile="dp8-h200-throughput128",
+                              topology="numa/dual-socket-8x-h200", unverified=True, output=out)) == 0
+    doc = yaml.safe_load(out.read_text())
+    assert "http://10.1.2.3:8000/health" in " ".join(doc["services"]["front"]["healthcheck"]["test"])
+    assert "listen 10.1.2.3:8000 " in doc["configs"]["nginx_conf"]["content"]
