@@ -190,9 +190,14 @@ class Server:
                 "context_length": self.opt.context_length, "engine": "netra"}
 
     def server_info(self) -> dict[str, Any]:
+        from netra.ops._common import decisions
+        from netra.runtime import loaded_tactics
+
+        code_objects = [{"sha256": t.sha256, "name": t.contract.name, "family": t.contract.family, "device": dev}
+                        for (_, dev), t in sorted(loaded_tactics().items())]
         return {**self.opt.to_json(), "engine": "netra", "version": netra.__version__,
                 "startup_s": self.engine.startup_s, "state_pool_bytes": self.engine.pools.nbytes(),
-                "load": self.sched.load()}
+                "load": self.sched.load(), "code_objects": code_objects, "dispatch": decisions()}
 
     def _build_app(self) -> FastAPI:
         @contextlib.asynccontextmanager

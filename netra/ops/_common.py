@@ -61,6 +61,15 @@ def route(op: str, tensors: dict[str, torch.Tensor], params: dict[str, int],
     return launcher, decision
 
 
+def decisions() -> dict[str, list[str]]:
+    """Each op's distinct decisions so far (tactic contract name, or the fallback reason): `/server_info`."""
+    out: dict[str, set[str]] = {}
+    for key, d in list(_decisions.items()):
+        label = d.contract.name if d.tactic is not None and d.contract is not None else f"fallback: {d.reason}"
+        out.setdefault(str(key[0]), set()).add(label)
+    return {op: sorted(v) for op, v in sorted(out.items())}
+
+
 def reset_decisions() -> None:
     """Forget cached decisions (after `netra.dispatch.reset`, in tests)."""
     _decisions.clear()

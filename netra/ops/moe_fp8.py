@@ -297,6 +297,7 @@ class MoeSm90:
         self.out = torch.zeros(MAX_TOKENS, HIDDEN, dtype=bf, device=dev)
         self.aq_q = torch.zeros(r, INTER, dtype=torch.float8_e4m3fn, device=dev)
         self.aq_s = torch.zeros(r, INTER // GROUP, dtype=f32, device=dev)
+        self._allow_dynamic_smem()
         self._aq = _ActQuantParams.from_buffer(self.t["act_quant"].params)
         self._rt = _RouteParams.from_buffer(self.t["route"].params)
         self._al = _RouteParams.from_buffer(self.t["align"].params)
@@ -304,6 +305,18 @@ class MoeSm90:
         self._dn = _GemmParams.from_buffer(self.t["down"].params)
         for p in (self._rt, self._al):
             self._fill_meta(p)
+
+    def _allow_dynamic_smem(self) -> None:
+        """The GEMMs stage weights in dynamic shared memory (up to 64 KB): above 48 KB a kernel must be
+        allowed explicitly (cuFuncSetAttribute), which netra.runtime.load_tactic does not do."""
+        from netra.runtime import check, driver
+
+        cu = driver()
+        attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        for key in ("gate_up", "down"):
+            t = self.t[key]
+            if t.smem_bytes > 0:
+                check(cu.cuFuncSetAttribute(t.function, attr, t.smem_bytes), f"cuFuncSetAttribute {key}")
 
     @staticmethod
     def _stream() -> int:

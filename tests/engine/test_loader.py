@@ -71,3 +71,28 @@ def test_loader_names_missing_and_misshapen_tensors(tmp_path: Path) -> None:
     save_file(tensors, str(f))
     with pytest.raises(CheckpointError, match="does not use"):
         load_checkpoint(tmp_path)
+
+
+def test_checkpoint_tokenizer_json_is_used(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from netra.engine.tokenizer import HFTokenizer
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=262, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["hello world, the engine says hello"] * 20, trainer)
+    e = build_engine(EngineOptions(context_length=64, max_running_requests=1))
+    save_checkpoint(e.config, seeded_weights(e.config, 0), tmp_path)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    loaded = build_engine(EngineOptions(checkpoint=str(tmp_path), context_length=64, max_running_requests=1))
+    assert isinstance(loaded.tokenizer, HFTokenizer)
+    ids = loaded.tokenizer.encode("hello world")
+    assert ids == tok.encode("hello world").ids and all(i < 262 for i in ids)
+    assert loaded.tokenizer.decode(ids) == "hello world"
+    # an incomplete multi-byte character is held back until it completes
+    euro = loaded.tokenizer.encode("€")
+    assert len(euro) == 3 and loaded.tokenizer.decode(euro[:2], final=False) == ""
+    assert loaded.tokenizer.decode(euro) == "€"
