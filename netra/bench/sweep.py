@@ -194,6 +194,12 @@ def run_sweep(args: argparse.Namespace) -> tuple[dict[str, Any], Path | None, Pa
         "upstream": {"url": args.url, "profile": args.profile, "sets": args.sets,
                      "synthetic_rate": args.synthetic_rate if args.synthetic else None},
     }
+    if len(ks) == 2 and args.repeats >= 3:
+        record["clients_comparison"] = compare_clients(rows, ks, concs)
+        for c, v in record["clients_comparison"].items():
+            print(f"C={c}: K={ks[1]} vs K={ks[0]}: {v['mean_b']:.2f} vs {v['mean_a']:.2f} output tok/s "
+                  f"({100 * (v['rel_diff'] or 0):+.2f}%), 95% CI [{v['ci95'][0]:.2f}, {v['ci95'][1]:.2f}], "
+                  f"permutation p {v['permutation']['p']:.3f}: K={ks[1]} is {v['verdict']}", flush=True)
     path = png = None
     if not args.no_record:
         stem = f"bench-sweep-{scenario}-{stamp}"
@@ -206,6 +212,20 @@ def run_sweep(args: argparse.Namespace) -> tuple[dict[str, Any], Path | None, Pa
 
         png = plot_sweep(rows, args.plot, scenario)
     return record, path, png
+
+
+def compare_clients(rows: list[dict[str, Any]], ks: list[int], concs: list[int]) -> dict[str, Any]:
+    """Per concurrency: output tok/s with ks[1] clients (arm B) against ks[0] clients (arm A), over
+    the repeats, with the A/B gate's statistics (the instrument check)."""
+    from netra.bench import stats
+
+    out: dict[str, Any] = {}
+    for c in concs:
+        a = [r["output_tok_s"] for r in rows if r["concurrency"] == c and r["clients"] == ks[0]]
+        b = [r["output_tok_s"] for r in rows if r["concurrency"] == c and r["clients"] == ks[1]]
+        if len(a) >= 2 and len(b) >= 2:
+            out[str(c)] = {"clients_a": ks[0], "clients_b": ks[1], **stats.verdict(a, b)}
+    return out
 
 
 def main(args: argparse.Namespace) -> int:
