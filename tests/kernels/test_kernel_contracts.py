@@ -120,6 +120,7 @@ def test_catalog_duplicate_ambiguity_evidence_and_directory(tmp_path: Path) -> N
     root = tmp_path / "ev"
     c = base_doc()
     c["maturity"] = "accepted"
+    c["evidence"] = []
     write(root, c)
     with pytest.raises(CatalogError, match="must cite evidence"):
         Catalog.load(root)
