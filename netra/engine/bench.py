@@ -80,6 +80,46 @@ def _stats(base: str) -> dict[str, Any]:
     return data
 
 
+def in_process(args: argparse.Namespace) -> dict[str, Any]:
+    """The same workload driven in this process with no HTTP (`Scheduler.run_until_idle`): the
+    scheduler's own per-step cost without the server thread competing for the interpreter."""
+    import torch
+
+    from netra.engine.engine import build_engine
+    from netra.engine.options import EngineOptions
+    from netra.engine.scheduler import Request, SamplingParams
+
+    torch.set_num_threads(args.torch_threads)
+    out: dict[str, Any] = {}
+    for c in args.concurrency:
+        e = build_engine(EngineOptions(preset="tiny", max_running_requests=max(args.concurrency),
+                                       torch_threads=args.torch_threads))
+        rng = random.Random(c)
+        params = SamplingParams(max_new_tokens=args.output_len, temperature=0.0, ignore_eos=True)
+        counts: dict[str, int] = {}
+
+        def sink(o: Any, counts: dict[str, int] = counts) -> None:
+            counts[o.rid] = o.completion_tokens
+
+        for i in range(c):
+            e.scheduler.submit(Request(str(i), [rng.randrange(256) for _ in range(args.input_len)], params, sink))
+        t = time.perf_counter()
+        e.scheduler.run_until_idle()
+        wall = time.perf_counter() - t
+        st = e.scheduler.stats.to_json()
+        steps = max(1, st["steps"])
+        out[str(c)] = {"concurrency": c, "output_tok_s": sum(counts.values()) / wall, "steps": st["steps"],
+                       "forward_ms_per_step": st["forward_ms_per_step"],
+                       "sample_ms_per_step": 1e3 * st["sample_s"] / steps,
+                       "overhead_ms_per_step": st["overhead_ms_per_step"],
+                       "forward_cpu_ms_per_step": st["forward_cpu_ms_per_step"],
+                       "overhead_cpu_ms_per_step": st["overhead_cpu_ms_per_step"],
+                       "output_tok_per_cpu_s": sum(counts.values()) / max(1e-9, st["step_cpu_s"]),
+                       "overhead_fraction_of_step": st["overhead_s"] / max(1e-9, st["step_s"]),
+                       "exact_tokens": all(v == args.output_len for v in counts.values()) and len(counts) == c}
+    return out
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     sched: dict[str, Any] = {}
@@ -99,12 +139,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             checks["requests_completed"] += len(res)
             checks["token_mismatches"] += sum(r["n"] != args.output_len for r in res)
             d = {k: after[k] - before[k] for k in ("steps", "decode_steps", "prefill_steps", "decode_rows",
-                                                   "padded_rows", "forward_s", "sample_s", "step_s")}
+                                                   "padded_rows", "forward_s", "sample_s", "step_s",
+                                                   "forward_cpu_s", "sample_cpu_s", "step_cpu_s")}
             steps = max(1, d["steps"])
             overhead = d["step_s"] - d["forward_s"] - d["sample_s"]
             sched[str(c)] = {**d, "forward_ms_per_step": 1e3 * d["forward_s"] / steps,
                              "sample_ms_per_step": 1e3 * d["sample_s"] / steps,
                              "overhead_ms_per_step": 1e3 * overhead / steps,
+                             "forward_cpu_ms_per_step": 1e3 * d["forward_cpu_s"] / steps,
+                             "overhead_cpu_ms_per_step": 1e3 * (d["step_cpu_s"] - d["forward_cpu_s"]
+                                                                - d["sample_cpu_s"]) / steps,
                              "overhead_fraction_of_step": overhead / max(1e-9, d["step_s"]),
                              "mean_decode_batch": d["decode_rows"] / max(1, d["decode_steps"])}
             ttft = [r["ttft"] * 1e3 for r in res]
@@ -117,6 +161,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                          "clients": 1, "workers": 1, "window_s": window,
                          "scheduler_overhead_ms_per_step": sched[str(c)]["overhead_ms_per_step"],
                          "forward_ms_per_step": sched[str(c)]["forward_ms_per_step"],
+                         "scheduler_overhead_cpu_ms_per_step": sched[str(c)]["overhead_cpu_ms_per_step"],
+                         "forward_cpu_ms_per_step": sched[str(c)]["forward_cpu_ms_per_step"],
                          "mean_tpot_ms": statistics.fmean(tpot) if tpot else float("nan")})
     checks["exact_tokens"] = checks["token_mismatches"] == 0 and checks["requests_completed"] == checks["requests_sent"]
     return {"rows": rows, "scheduler": sched, "checks": checks}
@@ -135,10 +181,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-record", action="store_true")
     args = p.parse_args(argv)
     result = run(args)
+    result["in_process"] = in_process(args)
     for r in result["rows"]:
         print(f"C={r['concurrency']:>3}  {r['output_tok_s']:8.1f} out tok/s  TTFT p50 {r['ttft_ms_p50']:7.1f} ms  "
               f"TPOT p50 {r['tpot_ms_p50']:6.1f} ms  step: forward {r['forward_ms_per_step']:.2f} ms, "
-              f"scheduler overhead {r['scheduler_overhead_ms_per_step']:.2f} ms")
+              f"scheduler overhead {r['scheduler_overhead_ms_per_step']:.2f} ms (CPU: forward "
+              f"{r['forward_cpu_ms_per_step']:.2f}, overhead {r['scheduler_overhead_cpu_ms_per_step']:.2f} ms)")
+    for c, r in result["in_process"].items():
+        print(f"in-process C={c:>3}  {r['output_tok_s']:8.1f} out tok/s  forward {r['forward_ms_per_step']:.2f} ms/step, "
+              f"sampling {r['sample_ms_per_step']:.2f}, scheduler overhead {r['overhead_ms_per_step']:.3f} ms/step; "
+              f"CPU time: forward {r['forward_cpu_ms_per_step']:.2f}, overhead {r['overhead_cpu_ms_per_step']:.3f} ms/step, "
+              f"{r['output_tok_per_cpu_s']:.0f} tok per CPU-second")
+    result["checks"]["in_process_exact_tokens"] = all(r["exact_tokens"] for r in result["in_process"].values())
     print("checks:", result["checks"])
     if args.no_record:
         return 0
@@ -148,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
               "cpu_count": os.cpu_count(), "git_sha": git_sha(), "date": utc_now(),
               "command": "python -m netra.engine.bench " + " ".join(sys.argv[1:] if argv is None else argv),
               "status": "measured", "rows": result["rows"], "scheduler": result["scheduler"],
+              "scheduler_in_process": result["in_process"],
               "checks": result["checks"], "verdict": "info" if result["checks"]["exact_tokens"] else "rejected",
               "notes": "client and engine share the machine's cores (and, here, other engineers' jobs); "
                        "forward = model forward incl. logits; overhead = step time outside forward and sampling"}
