@@ -397,11 +397,21 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--mode", choices=("ours", "peer"), default="ours")
+    ap.add_argument("--mode", choices=("ours", "peer", "report"), default="ours",
+                    help="ours/peer: measure on the GPU; report: write records from a run's ours.json/peer.json")
+    ap.add_argument("--from", dest="src", type=Path, default=None, help="report: the run's output folder")
+    ap.add_argument("--tag", default="", help="report: record stem suffix (e.g. _v1)")
+    ap.add_argument("--git-sha", default="", help="report: the commit measured")
     ap.add_argument("--sglang-root", type=Path, default=None)
     ap.add_argument("--rot", type=int, default=8)
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.mode == "report":
+        if args.src is None:
+            raise SystemExit("--mode report needs --from DIR")
+        for path in write_records(args.src, args.out, args.tag, args.git_sha):
+            print("wrote", path)
+        return 0
     w = make_weights()
     bw = copy_bandwidth()
     doc: dict[str, Any] = {"device": torch.cuda.get_device_name(), "copy_bw_Bps": bw, "rot": args.rot}
@@ -436,6 +446,75 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "ours.json").write_text(json.dumps(doc, indent=1))
     print_table(doc)
     return 0
+
+
+COMMAND = ("bash scripts/gpu/moe_h200.sh  # on the H200 (device run), then: python -m netra.bench.kernels_moe "
+           "--mode report --from <run dir> --out results/sm90")
+
+
+def _pick(rows: list[dict[str, Any]], provider: str, mode: str, tokens: int) -> float | None:
+    vals = [r["median_us"] for r in rows if r["provider"] == provider and r["mode"] == mode and r["tokens"] == tokens]
+    return min(vals) if vals else None
+
+
+def write_records(src: Path, out: Path, tag: str, git_sha: str) -> list[Path]:
+    """Records (shared/design/RESULTS.md) for act+quant, routing and the layer from one device run."""
+    from netra.records import git_sha as repo_sha
+    from netra.records import utc_now, write_record
+
+    ours = json.loads((src / "ours.json").read_text())
+    peer = json.loads((src / "peer.json").read_text()) if (src / "peer.json").is_file() else None
+    prow = peer["rows"] if peer else {}
+    sha = git_sha or repo_sha()
+    base = {"kind": "kernel", "family": "moe", "target": "sm90", "device": ours["device"], "git_sha": sha,
+            "date": utc_now(), "command": COMMAND, "status": "measured", "copy_bw_Bps": ours["copy_bw_Bps"],
+            "peer": "SGLang 0.5.23 Triton fused-MoE kernels (netra/bench/peers/sglang_moe.py)",
+            "peer_status": "measured" if peer else "not measured: peer process failed or timed out (peer_log.txt)"}
+    paths = []
+    # act + quant
+    aq = ours["rows"]["act_quant"] + prow.get("act_quant", [])
+    sp = {}
+    for m in (1, 16, 128):
+        a, b = _pick(aq, "netra", "graph", m), _pick(aq, "sglang_triton_pair", "graph", m)
+        sp[str(m)] = {"vs_sglang_triton_pair_graph": (b / a) if a and b else None}
+    chk = ours["checks"].get("act_quant", {})
+    gate = bool(chk.get("bitwise_equal")) and all((v["vs_sglang_triton_pair_graph"] or 0) >= 1.5 for v in sp.values())
+    paths.append(write_record({**base, "rows": aq, "checks": chk, "speedups": sp,
+                               "verdict": "accepted" if gate else "rejected",
+                               "gate": "bitwise equal and >= 1.5x SGLang's two-kernel pair at 1, 16, 128 tokens"},
+                              out, f"moe_act_quant{tag}"))
+    # routing
+    rchk = {"route": ours["checks"].get("route", {}), "align": ours["checks"].get("align", {})}
+    exact = bool(rchk["route"].get("ids_exact")) and rchk["route"].get("meta_mismatches") == 0 \
+        and rchk["align"].get("meta_mismatches") == 0
+    paths.append(write_record({**base, "rows": ours["rows"]["route"], "checks": rchk,
+                               "verdict": "accepted" if exact else "rejected",
+                               "gate": "top-8 ids exactly equal (ties, equal rows, zero rows), metadata exact"},
+                              out, f"moe_route{tag}"))
+    # layer
+    lrows = ours["rows"]["layer"] + ours["rows"].get("layer_shared", []) + prow.get("layer", [])
+    lsp: dict[str, Any] = {}
+    ok = bool(ours["checks"].get("layer", {}).get("within_tolerance")) and peer is not None
+    for m in BATCHES:
+        entry: dict[str, Any] = {}
+        for mode in ("graph", "eager"):
+            a, b = _pick(lrows, "netra", mode, m), _pick(lrows, "sglang_triton", mode, m)
+            entry[f"vs_sglang_{mode}"] = (b / a) if a and b else None
+        floor = next((r["floor_us"] for r in lrows if r["provider"] == "netra" and r["tokens"] == m), None)
+        a = _pick(lrows, "netra", "graph", m)
+        entry["floor_fraction_graph"] = (floor / a) if floor and a else None
+        lsp[str(m)] = entry
+        g = entry["vs_sglang_graph"] or 0.0
+        need = 2.0 if m == 1 else 1.2 if m == 8 else 1.0
+        ok &= g >= need
+    ok &= (lsp["128"]["floor_fraction_graph"] or 0.0) >= 0.95
+    paths.append(write_record({**base, "rows": lrows, "checks": ours["checks"].get("layer", {}), "speedups": lsp,
+                               "verdict": "accepted" if ok else "rejected",
+                               "gate": "never slower than SGLang; >= 2.0x at 1 token, >= 1.2x at 8; >= 0.95 of the "
+                                       "copy-bandwidth floor at 128 (graph replay)",
+                               "tolerance": {"rel_l2_max": RTOL_LAYER, "cosine_min": COS_LAYER}},
+                              out, f"moe_layer{tag}"))
+    return paths
 
 
 def print_table(doc: dict[str, Any]) -> None:
