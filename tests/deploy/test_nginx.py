@@ -36,7 +36,7 @@ def test_every_profile_renders_a_valid_config(name: str, tmp_path: Path) -> None
     assert f"worker_rlimit_nofile {f.worker_rlimit_nofile};" in text
     assert re.search(rf"^\s+keepalive {f.keepalive};", text, re.M)
     for needed in ("proxy_buffering off;", "proxy_http_version 1.1;", 'proxy_set_header Connection "";',
-                   f"proxy_read_timeout {f.read_timeout_s}s;", "proxy_next_upstream error timeout http_503"):
+                   f"proxy_read_timeout {f.read_timeout_s}s;", "proxy_next_upstream error timeout http_502 http_503 non_idempotent;"):
         assert needed in text
     servers = re.findall(r"^\s+server (127\.0\.0\.1:\d+) max_fails=(\d+) fail_timeout=(\d+)s;", text, re.M)
     assert [s[0] for s in servers] == list(f.upstreams)
