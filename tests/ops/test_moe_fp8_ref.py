@@ -93,3 +93,43 @@ def test_moe_routed_ref_matches_engine_expert_mlp() -> None:
     assert torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-3)
     rel = (got.float() - want.float()).norm() / want.float().norm()
     assert rel < 2e-3
+
+
+def test_launch_structs_match_contract_layouts() -> None:
+    """The host ctypes structs must equal each contract's params_layout (the device checks its own)."""
+    import ctypes
+
+    from netra.catalog import Catalog
+    from netra.ops import moe_fp8
+
+    cat = Catalog.load()
+    structs = {"act_quant": moe_fp8._ActQuantParams, "route": moe_fp8._RouteParams, "align": moe_fp8._RouteParams,
+               "gate_up": moe_fp8._GemmParams, "down": moe_fp8._GemmParams}
+    for key, name in moe_fp8.CONTRACTS.items():
+        layout = dict(cat.by_name(name).kernel["params_layout"])
+        st = structs[key]
+        assert ctypes.sizeof(st) == layout.pop("size"), name
+        for field, off in layout.items():
+            if field == "meta":  # the nested RouteMeta starts with num_slots
+                field = "num_slots"
+            assert getattr(st, field).offset == off, (name, field)
+
+
+def test_sglang_align_ref_matches_sglang_docstring_example() -> None:
+    from netra.bench.peers.sglang_moe import align_block_ref
+
+    ids = torch.tensor([[2, 3, 4], [1, 2, 4], [1, 3, 4], [1, 2, 3]], dtype=torch.int32)
+    s, e, n = torch.empty(40, dtype=torch.int32), torch.empty(10, dtype=torch.int32), torch.empty(1, dtype=torch.int32)
+    align_block_ref(ids, 5, 4, s, e, n)
+    assert int(n) == 16
+    assert s[:16].tolist() == [3, 6, 9, 12, 0, 4, 10, 12, 1, 7, 11, 12, 2, 5, 8, 12]
+    assert e[:4].tolist() == [1, 2, 3, 4]
+
+
+def test_peer_loader_refuses_a_missing_wheel(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from netra.bench.peers.sglang_moe import load
+
+    with pytest.raises(FileNotFoundError, match="SGLang peer files missing"):
+        load(Path(str(tmp_path)))
