@@ -32,6 +32,7 @@ from netra.engine.options import EngineOptions
 from netra.engine.protocol import RequestError, check_request, parse_generate, parse_json
 from netra.engine.scheduler import Output, SamplingParams
 from netra.engine.scheduler import Request as EngineRequest
+from netra.engine.tokenizer import IncrementalDecoder
 
 log = logging.getLogger("netra.engine")
 
@@ -52,8 +53,8 @@ class _Pending:
     params: SamplingParams
     queue: asyncio.Queue[Output]
     started: float
+    decoder: IncrementalDecoder
     ids: list[int] = field(default_factory=list)
-    sent_text: str = ""
     completion_tokens: int = 0
     finish_reason: dict[str, Any] | None = None
 
@@ -73,7 +74,8 @@ class Server:
     def _start(self, rid: str, prompt: list[int], params: SamplingParams, stream: bool) -> _Pending:
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[Output] = asyncio.Queue()
-        pending = _Pending(rid, len(prompt), params, q, time.perf_counter())
+        pending = _Pending(rid, len(prompt), params, q, time.perf_counter(),
+                           self.tok.incremental(params.skip_special_tokens))
         self.inflight[rid] = pending
         seed = params.sampling_seed if params.sampling_seed is not None else self._seeds.getrandbits(63)
 
@@ -83,26 +85,25 @@ class Server:
         self.sched.submit(EngineRequest(rid, prompt, params, sink=sink, stream=stream, seed=seed))
         return pending
 
-    def _payload(self, p: _Pending, out: Output) -> dict[str, Any]:
+    def _payload(self, p: _Pending, out: Output, incremental: bool) -> dict[str, Any]:
+        """One event (or the whole response): tokens and text since the last event, or cumulative.
+        Text is decoded incrementally (linear in the output for the byte tokenizer)."""
         p.ids.extend(out.new_ids)
         p.completion_tokens = out.completion_tokens
         p.finish_reason = out.finish_reason
-        final = out.finish_reason is not None
-        text = self.tok.decode(p.ids, skip_special_tokens=p.params.skip_special_tokens, final=final)
+        new_text = p.decoder.push(out.new_ids, final=out.finish_reason is not None)
         meta = {"id": p.rid, "finish_reason": out.finish_reason, "prompt_tokens": p.prompt_tokens,
                 "completion_tokens": out.completion_tokens, "cached_tokens": 0,
                 "e2e_latency": time.perf_counter() - p.started}
-        if self.opt.incremental_streaming_output:
-            new_text = text[len(p.sent_text):] if text.startswith(p.sent_text) else text
-            p.sent_text = text
+        if incremental:
             return {"text": new_text, "output_ids": list(out.new_ids), "meta_info": meta}
-        return {"text": text, "output_ids": list(p.ids), "meta_info": meta}
+        return {"text": p.decoder.text, "output_ids": list(p.ids), "meta_info": meta}
 
     async def _stream(self, p: _Pending) -> AsyncIterator[bytes]:
         try:
             while True:
                 out = await p.queue.get()
-                payload = self._payload(p, out)
+                payload = self._payload(p, out, self.opt.incremental_streaming_output)
                 yield b"data: " + orjson.dumps(payload) + b"\n\n"
                 if out.finish_reason is not None:
                     break
@@ -122,13 +123,10 @@ class Server:
                         self.sched.abort(p.rid, "client disconnected")
                         return error_response("client disconnected", 499)
                     continue
+                # The non-streaming body is always the whole output, in both streaming modes.
+                payload = self._payload(p, out, incremental=False)
                 if out.finish_reason is not None:
-                    payload = self._payload(p, out)
-                    # The non-streaming body is always the whole output, in both streaming modes.
-                    payload["output_ids"] = list(p.ids)
-                    payload["text"] = self.tok.decode(p.ids, skip_special_tokens=p.params.skip_special_tokens)
                     return json_response(payload)
-                p.ids.extend(out.new_ids)
         finally:
             self.inflight.pop(p.rid, None)
             if p.finish_reason is None:

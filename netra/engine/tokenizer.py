@@ -16,6 +16,14 @@ BYTE_SPECIALS = ("<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>",
 BYTE_EOS = 257
 
 
+class IncrementalDecoder(Protocol):
+    text: str  # everything emitted so far
+
+    def push(self, ids: list[int], final: bool) -> str:
+        """Append tokens; returns the newly stable text (everything left when ``final``)."""
+        ...
+
+
 class Tokenizer(Protocol):
     name: str
     vocab_size: int
@@ -24,6 +32,51 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True, final: bool = True) -> str: ...
 
+    def incremental(self, skip_special_tokens: bool = True) -> IncrementalDecoder: ...
+
+
+class _ByteIncremental:
+    """Linear-time streaming decode: only the not-yet-complete UTF-8 tail is kept between pushes."""
+
+    def __init__(self, skip_special_tokens: bool) -> None:
+        self.skip = skip_special_tokens
+        self.buf = bytearray()
+        self.text = ""
+
+    def push(self, ids: list[int], final: bool) -> str:
+        parts: list[str] = []
+        for i in ids:
+            if 0 <= i < 256:
+                self.buf.append(i)
+                continue
+            parts.append(self.buf.decode("utf-8", errors="replace"))
+            self.buf.clear()
+            if not self.skip and 256 <= i < ByteTokenizer.vocab_size:
+                parts.append(BYTE_SPECIALS[i - 256])
+        cut = len(self.buf) if final else _complete_utf8_length(bytes(self.buf))
+        parts.append(self.buf[:cut].decode("utf-8", errors="replace"))
+        del self.buf[:cut]
+        new = "".join(parts)
+        self.text += new
+        return new
+
+
+class _FullIncremental:
+    """Generic streaming decode for tokenizers whose output is not prefix-stable token by token:
+    decode everything, emit the extension of what was sent (quadratic, done in the Rust library)."""
+
+    def __init__(self, tok: Tokenizer, skip_special_tokens: bool) -> None:
+        self.tok, self.skip = tok, skip_special_tokens
+        self.ids: list[int] = []
+        self.text = ""
+
+    def push(self, ids: list[int], final: bool) -> str:
+        self.ids.extend(ids)
+        full = self.tok.decode(self.ids, skip_special_tokens=self.skip, final=final)
+        new = full[len(self.text):] if full.startswith(self.text) else ""
+        self.text += new
+        return new
+
 
 class ByteTokenizer:
     name = "byte"
@@ -31,6 +84,9 @@ class ByteTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
+
+    def incremental(self, skip_special_tokens: bool = True) -> IncrementalDecoder:
+        return _ByteIncremental(skip_special_tokens)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True, final: bool = True) -> str:
         """Text of ``ids``; with ``final=False`` a trailing incomplete UTF-8 sequence is held back."""
@@ -80,6 +136,10 @@ class HFTokenizer:
         if not final:
             text = text.rstrip("\ufffd")  # an incomplete multi-byte character decodes as U+FFFD
         return text
+
+
+    def incremental(self, skip_special_tokens: bool = True) -> IncrementalDecoder:
+        return _FullIncremental(self, skip_special_tokens)
 
 
 def load_tokenizer(checkpoint: Path | None) -> Tokenizer:
