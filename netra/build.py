@@ -92,7 +92,7 @@ def parse_ptxas(report: str, symbol: str) -> dict[str, int]:
 
 
 def _buildable(contracts: Any) -> list[Any]:
-    return [c for c in contracts if c.target in TARGET_FLAGS]
+    return [c for c in contracts if c.target in TARGET_FLAGS and not c.declaration]
 
 
 def build_one(contract: Any, build_dir: Path, nvcc: str) -> dict[str, Any]:

@@ -194,6 +194,7 @@ class Contract:
     workspace: dict[str, Any]
     numerics: dict[str, Any]
     evidence: tuple[str, ...]
+    declaration: bool  # the domain is declared for the target; no code object exists
     path: Path = field(compare=False)
     raw: dict[str, Any] = field(compare=False, repr=False)
 
@@ -260,9 +261,19 @@ def parse_contract(doc: Any, path: Path) -> Contract:
         dims = {k: DimRange.parse(v) for k, v in m["dims"].items()}
     except ContractError as exc:
         raise ContractError(f"{path}: {exc}") from None
-    expected_dir = f"kernels/{doc['target']}/{doc['family']}/"
-    if not doc["kernel"]["source"].startswith(expected_dir):
-        raise ContractError(f"{path}: kernel.source {doc['kernel']['source']!r} must live under {expected_dir}")
+    declaration = bool(doc.get("declaration", False))
+    parts = [k for k in ("kernel", "launch", "workspace") if k in doc]
+    if declaration and parts:
+        raise ContractError(f"{path}: a declaration has no code object; remove {parts}")
+    if not declaration:
+        missing = [k for k in ("kernel", "launch", "workspace") if k not in doc]
+        if missing:
+            raise ContractError(f"{path}: missing required keys {missing} (or set \"declaration\": true)")
+        expected_dir = f"kernels/{doc['target']}/{doc['family']}/"
+        if not doc["kernel"]["source"].startswith(expected_dir):
+            raise ContractError(f"{path}: kernel.source {doc['kernel']['source']!r} must live under {expected_dir}")
+    if declaration and doc["maturity"] not in ("experiment", "rejected"):
+        raise ContractError(f"{path}: a declaration cannot be {doc['maturity']} (nothing was built or measured)")
     return Contract(
         name=doc["name"], target=doc["target"], family=doc["family"], op=doc["op"],
         maturity=doc["maturity"], dims=dims,
@@ -270,8 +281,8 @@ def parse_contract(doc: Any, path: Path) -> Contract:
         layouts={k: frozenset(v) for k, v in m["layouts"].items()},
         quant=frozenset(m["quant"]), reduction_order=frozenset(m["reduction_order"]),
         graph_phases=frozenset(m["graph_phases"]), determinism=frozenset(m["determinism"]),
-        kernel=doc["kernel"], launch=doc["launch"], workspace=doc["workspace"],
-        numerics=doc["numerics"], evidence=tuple(doc["evidence"]), path=path, raw=doc,
+        kernel=doc.get("kernel", {}), launch=doc.get("launch", {}), workspace=doc.get("workspace", {}),
+        numerics=doc["numerics"], evidence=tuple(doc["evidence"]), declaration=declaration, path=path, raw=doc,
     )
 
 

@@ -58,7 +58,9 @@ def plan(sig: Signature, catalog: Catalog, min_maturity: str = "accepted",
     eligible: list[Contract] = []
     for c in candidates:
         why = c.mismatch(sig)
-        if why is None and c.maturity == "rejected":
+        if why is None and c.declaration:
+            why = f"declaration only: no code object for {c.target} yet"
+        elif why is None and c.maturity == "rejected":
             why = "maturity rejected (kept as evidence, never selected)"
         elif why is None and maturity_rank(c.maturity) < maturity_rank(min_maturity):
             why = f"maturity {c.maturity} below the required {min_maturity}"

@@ -225,3 +225,24 @@ def test_explain_cli_shows_in_and_out_of_contract(capsys: pytest.CaptureFixture[
     assert "-> fallback" in out and "dim rows=300 not in [1, 256]" in out
     with pytest.raises(SystemExit, match="expected NAME=VALUE"):
         main(["explain", "--op", "argmax", "--dim", "rows"])
+
+
+def test_declarations_are_never_built_or_selected(tmp_path: Path) -> None:
+    cat = Catalog.load()
+    decl = cat.by_name("argmax_f32_v248320_gfx950")
+    assert decl.declaration and decl.target == "gfx950" and not decl.kernel
+    d = plan(sig(target="gfx950"), cat, "experiment")
+    assert d.contract is None
+    assert ("argmax_f32_v248320_gfx950", "declaration only: no code object for gfx950 yet") in d.rejections
+    doc = json.loads(decl.path.read_text())
+    doc["kernel"] = base_doc()["kernel"]
+    with pytest.raises(ContractError, match="a declaration has no code object; remove \\['kernel'\\]"):
+        parse_contract(doc, tmp_path / "d.json")
+    doc.pop("kernel")
+    doc["maturity"] = "accepted"
+    with pytest.raises(ContractError, match="a declaration cannot be accepted"):
+        parse_contract(doc, tmp_path / "d.json")
+    full = base_doc()
+    full.pop("launch")
+    with pytest.raises(ContractError, match=r"missing required keys \['launch'\]"):
+        parse_contract(full, tmp_path / "e.json")
