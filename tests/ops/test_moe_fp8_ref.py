@@ -133,3 +133,27 @@ def test_peer_loader_refuses_a_missing_wheel(tmp_path: object) -> None:
 
     with pytest.raises(FileNotFoundError, match="SGLang peer files missing"):
         load(Path(str(tmp_path)))
+
+
+def test_records_from_the_committed_h200_runs(tmp_path: object) -> None:
+    """The report step turns a run's ours.json/peer.json into valid records with the issue's gates."""
+    import json
+    from pathlib import Path
+
+    from netra.bench.kernels_moe import write_records
+    from netra.records import validate
+    from netra.settings import REPO_ROOT
+
+    src = REPO_ROOT / "results" / "sm90" / "moe_runs" / "final_v1_vs_peer"
+    paths = write_records(src, Path(str(tmp_path)), "", "test")
+    docs = {p.stem: json.loads(p.read_text()) for p in paths}
+    for d in docs.values():
+        validate(d)
+    layer = docs["moe_layer"]
+    assert layer["checks"]["within_tolerance"] and layer["checks"]["eager_equals_replay"]
+    sp = layer["speedups"]
+    assert sp["1"]["vs_sglang_graph"] > 1.0 > sp["128"]["vs_sglang_graph"]
+    assert layer["verdict"] == "rejected"  # slower than SGLang from 8 tokens on
+    assert docs["moe_route"]["verdict"] == "accepted"
+    aq = docs["moe_act_quant"]
+    assert aq["checks"]["bitwise_equal"] and aq["verdict"] == "rejected"  # < 1.5x at 1 and 16 tokens

@@ -44,6 +44,7 @@ CONFIG_DIR = "sglang/srt/layers/moe/moe_runner/triton_utils/configs"
 CONFIG_UP = "E=256,N=512,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"
 CONFIG_DOWN = "E=256,N=512,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128]_down.json"
 PEER_FILES = [*REAL_MODULES.values()]
+CONFIG_FILES = [f"{CONFIG_DIR}/triton_3_6_0/{CONFIG_UP}", f"{CONFIG_DIR}/triton_3_6_0/{CONFIG_DOWN}"]
 PEER_NOTES: list[str] = []
 
 
@@ -236,3 +237,31 @@ class SglangRouted:
         h = self.cache2[: gu.shape[0]]
         fmk.act_and_mul_triton(gu, h, self.up_cfg, None, None, False, "silu")
         return fp8k._per_token_group_quant_8bit_raw(h, 128)
+
+
+def stage(dest: Path) -> list[Path]:
+    """Copy the peer's files out of the installed ``sglang`` distribution (pinned 0.5.23, installed
+    with --no-deps; not imported) into ``dest``, the folder the H200 run carries as .sglang_peer/."""
+    from importlib.metadata import distribution
+
+    dist = distribution("sglang")
+    root = Path(str(dist.locate_file("")))
+    copied = []
+    for rel in PEER_FILES + CONFIG_FILES:
+        src = root / rel
+        if not src.is_file():
+            raise FileNotFoundError(f"{src} not in the installed sglang {dist.version}")
+        out = dest / rel
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(src.read_bytes())
+        copied.append(out)
+    return copied
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="stage SGLang's MoE kernel files for the H200 peer run")
+    ap.add_argument("dest", type=Path, nargs="?", default=Path(".sglang_peer"))
+    for p in stage(ap.parse_args().dest):
+        print(p)
