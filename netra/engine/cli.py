@@ -43,6 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-dtype", default=_D["kv_cache_dtype"], choices=["fp8_e4m3", "bfloat16", "bf16", "auto"])
     p.add_argument("--mamba-ssm-dtype", default=None, choices=["float32", "bfloat16"])
     p.add_argument("--torch-threads", type=int, default=_D["torch_threads"])
+    p.add_argument("--disable-cuda-graph", action="store_true",
+                   help="on a CUDA device, run decode eagerly instead of replaying per-bucket graphs")
     p.add_argument("--max-new-tokens-limit", type=int, default=None,
                    help="reject larger max_new_tokens (default: the context length)")
 

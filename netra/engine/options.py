@@ -29,6 +29,7 @@ class EngineOptions:
     kv_cache_dtype: str = "fp8_e4m3"
     mamba_ssm_dtype: str | None = None  # None: the checkpoint's (config) value
     torch_threads: int = 1  # several workers share a few cores; raise it on a machine of your own
+    disable_cuda_graph: bool = False  # on a CUDA device, decode buckets replay captured graphs unless set
     max_new_tokens_limit: int | None = None  # None: the context length
 
     def __post_init__(self) -> None:

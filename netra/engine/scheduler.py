@@ -119,6 +119,10 @@ class Scheduler:
         self._slots = torch.full((cap,), PAD_SLOT, dtype=torch.int64, device=self.device)
         self._lens = torch.ones(cap, dtype=torch.int64, device=self.device)
         self._rows = torch.arange(cap, dtype=torch.int64, device=self.device)
+        # CUDA graphs: one per decode bucket, captured on first use, sharing one memory pool.
+        self.use_graphs = self.device.type == "cuda" and not options.disable_cuda_graph
+        self._graphs: dict[int, tuple[Any, torch.Tensor]] = {}
+        self._graph_pool: Any = None
 
     # ---- thread-safe interface -------------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -272,17 +276,20 @@ class Scheduler:
         ids = [r.output[-1] for r in reqs] + [0] * (bucket - n)
         lens = [r.cached + 1 for r in reqs] + [1] * (bucket - n)
         slots = [r.slot for r in reqs] + [PAD_SLOT] * (bucket - n)
+        graphed = self.use_graphs and bucket in self.buckets
+        if graphed and bucket not in self._graphs:
+            self._capture(bucket)
         self._ids[:bucket].copy_(torch.tensor(ids, dtype=torch.int64))
         self._lens[:bucket].copy_(torch.tensor(lens, dtype=torch.int64))
         self._pos[:bucket].copy_(self._lens[:bucket] - 1)
         self._slots[:bucket].copy_(torch.tensor(slots, dtype=torch.int64))
-        slot_view = self._slots[:bucket]
-        fb = ForwardBatch(decode=True, input_ids=self._ids[:bucket], positions=self._pos[:bucket],
-                          token_slots=slot_view, slots=slot_view, seq_lens=self._lens[:bucket],
-                          max_len=max(lens), logits_rows=self._rows[:bucket], seq_slots=[], seq_starts=[],
-                          q_lens=[])
         t, c = time.perf_counter(), time.thread_time()
-        logits = self.model.forward(fb)
+        if graphed:
+            graph, out = self._graphs[bucket]
+            graph.replay()
+            logits = out
+        else:
+            logits = self.model.forward(self._decode_batch(bucket, max(lens)))
         self.stats.forward_s += time.perf_counter() - t
         self.stats.forward_cpu_s += time.thread_time() - c
         self.stats.decode_steps += 1
@@ -292,6 +299,39 @@ class Scheduler:
             r.cached += 1
         tokens = self._sample(list(reqs), logits[:n])
         self._append(list(reqs), tokens)
+
+    def _decode_batch(self, bucket: int, max_len: int) -> ForwardBatch:
+        """The decode batch over the persistent buffers' first ``bucket`` rows."""
+        slot_view = self._slots[:bucket]
+        return ForwardBatch(decode=True, input_ids=self._ids[:bucket], positions=self._pos[:bucket],
+                            token_slots=slot_view, slots=slot_view, seq_lens=self._lens[:bucket],
+                            max_len=max_len, logits_rows=self._rows[:bucket], seq_slots=[], seq_starts=[], q_lens=[])
+
+    def _capture(self, bucket: int) -> None:
+        """Capture the decode forward of one bucket as a CUDA graph over the persistent buffers.
+
+        The buffers point every row at the pad slot while warming up and capturing, so no request's
+        state moves; the attention span is the whole context (a fixed shape for replay, masked by
+        length). Warm-up runs fill the fallbacks' caches (dequantized weights) and load tactics
+        outside the capture.
+        """
+        self._ids[:bucket].zero_()
+        self._lens[:bucket].fill_(1)
+        self._pos[:bucket].zero_()
+        self._slots[:bucket].fill_(PAD_SLOT)
+        fb = self._decode_batch(bucket, self.pools.context_length)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.model.forward(fb)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._graph_pool):
+            out = self.model.forward(fb)
+        self._graph_pool = graph.pool()
+        self._graphs[bucket] = (graph, out)
+        log.info("captured the decode graph for batch bucket %d", bucket)
 
     def _sample(self, reqs: list[Request], logits: torch.Tensor) -> list[int]:
         t, c = time.perf_counter(), time.thread_time()
