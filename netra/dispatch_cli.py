@@ -42,6 +42,22 @@ def _pairs(items: list[str], what: str, as_int: bool = False) -> dict[str, Any]:
     return out
 
 
+def domain_signature(c: Any) -> Any:
+    """A signature inside contract ``c``'s domain (each dim at its lower bound, first allowed values)."""
+    from netra.contract import Signature
+
+    def first(values: Any) -> str:
+        return sorted(values)[0]
+
+    return Signature(
+        target=c.target, op=c.op,
+        dims=tuple(sorted((k, min(r.values) if r.values is not None else r.lo) for k, r in c.dims.items())),
+        dtypes=tuple(sorted((k, first(v)) for k, v in c.dtypes.items())),
+        layouts=tuple(sorted((k, first(v)) for k, v in c.layouts.items())),
+        quant=first(c.quant), reduction_order=first(c.reduction_order),
+        graph_phase="capture" if "capture" in c.graph_phases else "eager", determinism=first(c.determinism))
+
+
 def render(label: str, sig: Any, decision: Any) -> list[str]:
     lines = [f"{label}: {sig.describe()}"]
     if decision.contract is not None:
@@ -71,7 +87,8 @@ def main(args: argparse.Namespace) -> int:
     for op in ops:
         examples: list[tuple[str, Signature]] = []
         if op in OPS:
-            examples = list(importlib.import_module(OPS[op]).explain_signatures())
+            show = getattr(importlib.import_module(OPS[op]), "explain_signatures", None)
+            examples = list(show()) if show is not None else []
         custom = args.op and (args.target or args.dim or args.dtype or args.layout or args.phase)
         if custom:
             base = examples[0][1] if examples else Signature(target="sm90", op=op, dims=(), dtypes=(), layouts=())
@@ -82,8 +99,8 @@ def main(args: argparse.Namespace) -> int:
                           dtypes=tuple(sorted(dtypes.items())), layouts=tuple(sorted(layouts.items())),
                           graph_phase=args.phase or base.graph_phase)
             examples = [("requested", sig)]
-        if not examples:
-            out.append(f"{op}: no example signatures (pass --target/--dim/--dtype/--layout)")
+        if not examples:  # no op module examples: one call inside each contract's domain
+            examples = [(f"domain of {c.name}", domain_signature(c)) for c in catalog.for_op(op)]
         for label, sig in examples:
             out.extend(render(f"{op} [{label}]", sig, plan(sig, catalog, disp.min_maturity, disp.disabled)))
     print("\n".join(out))

@@ -246,3 +246,10 @@ def test_declarations_are_never_built_or_selected(tmp_path: Path) -> None:
     full.pop("launch")
     with pytest.raises(ContractError, match=r"missing required keys \['launch'\]"):
         parse_contract(full, tmp_path / "e.json")
+
+
+def test_explain_domain_signature_lies_in_each_contract() -> None:
+    from netra.dispatch_cli import domain_signature
+
+    for c in Catalog.load().contracts:
+        assert c.mismatch(domain_signature(c)) is None, c.name
