@@ -328,3 +328,18 @@ def test_sigkilled_launcher_takes_its_children_with_it(tmp_path: Path) -> None:
         if driver.poll() is None:
             driver.kill()
             driver.wait(10)
+
+
+def test_round_robin_is_exact_across_nginx_worker_processes(tmp_path: Path) -> None:
+    """With 4 nginx worker processes and a new connection per request, 2N requests still land N/N."""
+    launch = Launch(standin_plan(tmp_path, **{"front.worker_processes": 4}), Verification(), log=lambda m: None)
+    try:
+        launch.start()
+        n = 12
+        served: Counter[int] = Counter()
+        for _ in range(2 * n):
+            with httpx.Client() as client:  # a fresh connection each time: any nginx worker may take it
+                served[complete(client, launch.plan.front.url).json()["worker"]] += 1
+        assert sorted(served.values()) == [n, n], served
+    finally:
+        launch.stop()
