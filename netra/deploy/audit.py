@@ -44,12 +44,30 @@ def proc_cpus(pid: int) -> list[int]:
     return []
 
 
+def _children_by_ppid() -> dict[int, list[int]]:
+    """Every process's children, from /proc/*/stat (kernels without /proc/PID/task/TID/children)."""
+    kids: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        ppid = int(text[text.rindex(")") + 2:].split()[1])
+        kids.setdefault(ppid, []).append(int(stat.parent.name))
+    return kids
+
+
 def proc_tree(pid: int) -> list[int]:
     """The process and all its descendants (SGLang runs its scheduler in a child process)."""
+    has_children_files = Path(f"/proc/{pid}/task/{pid}/children").exists()
+    by_ppid = {} if has_children_files else _children_by_ppid()
     out, todo = [], [pid]
     while todo:
         p = todo.pop()
         out.append(p)
+        if not has_children_files:
+            todo.extend(by_ppid.get(p, []))
+            continue
         for task in Path(f"/proc/{p}/task").glob("*"):
             try:
                 todo.extend(int(c) for c in (task / "children").read_text().split())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -170,6 +172,33 @@ def test_code_object_audit_reads_the_memory_map(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_proc_tree_finds_children(monkeypatch: pytest.MonkeyPatch) -> None:
+    from netra.deploy import audit
+
+    code = ("import subprocess, sys, time\n"
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            "print(c.pid, flush=True)\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = None
+    try:
+        assert proc.stdout is not None
+        child = int(proc.stdout.readline())
+        assert audit.proc_tree(proc.pid) == [proc.pid, child]
+        # The same through /proc/*/stat, as on kernels without the children files.
+        monkeypatch.setattr(audit, "Path", _NoChildren)
+        assert sorted(audit.proc_tree(proc.pid)) == sorted([proc.pid, child])
+    finally:
+        proc.kill()
+        proc.wait(10)
+        if child is not None:
+            os.kill(child, signal.SIGKILL)
+
+
+class _NoChildren(type(Path())):  # type: ignore[misc]
+    def exists(self, *args: object, **kwargs: object) -> bool:
+        return False if self.name == "children" else super().exists()
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
