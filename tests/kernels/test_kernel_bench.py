@@ -22,6 +22,25 @@ def test_gates_apply_issue_thresholds() -> None:
     assert kb.gates([], {}, 248320)["float32[16] speedup >= 3.0"] == {"value": None, "pass": False}
 
 
+def test_promotion_needs_exactness_and_a_win_at_every_shape() -> None:
+    checks = {"adversarial_cases": 232, "mismatches": 0, "eager_equals_replay": True}
+    speedups = {"float32[16,248320]": {"netra_vs_torch.argmax": 2.2, "netra+pdl_vs_torch.argmax (exploration)": 0.5},
+                "bfloat16[128,248320]": {"netra_vs_torch.argmax": 2.6}}
+    record = {"rows": [], "speedups": speedups, "checks": checks}
+    kb.judge(record, 248320)
+    assert record["verdict"] == "accepted"  # exploration rows do not decide
+    assert record["targets"]["float32[16] speedup >= 3.0"] == {"value": 2.2, "pass": False}  # reported only
+    slower = {**speedups, "float32[256,248320]": {"netra_vs_torch.argmax": 0.97}}
+    kb.judge(record := {"rows": [], "speedups": slower, "checks": checks}, 248320)
+    assert record["verdict"] == "rejected"
+    kb.judge(record := {"rows": [], "speedups": speedups, "checks": {**checks, "mismatches": 1}}, 248320)
+    assert record["verdict"] == "rejected"
+    kb.judge(record := {"rows": [], "speedups": speedups, "checks": {**checks, "eager_equals_replay": False}}, 248320)
+    assert record["verdict"] == "rejected"
+    kb.judge(record := {"rows": [], "speedups": {}, "checks": checks}, 248320)
+    assert record["verdict"] == "rejected"
+
+
 def test_quantiles() -> None:
     xs = [5.0, 1.0, 3.0, 2.0, 4.0]
     assert kb._quantile(xs, 0.5) == 3.0 and kb._quantile(xs, 0.9) == 5.0
