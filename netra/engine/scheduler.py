@@ -142,6 +142,10 @@ class Scheduler:
             self._thread.join(timeout=10)
 
     @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
@@ -162,16 +166,19 @@ class Scheduler:
     # ---- scheduler thread ------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._drain(block=not (self.waiting or self.prefilling or self.decoding))
-            if self._stop.is_set():
-                break
-            if self.waiting or self.prefilling or self.decoding:
-                try:
+            try:
+                self._drain(block=not (self.waiting or self.prefilling or self.decoding))
+                if self._stop.is_set():
+                    break
+                if self.waiting or self.prefilling or self.decoding:
                     self.step()
-                except Exception as exc:  # a failed step must not take the server down: fail its requests
-                    log.exception("engine step failed")
-                    for req in list(self.prefilling) + list(self.decoding):
+            except Exception as exc:  # a failed step must not take the server down: fail its requests
+                log.exception("engine step failed")
+                for req in list(self.prefilling) + list(self.decoding):
+                    try:
                         self._finish(req, {"type": "abort", "message": f"engine error: {exc}"})
+                    except Exception:
+                        log.exception("could not fail request %s", req.rid)
 
     def _drain(self, block: bool) -> None:
         try:

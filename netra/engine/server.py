@@ -154,6 +154,8 @@ class Server:
         return await self._wait(pending, request)
 
     async def health_generate(self) -> Response:
+        if not self.sched.alive:
+            return error_response("the scheduler is not running", 503)
         rid = "health-" + uuid.uuid4().hex
         p = self._start(rid, [0], SamplingParams(max_new_tokens=1, temperature=0.0, ignore_eos=True), False)
         try:
@@ -215,6 +217,9 @@ class Server:
         app.add_api_route("/abort_request", self.abort_request, methods=["POST"])
 
         async def health() -> Response:
+            # A dead scheduler thread makes the process useless: say so, so a supervisor restarts it.
+            if self.sched.started and not self.sched.alive:
+                return error_response("the scheduler thread has stopped", 503)
             return json_response({"ok": True})
 
         async def ready() -> Response:

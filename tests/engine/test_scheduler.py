@@ -130,3 +130,41 @@ def test_bad_options_are_named() -> None:
         EngineOptions(max_running_requests=0)
     with pytest.raises(OptionsError, match="kv-cache-dtype"):
         EngineOptions(kv_cache_dtype="int4")
+
+
+def test_a_failing_step_fails_its_requests_and_the_thread_keeps_serving() -> None:
+    import threading
+
+    e = _engine()
+    real = e.model.forward
+    calls = {"n": 0}
+
+    def flaky(fb):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected failure")
+        return real(fb)
+
+    e.model.forward = flaky  # type: ignore[method-assign]
+    done = threading.Event()
+    c = Collector()
+
+    def sink(out: Output) -> None:
+        c.sink(out)
+        if out.finish_reason is not None and out.rid == "b":
+            done.set()
+
+    e.scheduler.start()
+    try:
+        e.scheduler.submit(Request("a", [1, 2, 3], GREEDY, sink))
+        for _ in range(200):
+            if "a" in c.events:
+                break
+            threading.Event().wait(0.05)
+        e.scheduler.submit(Request("b", [1, 2, 3], GREEDY, sink))
+        assert done.wait(60)
+    finally:
+        e.scheduler.stop()
+    assert c.final("a").finish_reason == {"type": "abort", "message": "engine error: injected failure"}
+    assert c.final("b").finish_reason == {"type": "length", "length": 12}
+    assert e.pools.free_slots == 4
