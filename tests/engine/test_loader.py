@@ -42,7 +42,7 @@ def test_checkpoint_reproduces_seeded_model(tmp_path: Path) -> None:
     assert w.dtype == torch.float8_e4m3fn and w.shape == (128, 128)
     assert tensors["model.language_model.layers.0.mlp.experts.3.gate_proj.weight_scale_inv"].shape == (1, 1)
     assert tensors["model.language_model.layers.0.linear_attn.conv1d.weight"].shape == (256, 1, 4)
-    assert tensors["model.language_model.layers.1.self_attn.q_proj.weight"].shape == (256, 128)
+    assert tensors["model.language_model.layers.2.self_attn.q_proj.weight"].shape == (256, 128)
     prompts = [[1, 2, 3, 4], list(range(60, 100))]
     seeded = _generate(opts, prompts)
     loaded = _generate(EngineOptions(checkpoint=str(tmp_path), seed=999, context_length=256, max_running_requests=4),
@@ -57,10 +57,10 @@ def test_loader_names_missing_and_misshapen_tensors(tmp_path: Path) -> None:
     save_checkpoint(e.config, seeded_weights(e.config, 0), tmp_path)
     f = next(tmp_path.glob("*.safetensors"))
     tensors = load_file(str(f))
-    name = "model.language_model.layers.2.linear_attn.A_log"
+    name = "model.language_model.layers.1.linear_attn.A_log"
     a_log = tensors.pop(name)
     save_file(tensors, str(f))
-    with pytest.raises(CheckpointError, match=r"layers\.2\.linear_attn\.A_log"):
+    with pytest.raises(CheckpointError, match=r"layers\.1\.linear_attn\.A_log"):
         load_checkpoint(tmp_path)
     tensors[name] = torch.cat([a_log, a_log])
     save_file(tensors, str(f))
