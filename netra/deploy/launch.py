@@ -223,6 +223,7 @@ class Launch:
             return False
         self.nginx_restarts.append({"time": now_utc(), "pid": proc.pid, "exit_code": proc.exit_code()})
         self.log(f"nginx (pid {proc.pid}) exited with {proc.exit_code()}; restarting")
+        proc.kill_group()  # its worker processes outlive a killed master and keep the port
         proc.spawn()
         self.save()
         return True

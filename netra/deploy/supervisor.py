@@ -127,7 +127,7 @@ class Proc:
                 pass
 
     def stop(self, timeout: float = 10.0, sig: int = signal.SIGTERM) -> None:
-        """SIGTERM (or `sig`), then SIGKILL after `timeout`; always reaps the process."""
+        """SIGTERM (or `sig`), then SIGKILL after `timeout`; always reaps the process and its group."""
         if self.popen is None:
             return
         if self.popen.poll() is None:
@@ -137,6 +137,17 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.popen.kill()
                 self.popen.wait(10)
+        self.kill_group()
+
+    def kill_group(self) -> None:
+        """SIGKILL what is left of the process's group once the leader is gone: nginx workers of a
+        killed master, SGLang's scheduler of a killed server (it would hold the GPU's memory)."""
+        if self.popen is None or self.popen.poll() is None:
+            return
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)  # start_new_session: the group id is its pid
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def to_record(self) -> dict[str, Any]:
         return {"pid": self.pid, "ticks": self.ticks, "start_time": self.started_at, "argv": self.exec_argv,
@@ -211,6 +222,7 @@ class Supervisor:
         dead = [p for p in (w.engine, w.serve) if p.popen is not None and not p.alive() and not p.exit_reported]
         for p in dead:
             p.exit_reported = True
+            p.kill_group()
             event = {"time": now_utc(), "process": p.role, "pid": p.pid, "exit_code": p.exit_code(),
                      "attempt": w.attempts + 1}
             w.restarts.append(event)

@@ -343,3 +343,31 @@ def test_round_robin_is_exact_across_nginx_worker_processes(tmp_path: Path) -> N
         assert sorted(served.values()) == [n, n], served
     finally:
         launch.stop()
+
+
+def test_nginx_that_dies_is_restarted(running: Running) -> None:
+    launch = running.launch
+    assert launch.nginx_proc is not None and launch.nginx_proc.pid
+    old = launch.nginx_proc.pid
+    os.kill(old, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while launch.nginx_proc.pid == old or not launch.nginx_proc.alive():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    with httpx.Client() as client:
+        codes = Counter(complete(client, running.url).status_code for _ in range(10))
+    assert codes == Counter({200: 10})
+    rec = read_record(launch.plan.run_dir)
+    assert [r["exit_code"] for r in rec["front"]["restarts"]] == [-9]
+    assert rec["front"]["process"]["pid"] == launch.nginx_proc.pid
+    # The killed master's worker processes (its process group) are gone too.
+    assert not [p for p in Path("/proc").glob("[0-9]*/stat") if _pgid(p) == old]
+
+
+def _pgid(stat: Path) -> int | None:
+    try:
+        text = stat.read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    return None if fields[0] == "Z" else int(fields[2])
