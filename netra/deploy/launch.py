@@ -344,7 +344,28 @@ def stop(run_dir: Path, timeout: float = 30.0) -> list[str]:
             deadline = time.monotonic() + 5
             while is_alive(p.get("pid"), p.get("ticks")) and time.monotonic() < deadline:
                 time.sleep(0.05)
+        # Each process led its own group (new session): members left after the leader are ours.
+        left = group_members(p.get("pid"))
+        if left:
+            os.killpg(p["pid"], signal.SIGKILL)
+            notes.append(f"{name}: killed {len(left)} leftover process(es) of its group")
     return notes
+
+
+def group_members(pgid: int | None) -> list[int]:
+    """Live processes whose process group is `pgid`."""
+    if not pgid:
+        return []
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2:].split()
+        if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            out.append(int(stat.parent.name))
+    return out
 
 
 def dump(obj: Any) -> str:
