@@ -125,17 +125,17 @@ def _plan(args: argparse.Namespace) -> int:
 def _detach(args: argparse.Namespace, run_dir: Path, timeout: float) -> int:
     from netra.deploy.record import RecordError, read_record
 
-    argv = [a for a in sys.argv[1:] if a != "--detach"]
-    if not argv or argv[0] != "launch":
-        argv = ["launch", "--profile", args.profile, "--run-dir", str(run_dir)]
-        for item in args.sets:
-            argv += ["--set", item]
-        for flag, value in (("--workers", args.workers), ("--front-port", args.front_port),
-                            ("--front-host", args.front_host), ("--port-base", args.port_base)):
-            if value is not None:
-                argv += [flag, str(value)]
-    if args.run_dir is None and "--run-dir" not in argv:
-        argv += ["--run-dir", str(run_dir)]
+    # The same launch, in the foreground of a new session (rebuilt from the parsed arguments, so a
+    # caller of `netra.cli.main([...])` is detached correctly whatever its own sys.argv).
+    argv = ["launch", "--profile", str(args.profile), "--run-dir", str(run_dir)]
+    for item in args.sets:
+        argv += ["--set", item]
+    for flag, value in (("--workers", args.workers), ("--front-port", args.front_port),
+                        ("--front-host", args.front_host), ("--port-base", args.port_base)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if args.strict is not None:
+        argv.append("--strict" if args.strict else "--no-strict")
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "launcher.log"
     with log.open("ab") as out:
