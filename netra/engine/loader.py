@@ -26,6 +26,9 @@ class CheckpointError(ValueError):
     pass
 
 
+IGNORED_SUFFIXES = (".k_scale", ".v_scale", ".input_scale")
+
+
 # ---- save ------------------------------------------------------------------------------------------
 def _put(out: dict[str, torch.Tensor], name: str, w: Weight) -> None:
     out[name + ".weight"] = w.data.contiguous()
@@ -214,9 +217,10 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> tuple[Mod
     lm_head = Weight(embed) if tied else r.weight("lm_head", cfg.vocab_size, h)
     weights = ModelWeights(embed=embed, layers=layers, norm=r.get(PREFIX + "norm.weight", (h,)).to(torch.bfloat16),
                            lm_head=lm_head)
-    # Vision tower, MTP head and rotary buffers are not part of the text model.
+    # Vision tower, MTP head and rotary buffers are not part of the text model; static activation /
+    # KV scales are not used (dynamic activation quantization, KV scale 1.0), as SGLang skips them.
     unused = sorted(k for k in r._where if k not in r.used and not k.startswith(("model.visual.", "mtp.", "visual."))
-                    and "rotary_emb" not in k)
+                    and "rotary_emb" not in k and not k.endswith(IGNORED_SUFFIXES))
     if unused:
         raise CheckpointError(f"checkpoint has {len(unused)} tensors the model does not use, e.g. {unused[:3]}")
     return cfg, weights
