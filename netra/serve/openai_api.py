@@ -15,7 +15,7 @@ from starlette.responses import Response, StreamingResponse
 
 from netra.serve.errors import OpenAIError
 from netra.serve.generation import Choice, Delta, Usage
-from netra.serve.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from netra.serve.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest, StreamOptions
 from netra.serve.stream import TokenTracker, UpstreamProtocolError
 
 if TYPE_CHECKING:
@@ -130,8 +130,10 @@ class Endpoint:
         self.count(200, usage)
         return json_response(render(results, usage))
 
-    async def streamed(self, choices: list[Choice], n: int, include_usage: bool,
+    async def streamed(self, choices: list[Choice], n: int, options: StreamOptions | None,
                        chunk: Callable[[Delta], dict[str, Any]]) -> Response:
+        include_usage = bool(options and options.include_usage)
+        continuous = bool(options and options.continuous_usage_stats)
         upstream = self.state.upstream
         # Open every upstream stream first, so that a refused request still gets an HTTP error status.
         try:
@@ -156,7 +158,10 @@ class Endpoint:
             try:
                 try:
                     async for delta in merge(choices, upstream, interval):
-                        data = sse(chunk(delta))
+                        obj = chunk(delta)
+                        if continuous:  # usage so far on every event (vLLM/SGLang extension)
+                            obj["usage"] = self.usage(choices, n).body()
+                        data = sse(obj)
                         sent += len(data)
                         events += 1
                         yield data
@@ -255,8 +260,7 @@ async def completions(state: ServeState, request: Request, req: CompletionReques
             return {"id": ep.id, "object": "text_completion", "created": ep.created, "model": model,
                     "choices": [choice]}
 
-        include = bool(req.stream_options and req.stream_options.include_usage)
-        return await ep.streamed(choices, req.n, include, chunk)
+        return await ep.streamed(choices, req.n, req.stream_options, chunk)
 
     def render(results: list[tuple[str, Delta]], usage: Usage) -> dict[str, Any]:
         out = []
@@ -299,8 +303,7 @@ async def chat_completions(state: ServeState, request: Request, req: ChatComplet
             return {"id": ep.id, "object": "chat.completion.chunk", "created": ep.created, "model": model,
                     "choices": [choice]}
 
-        include = bool(req.stream_options and req.stream_options.include_usage)
-        return await ep.streamed(choices, req.n, include, chunk)
+        return await ep.streamed(choices, req.n, req.stream_options, chunk)
 
     def render(results: list[tuple[str, Delta]], usage: Usage) -> dict[str, Any]:
         out = []
@@ -313,7 +316,7 @@ async def chat_completions(state: ServeState, request: Request, req: ChatComplet
         return {"id": ep.id, "object": "chat.completion", "created": ep.created, "model": model,
                 "choices": out, "usage": usage.body()}
 
-    return await ep.whole(request, choices, 1, render)
+    return await ep.whole(request, choices, req.n, render)
 
 
 async def generate(state: ServeState, request: Request, req: GenerateRequest) -> Response:

@@ -282,3 +282,40 @@ def test_models_health_and_metrics(stack: Stack) -> None:
         metric(before, "netra_serve_inter_token_seconds_count", 'endpoint="chat"') == 32
     assert metric(after, "netra_serve_upstream_stream_bytes_total") > metric(before, "netra_serve_upstream_stream_bytes_total")
     assert metric(after, "netra_serve_in_flight") == 0.0
+
+
+def test_chat_n_counts_prompt_once_and_continuous_usage(stack: Stack) -> None:
+    c = httpx.Client(base_url=stack.url, timeout=30)
+    msgs = [{"role": "user", "content": "q"}]
+    whole = c.post("/v1/chat/completions", json={"messages": msgs, "n": 3, "max_tokens": 5, "temperature": 0}).json()
+    prompt_len = len(stack.fake.requests[-1]["input_ids"])
+    assert [ch["index"] for ch in whole["choices"]] == [0, 1, 2]
+    assert whole["usage"]["prompt_tokens"] == prompt_len and whole["usage"]["completion_tokens"] == 15
+    events = sse_events(c.post("/v1/chat/completions", json={
+        "messages": msgs, "max_tokens": 12, "temperature": 0, "stream": True, "ignore_eos": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}}).content)[:-1]
+    running = [e["usage"]["completion_tokens"] for e in events if e["choices"]]
+    assert running == sorted(running) and running[-1] == 12  # usage so far, on every event
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 12
+
+
+def test_checkpoint_template_kwargs_and_template_errors(tmp_path: Path) -> None:
+    import json
+
+    from netra.serve.fakeworker import write_tokenizer
+
+    tdir = write_tokenizer(tmp_path)
+    template = ("{% if messages[0].role != 'user' %}{{ raise_exception('first message must be from the user') }}"
+                "{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+                "{% endfor %}<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
+                "<think></think>{% endif %}")
+    (tdir / "tokenizer_config.json").write_text(json.dumps({"chat_template": template, "eos_token": "<|im_end|>"}))
+    with make_stack(tdir) as s:
+        c = httpx.Client(base_url=s.url, timeout=30)
+        r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a"}], "max_tokens": 2,
+                                                 "chat_template_kwargs": {"enable_thinking": False}})
+        assert r.status_code == 200
+        ids = s.fake.requests[-1]["input_ids"]
+        assert bytes(t for t in ids if t < 256).decode().endswith("assistant\n<think></think>")
+        r = c.post("/v1/chat/completions", json={"messages": [{"role": "assistant", "content": "a"}]})
+        assert r.status_code == 400 and "first message must be from the user" in r.json()["error"]["message"]
