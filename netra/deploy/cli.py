@@ -228,7 +228,9 @@ def _status(args: argparse.Namespace) -> int:
     print(f"{summary['profile']}: {summary['state']} on {summary['front']} "
           f"(front {'healthy' if summary['front_healthy'] else 'NOT healthy'}, plan {summary['plan_sha256'][:16]})")
     for index, st in summary["workers"].items():
-        print(f"  worker {index}: {st}, restarts {summary['restarts'][index]}")
+        h = summary["health"][index]
+        print(f"  worker {index}: {st}, engine {'healthy' if h['engine'] else 'NOT healthy'}, response layer "
+              f"{'healthy' if h['serve'] else 'NOT healthy'}, restarts {summary['restarts'][index]}")
     for name, alive in summary["processes_alive"].items():
         print(f"  {name}: {'alive' if alive else 'not running'}")
     return code

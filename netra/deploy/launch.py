@@ -309,10 +309,12 @@ def status(run_dir: Path) -> tuple[int, dict[str, Any]]:
     procs = {name: is_alive(p.get("pid"), p.get("ticks")) for name, p in processes(rec)}
     front_ok = alive and rec["state"] == "serving" and healthy(rec["front"]["url"] + "/health")
     workers = {w["index"]: w["status"] for w in rec["workers"]}
+    health = {w["index"]: {"engine": alive and healthy(w["engine_url"] + "/health"),
+                           "serve": alive and healthy(w["serve_url"] + "/health")} for w in rec["workers"]}
     ok = alive and front_ok and all(s == "up" for s in workers.values())
     state = rec["state"] if alive or rec["state"] in ("stopped", "failed", "refused") else "dead"
     summary = {"state": state, "launcher_alive": alive, "front": rec["front"]["url"], "front_healthy": front_ok,
-               "processes_alive": procs, "workers": workers, "profile": rec["profile_name"],
+               "processes_alive": procs, "workers": workers, "health": health, "profile": rec["profile_name"],
                "plan_sha256": rec["plan_sha256"], "restarts": {w["index"]: len(w["restarts"]) for w in rec["workers"]}}
     return (0 if ok else 1), summary
 

@@ -103,7 +103,9 @@ def test_start_record_and_round_robin(running: Running) -> None:
     status = subprocess.run([sys.executable, "-m", "netra", "status", "--run-dir", plan.run_dir, "--json"],
                             capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
     assert status.returncode == 0, status.stdout + status.stderr
-    assert json.loads(status.stdout)["front_healthy"] is True
+    summary = json.loads(status.stdout)
+    assert summary["front_healthy"] is True and summary["state"] == "serving"
+    assert list(summary["health"].values()) == [{"engine": True, "serve": True}] * 2
 
 
 @pytest.mark.parametrize("role", ["engine", "serve"])
