@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -51,6 +53,7 @@ class Row:
     client_events: int
     upstream_bytes: int
     stream_equals_whole: bool | None  # None: not checked at this length (--whole-check-max)
+    serve_cpu_s: float | None = None  # the response-layer process's CPU time for the stream (10 ms ticks)
 
     def record_row(self, stream_interval: int, worker: str) -> dict[str, Any]:
         return {"scenario": f"wire-bytes/{self.endpoint}/{self.mode}", "concurrency": 1, "requests": 1,
@@ -61,7 +64,10 @@ class Row:
                 "client_bytes": self.client_bytes, "client_events": self.client_events,
                 "upstream_bytes": self.upstream_bytes, "stream_interval": stream_interval,
                 "upstream_mode": self.mode, "endpoint": self.endpoint, "worker": worker,
-                "stream_equals_whole": self.stream_equals_whole, "clients": 1, "workers": 1}
+                "stream_equals_whole": self.stream_equals_whole,
+                "serve_cpu_us_per_output_token": (None if self.serve_cpu_s is None
+                                                  else round(1e6 * self.serve_cpu_s / self.completion_tokens, 1)),
+                "clients": 1, "workers": 1}
 
 
 @contextlib.contextmanager
@@ -84,6 +90,43 @@ def engine_worker(incremental: bool, timeout: float = 120.0) -> Iterator[str]:
             m = re.search(r"listening on (http://\S+)", line)
             url = m.group(1) if m else None
         yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc; clock-tick resolution)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.contextmanager
+def serve_process(upstream: str, stream_interval: int, timeout: float = 60.0) -> Iterator[tuple[str, int]]:
+    """`netra serve` as its own process (as the launcher runs it), on a free loopback port."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cmd = [sys.executable, "-m", "netra", "serve", "--upstream", upstream, "--host", "127.0.0.1", "--port",
+           str(port), "--stream-interval", str(stream_interval), "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"netra serve did not become healthy: {proc.stderr.read() if proc.stderr else ''}")
+            time.sleep(0.1)
+        yield url, proc.pid
     finally:
         proc.terminate()
         try:
@@ -117,15 +160,20 @@ def _body(endpoint: str, n: int, stream: bool) -> tuple[str, dict[str, Any]]:
     return "/v1/completions", {"prompt": PROMPT, **common}
 
 
-def measure_one(client: httpx.Client, endpoint: str, mode: str, n: int, check_whole: bool = True) -> Row:
+def measure_one(client: httpx.Client, endpoint: str, mode: str, n: int, check_whole: bool = True,
+                serve_pid: int | None = None) -> Row:
     path, body = _body(endpoint, n, stream=True)
     before = _upstream_counter(client)
+    # CPU time comes in 10 ms ticks: below 256 tokens a stream costs only a few of them.
+    timed = serve_pid is not None and n >= 256
+    cpu0 = process_cpu_s(serve_pid) if timed and serve_pid is not None else 0.0
     raw = bytearray()
     with client.stream("POST", path, json=body) as r:
         if r.status_code != 200:
             raise RuntimeError(f"{path} returned {r.status_code}: {r.read()!r}")
         for chunk in r.iter_raw():
             raw += chunk
+    cpu = process_cpu_s(serve_pid) - cpu0 if timed and serve_pid is not None else None
     upstream = int(_upstream_counter(client) - before)
     events = [b[6:] for b in bytes(raw).split(b"\n\n") if b.startswith(b"data: ")]
     if events[-1] != b"[DONE]":
@@ -143,22 +191,30 @@ def measure_one(client: httpx.Client, endpoint: str, mode: str, n: int, check_wh
         path, whole_body = _body(endpoint, n, stream=False)
         choice = client.post(path, json=whole_body).json()["choices"][0]
         equal = text == (choice["message"]["content"] if endpoint == "chat" else choice["text"])
-    return Row(endpoint, mode, n, int(usage["completion_tokens"]), len(raw), len(events), upstream, equal)
+    return Row(endpoint, mode, n, int(usage["completion_tokens"]), len(raw), len(events), upstream, equal, cpu)
+
+
+@contextlib.contextmanager
+def serve_thread(upstream: str, stream_interval: int) -> Iterator[tuple[str, int | None]]:
+    with ServerThread(create_app(ServeConfig(upstream=upstream, stream_interval=stream_interval))) as url:
+        yield url, None
 
 
 def measure(worker: str, lengths: list[int], stream_interval: int, endpoints: tuple[str, ...] = ENDPOINTS,
-            log: Any = print, whole_check_max: int | None = None) -> list[Row]:
+            log: Any = print, whole_check_max: int | None = None, serve_as_process: bool = True) -> list[Row]:
     rows: list[Row] = []
     for mode in MODES:
         start = engine_worker if worker == "engine" else fake_worker
-        with start(mode == "incremental") as up, \
-                ServerThread(create_app(ServeConfig(upstream=up, stream_interval=stream_interval))) as url, \
+        serve = serve_process if serve_as_process else serve_thread
+        with start(mode == "incremental") as up, serve(up, stream_interval) as (url, pid), \
                 httpx.Client(base_url=url, timeout=httpx.Timeout(1800.0)) as client:
+            for endpoint in endpoints:  # warm-up: the tokenizer loads on the first request, not measured
+                measure_one(client, endpoint, mode, 4, check_whole=False)
             for endpoint in endpoints:
                 for n in lengths:
                     t0 = time.monotonic()
                     row = measure_one(client, endpoint, mode, n,
-                                      check_whole=whole_check_max is None or n <= whole_check_max)
+                                      check_whole=whole_check_max is None or n <= whole_check_max, serve_pid=pid)
                     log(f"  {mode:11s} {endpoint:11s} {n:5d} tokens: {row.client_bytes / n:8.1f} B/token to the "
                         f"client, {row.upstream_bytes / n:9.1f} B/token from the worker ({time.monotonic() - t0:.1f} s)")
                     rows.append(row)
@@ -186,12 +242,13 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
 
 def table(rows: list[Row]) -> str:
     lines = [f"{'endpoint':11s} {'worker mode':11s} {'tokens':>6s} {'client B/tok':>12s} {'events':>6s} "
-             f"{'upstream B/tok':>14s} {'upstream/client':>15s}"]
+             f"{'upstream B/tok':>14s} {'upstream/client':>15s} {'serve CPU us/tok':>16s}"]
     for r in rows:
         c = r.client_bytes / r.completion_tokens
         u = r.upstream_bytes / r.completion_tokens
+        cpu = "-" if r.serve_cpu_s is None else f"{1e6 * r.serve_cpu_s / r.completion_tokens:.0f}"
         lines.append(f"{r.endpoint:11s} {r.mode:11s} {r.output_len:6d} {c:12.1f} {r.client_events:6d} {u:14.1f} "
-                     f"{u / c:15.2f}")
+                     f"{u / c:15.2f} {cpu:>16s}")
     return "\n".join(lines)
 
 
@@ -238,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
               "rows": [r.record_row(args.stream_interval, args.worker) for r in rows], "checks": checks,
               "verdict": "info",
               "notes": "client bytes: response body incl. SSE framing, usage event and [DONE]; upstream bytes: "
-                       "native /generate stream body received by the response layer; worker stream interval 1"}
+                       "native /generate stream body received by the response layer; worker stream interval 1; serve CPU: "
+                       "user+system time of the `netra serve` process during the stream (10 ms ticks, >= 256 tokens)"}
     stem = f"wire-bytes-{args.worker}-si{args.stream_interval}"
     path = write_record(record, args.out or REPO_ROOT / "results" / "serving", stem)
     print(f"record: {path}")

@@ -19,6 +19,8 @@ def test_usage_exact_and_stream_equals_whole(rows: list[Row]) -> None:
     for r in rows:
         assert r.completion_tokens == r.output_len
         assert r.stream_equals_whole
+        # `netra serve` ran as its own process: its CPU time for the stream was read from /proc.
+        assert (r.serve_cpu_s is None) == (r.output_len < 256)
 
 
 def test_client_bytes_per_token_flat_in_both_modes(rows: list[Row]) -> None:
