@@ -185,3 +185,21 @@ def test_barrier_reports_a_dead_client(tmp_path: Path) -> None:
         barrier.release_when_ready(tmp_path, 2, timeout_s=30, alive=lambda: "client 1 died")
     with pytest.raises(barrier.BarrierError, match=r"clients \[0, 1\] not ready"):
         barrier.release_when_ready(tmp_path, 2, timeout_s=0.05)
+
+
+def test_record_command_reproduces_the_configuration() -> None:
+    import shlex
+    from dataclasses import replace
+
+    from netra.bench import serve
+    from netra.cli import build_parser
+
+    cfg = serve.BenchConfig(url="http://127.0.0.1:8100", api="openai", clients=3, concurrency=12, requests=48,
+                            input_len=100, output_len=20, stream_interval=4, workers=2, seed=7, vocab_size=264,
+                            info_url="http://127.0.0.1:30100", token_range="0:256", avoid_ids=[5, 6],
+                            model="netra-tiny", continuous_usage=False, warmup=2, scenario="x", target="cpu")
+    argv = shlex.split(cfg.command())
+    assert argv[:3] == ["netra", "bench", "serve"]
+    args = build_parser().parse_args(argv[1:])
+    again = serve.config_from_args(args)
+    assert replace(again, work_dir=None, progress=True) == replace(cfg, work_dir=None, progress=True)
