@@ -148,6 +148,16 @@ class _Reader:
             raise CheckpointError(f"tensor {name!r}: unsupported dtype {data.dtype}")
         return Weight(data.to(torch.bfloat16))
 
+    def fused(self, name: str, shape: tuple[int, int, int]) -> Weight:
+        """Experts stored as one 3-D tensor (transformers v5 layout: ``gate_up_proj [E, 2I, H]``, gate
+        rows first; ``down_proj [E, H, I]``), with ``[E, rows/128, cols/128]`` scales when FP8."""
+        data = self.get(name, shape)
+        if data.dtype == fp8.E4M3:
+            e, n, k = shape
+            scale = name + "_scale_inv" if self.has(name + "_scale_inv") else name + ".weight_scale_inv"
+            return Weight(data, self.get(scale, (e, -(-n // fp8.BLOCK), -(-k // fp8.BLOCK))).float())
+        return Weight(data.to(torch.bfloat16))
+
     def stacked(self, names: list[list[str]], shapes: list[tuple[int, int]]) -> Weight:
         """Experts: for each expert, concatenate the row blocks of ``names[e]`` (e.g. gate, up), then stack."""
         per = [[self.weight(n, *s) for n, s in zip(row, shapes, strict=True)] for row in names]
@@ -202,8 +212,11 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> tuple[Mod
                             torch.cat([w.scale_inv for w in shared_gate_up if w.scale_inv is not None]))
         moe = MoEWeights(
             router=r.weight(p + "mlp.gate", cfg.num_experts, h),
-            w13=r.stacked([[x + "gate_proj", x + "up_proj"] for x in ex], [(inter, h), (inter, h)]),
-            w2=r.stacked([[x + "down_proj"] for x in ex], [(h, inter)]),
+            w13=r.fused(p + "mlp.experts.gate_up_proj", (cfg.num_experts, 2 * inter, h))
+            if r.has(p + "mlp.experts.gate_up_proj") else
+            r.stacked([[x + "gate_proj", x + "up_proj"] for x in ex], [(inter, h), (inter, h)]),
+            w2=r.fused(p + "mlp.experts.down_proj", (cfg.num_experts, h, inter))
+            if r.has(p + "mlp.experts.down_proj") else r.stacked([[x + "down_proj"] for x in ex], [(h, inter)]),
             shared_w13=shared_w13,
             shared_w2=r.weight(p + "mlp.shared_expert.down_proj", h, sh),
             shared_gate=r.weight(p + "mlp.shared_expert_gate", 1, h),

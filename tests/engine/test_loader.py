@@ -96,3 +96,26 @@ def test_checkpoint_tokenizer_json_is_used(tmp_path: Path) -> None:
     euro = loaded.tokenizer.encode("€")
     assert len(euro) == 3 and loaded.tokenizer.decode(euro[:2], final=False) == ""
     assert loaded.tokenizer.decode(euro) == "€"
+
+
+def test_fused_expert_layout_loads_the_same_model(tmp_path: Path) -> None:
+    e = build_engine(EngineOptions(context_length=64, max_running_requests=1))
+    save_checkpoint(e.config, seeded_weights(e.config, 0), tmp_path)
+    f = next(tmp_path.glob("*.safetensors"))
+    tensors = load_file(str(f))
+    for layer in range(e.config.num_hidden_layers):
+        p = f"model.language_model.layers.{layer}.mlp.experts."
+        n = e.config.num_experts
+        for suffix in ("weight", "weight_scale_inv"):
+            gate_up = [torch.cat([tensors.pop(f"{p}{x}.gate_proj.{suffix}"), tensors.pop(f"{p}{x}.up_proj.{suffix}")])
+                       for x in range(n)]
+            down = [tensors.pop(f"{p}{x}.down_proj.{suffix}") for x in range(n)]
+            tail = "" if suffix == "weight" else "_scale_inv"
+            tensors[f"{p}gate_up_proj{tail}"] = torch.stack(gate_up)
+            tensors[f"{p}down_proj{tail}"] = torch.stack(down)
+    save_file(tensors, str(f))
+    _, fused = load_checkpoint(tmp_path)
+    ref = seeded_weights(e.config, 0)
+    for a, b in ((fused.layers[1].moe.w13, ref.layers[1].moe.w13), (fused.layers[2].moe.w2, ref.layers[2].moe.w2)):
+        assert torch.equal(a.data.view(torch.uint8), b.data.view(torch.uint8))
+        assert torch.equal(a.scale_inv, b.scale_inv)
