@@ -165,6 +165,8 @@ class Scheduler:
 
     # ---- scheduler thread ------------------------------------------------------------------------
     def _loop(self) -> None:
+        if self.device.type == "cuda":  # this thread's current device (streams, graphs) is the engine's
+            torch.cuda.set_device(self.device)
         while not self._stop.is_set():
             try:
                 self._drain(block=not (self.waiting or self.prefilling or self.decoding))
