@@ -35,9 +35,10 @@ def _prep(q: torch.Tensor, k: torch.Tensor, num_v_heads: int) -> tuple[torch.Ten
     qf = qf * torch.rsqrt(qf.pow(2).sum(-1, keepdim=True) + L2_EPS) * (q.shape[-1] ** -0.5)
     kf = kf * torch.rsqrt(kf.pow(2).sum(-1, keepdim=True) + L2_EPS)
     ratio = num_v_heads // q.shape[-2]
-    if ratio > 1:
-        qf = qf.repeat_interleave(ratio, dim=-2)
-        kf = kf.repeat_interleave(ratio, dim=-2)
+    if ratio > 1:  # value head h reads key head h // ratio (repeat_interleave, as a broadcast copy)
+        lead, hk, d = qf.shape[:-2], qf.shape[-2], qf.shape[-1]
+        qf = qf.unsqueeze(-2).expand(*lead, hk, ratio, d).reshape(*lead, hk * ratio, d)
+        kf = kf.unsqueeze(-2).expand(*lead, hk, ratio, d).reshape(*lead, hk * ratio, d)
     return qf, kf
 
 

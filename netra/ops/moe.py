@@ -121,12 +121,17 @@ def moe_dense_ref(x: torch.Tensor, w: MoEWeights) -> torch.Tensor:
     """
     acc = acc_dtype(x.device)
     t, k, e = x.shape[0], w.top_k, w.num_experts
-    logits = linear_ref(x, w.router, torch.bfloat16)
-    weights, ids = moe_route_ref(logits, k, w.renormalize)
-    shared_weight = torch.sigmoid(linear_ref(x, w.shared_gate, torch.bfloat16).float())[:, 0]
     stack = _dense_stack(w, acc)
+    if stack is not None:  # router and shared-expert gate as one GEMM (the same dot products)
+        both = (x.to(acc) @ stack[2]).to(torch.bfloat16)
+        logits, gate_logit = both[:, :e], both[:, e:]
+    else:
+        logits = linear_ref(x, w.router, torch.bfloat16)
+        gate_logit = linear_ref(x, w.shared_gate, torch.bfloat16)
+    weights, ids = moe_route_ref(logits, k, w.renormalize)
+    shared_weight = torch.sigmoid(gate_logit.float())[:, 0]
     if stack is not None:  # the shared expert is expert E of the stack: one pass for all k+1 routes
-        w13, w2 = stack
+        w13, w2 = stack[0], stack[1]
         ids = torch.cat([ids, torch.full((t, 1), e, dtype=ids.dtype, device=ids.device)], dim=1)
         weights = torch.cat([weights, shared_weight[:, None]], dim=1)
     else:
@@ -145,24 +150,27 @@ def moe_dense_ref(x: torch.Tensor, w: MoEWeights) -> torch.Tensor:
     return routes.float().sum(dim=1).to(x.dtype)
 
 
-_stacks: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+_stacks: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
 
-def _dense_stack(w: MoEWeights, acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _dense_stack(w: MoEWeights, acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """Routed experts plus the shared expert as one ``[E+1, ...]`` stack of the cached dequantized
-    weights (only when the engine cached them and the widths agree); built once per layer."""
-    parts = (w.w13, w.w2, w.shared_w13, w.shared_w2)
+    weights, and ``[router; shared gate]ᵀ`` (only when the engine cached them all and the widths
+    agree); built once per layer."""
+    parts = (w.w13, w.w2, w.shared_w13, w.shared_w2, w.router, w.shared_gate)
     if any(p._dequant is None or p._dequant.dtype != acc for p in parts) or \
             w.shared_w13.out_features != w.w13.data.shape[-2] or \
-            len({p.is_fp8 for p in parts}) != 1:
+            len({p.is_fp8 for p in parts[:4]}) != 1:
         return None
     key = (id(w.w13._dequant), id(w.shared_w13._dequant))
     stack = _stacks.get(key)
     if stack is None:
         assert w.w13._dequant is not None and w.w2._dequant is not None
         assert w.shared_w13._dequant is not None and w.shared_w2._dequant is not None
+        assert w.router._dequant is not None and w.shared_gate._dequant is not None
         stack = (torch.cat([w.w13._dequant, w.shared_w13._dequant[None]]),
-                 torch.cat([w.w2._dequant, w.shared_w2._dequant[None]]))
+                 torch.cat([w.w2._dequant, w.shared_w2._dequant[None]]),
+                 torch.cat([w.router._dequant, w.shared_gate._dequant]).t().contiguous())
         _stacks[key] = stack
     return stack
 

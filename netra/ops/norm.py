@@ -10,12 +10,23 @@ import torch
 
 from netra.ops._common import route
 
+_offset_weights: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _one_plus(weight: torch.Tensor) -> torch.Tensor:
+    """``1 + w`` in FP32, made once per weight tensor (the same numbers as computing it per call)."""
+    hit = _offset_weights.get(id(weight))
+    if hit is None or hit[0] is not weight:
+        hit = (weight, 1.0 + weight.float())
+        _offset_weights[id(weight)] = hit
+    return hit[1]
+
 
 def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Gemma RMSNorm: ``x / rms(x) · (1 + w)``, FP32 inside, output in x's dtype."""
     xf = x.float()
     var = xf.pow(2).mean(dim=-1, keepdim=True)
-    return (xf * torch.rsqrt(var + eps) * (1.0 + weight.float())).to(x.dtype)
+    return (xf * torch.rsqrt(var + eps) * _one_plus(weight)).to(x.dtype)
 
 
 def add_rmsnorm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float

@@ -77,7 +77,7 @@ def test_moe_matches_token_by_token_oracle_bitwise() -> None:
     # a row's result does not depend on the other rows; the grouped and dense forms agree bitwise
     assert torch.equal(moe(x[4:5], w), got[4:5])
     assert torch.equal(moe_ref(x, w), got) and torch.equal(moe_dense_ref(x, w), got)
-    for p in (w.w13, w.w2, w.shared_w13, w.shared_w2):  # the engine's cached copies: same numbers
+    for p in (w.w13, w.w2, w.shared_w13, w.shared_w2, w.router, w.shared_gate):  # cached copies: same numbers
         p.dequantized(torch.float64)
     assert torch.equal(moe_ref(x, w), got) and torch.equal(moe_dense_ref(x, w), got)
 
