@@ -157,6 +157,18 @@ def run_compare(args: argparse.Namespace) -> tuple[dict[str, Any], Path | None]:
                      "checks": result.checks})
         print(f"run {i:2d} arm {arm}: {args.metric} = {value:.3f}", flush=True)
     v = stats.verdict(values["A"], values["B"], higher_is_better=METRICS[args.metric])
+    # The same gate on every other metric, for the record (the verdict is on --metric alone).
+    others: dict[str, Any] = {}
+    for name, higher in METRICS.items():
+        a = [r[name] for r in rows if r["arm"] == "A" and r.get(name) is not None]
+        b = [r[name] for r in rows if r["arm"] == "B" and r.get(name) is not None]
+        if name != args.metric and len(a) == len(values["A"]) and len(b) == len(values["B"]):
+            try:
+                o = stats.verdict(a, b, higher_is_better=higher)
+            except stats.StatsError:
+                continue
+            others[name] = {k: o[k] for k in ("verdict", "mean_a", "mean_b", "diff", "rel_diff", "ci95")} | {
+                "permutation_p": o["permutation"]["p"], "welch_p": o["welch"]["p"]}
     record_verdict = {"better": "accepted", "worse": "rejected", "indistinguishable": "inconclusive"}[v["verdict"]]
     arms = {arm: {"name": getattr(args, f"{arm.lower()}_name"), "url": getattr(args, f"{arm.lower()}_url"),
                   "profile": getattr(args, f"{arm.lower()}_profile"), "sets": getattr(args, f"{arm.lower()}_sets"),
@@ -169,7 +181,7 @@ def run_compare(args: argparse.Namespace) -> tuple[dict[str, Any], Path | None]:
         else "netra bench compare (programmatic)",
         "status": "measured", "rows": rows, "verdict": record_verdict,
         "checks": {"runs": len(rows), "runs_passed_exact_checks": len(rows), "order": "".join(abba(args.runs))},
-        "comparison": {"metric": args.metric, "arms": arms, **v},
+        "comparison": {"metric": args.metric, "arms": arms, **v, "other_metrics": others},
     }
     path = None
     if not args.no_record:
@@ -199,6 +211,11 @@ def print_verdict(record: dict[str, Any]) -> None:
     console.print(f"[bold]verdict: B is {c['verdict']}[/] than A" if c["verdict"] != "indistinguishable"
                   else "[bold]verdict: indistinguishable[/]")
     console.print(f"rule: {c['rule']}", markup=False)
+    for name, o in c.get("other_metrics", {}).items():
+        rel = f"{100 * o['rel_diff']:+.2f}%" if o["rel_diff"] is not None else "-"
+        console.print(f"  {name}: A {o['mean_a']:.3f}, B {o['mean_b']:.3f} ({rel}), 95% CI "
+                      f"[{o['ci95'][0]:.3f}, {o['ci95'][1]:.3f}], permutation p {o['permutation_p']:.3f}: "
+                      f"{o['verdict']}", markup=False)
 
 
 def main(args: argparse.Namespace) -> int:
