@@ -57,6 +57,21 @@ class Model:
             for weight in weights.all_weights():
                 weight.dequantized(acc)
 
+    def decode_capture_blocker(self) -> str | None:
+        """Why the decode forward cannot be captured as a CUDA graph, or None when it can.
+
+        Every op's fallback on the decode path is graph-safe except the grouped MoE (more than
+        `moe.DENSE_FALLBACK_MAX_EXPERTS` experts), which reads per-expert counts on the host. MoE
+        tactics (issue 7) lift this; until then such a model decodes eagerly.
+        """
+        from netra.ops.moe import fallback_is_graph_safe
+
+        for i, layer in enumerate(self.w.layers):
+            if not fallback_is_graph_safe(layer.moe):
+                return (f"layer {i}: the MoE fallback for {layer.moe.num_experts} experts synchronises with the "
+                        f"host (grouped per-expert loop)")
+        return None
+
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Logits ``[len(logits_rows), vocab]`` FP32 for the requested rows; updates the pools."""
         cfg = self.cfg

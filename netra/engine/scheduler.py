@@ -121,6 +121,10 @@ class Scheduler:
         self._rows = torch.arange(cap, dtype=torch.int64, device=self.device)
         # CUDA graphs: one per decode bucket, captured on first use, sharing one memory pool.
         self.use_graphs = self.device.type == "cuda" and not options.disable_cuda_graph
+        blocker = model.decode_capture_blocker() if self.use_graphs else None
+        if blocker is not None:
+            log.warning("decode CUDA graphs off: %s", blocker)
+            self.use_graphs = False
         self._graphs: dict[int, tuple[Any, torch.Tensor]] = {}
         self._graph_pool: Any = None
 

@@ -181,6 +181,12 @@ DENSE_FALLBACK_MAX_PAIRS = 2048
 DENSE_FALLBACK_MAX_EXPERTS = 64
 
 
+def fallback_is_graph_safe(w: MoEWeights) -> bool:
+    """Whether the fallback of a decode-sized call can be captured in a CUDA graph: the dense form
+    can (no host synchronisation); the grouped form reads per-expert counts on the host."""
+    return w.num_experts <= DENSE_FALLBACK_MAX_EXPERTS
+
+
 def moe(x: torch.Tensor, w: MoEWeights) -> torch.Tensor:
     """The MoE block through dispatch (op ``moe_fp8_block``); fallback `moe_dense_ref` for small
     ``tokens · experts``, `moe_ref` otherwise (identical arithmetic)."""

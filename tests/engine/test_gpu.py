@@ -56,7 +56,23 @@ def test_tiny_on_cuda_matches_cpu_logits() -> None:
     print(f"tiny cuda: 3x32 tokens in {dt:.2f} s")
 
 
+@pytest.fixture
+def fallbacks_only(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """Every op on its reference (tactics need `netra kernels build` on the machine first)."""
+    from netra import dispatch
+    from netra.ops._common import reset_decisions
+
+    monkeypatch.setenv("NETRA_DISABLE_TACTICS", "1")
+    dispatch.reset()
+    reset_decisions()
+    yield
+    monkeypatch.delenv("NETRA_DISABLE_TACTICS")
+    dispatch.reset()
+    reset_decisions()
+
+
 @pytest.mark.slow
+@pytest.mark.usefixtures("fallbacks_only")
 def test_full_shapes_seeded_prefill_and_decode() -> None:
     t = time.perf_counter()
     opts = EngineOptions(preset="qwen36-35b-a3b", device="cuda", context_length=2048, max_running_requests=8,
