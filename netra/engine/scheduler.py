@@ -54,7 +54,7 @@ class Output:
     finish_reason: dict[str, Any] | None
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: list membership and removal must not compare fields
 class Request:
     rid: str
     prompt: list[int]
