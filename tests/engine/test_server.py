@@ -188,3 +188,20 @@ def test_disconnect_and_abort_free_the_slot(engine_url: str) -> None:
     while _free_slots(engine_url) != base_free and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _free_slots(engine_url) == base_free
+
+
+def test_greedy_identical_across_processes(engine_url: str) -> None:
+    """A second engine process (other slot count, requests sent concurrently) gives the same tokens."""
+    from netra.engine.process import engine_process
+
+    sp = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
+    first = [_gen(engine_url, {"input_ids": p, "sampling_params": sp}).json()["output_ids"] for p in PROMPTS]
+
+    async def burst(base: str) -> list[list[int]]:
+        async with httpx.AsyncClient(timeout=60) as c:
+            rs = await asyncio.gather(*[c.post(base + "/generate", json={"input_ids": p, "sampling_params": sp})
+                                        for p in PROMPTS])
+            return [r.json()["output_ids"] for r in rs]
+
+    with engine_process("--preset", "tiny", "--max-running-requests", "3", "--context-length", "512") as other:
+        assert asyncio.run(burst(other)) == first
