@@ -143,7 +143,9 @@ class OpenAIStream:
         return {
             "prompt_tokens": usage.get("prompt_tokens"),
             "completion_tokens": usage.get("completion_tokens"),
-            "cached_tokens": details.get("cached_tokens", 0) if usage else None,
+            # None when the server does not report it (SGLang's OpenAI usage omits
+            # prompt_tokens_details unless its cache report is enabled).
+            "cached_tokens": details.get("cached_tokens"),
             "finish_reason": self.finish_reason,
             "finish_detail": None,
             "output_count": self.count if self.continuous else usage.get("completion_tokens"),

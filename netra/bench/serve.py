@@ -299,7 +299,8 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
     cpu = _cpu_usage(host_before, host_after, up_before[0], _upstream_cpu_s(cfg.url), outs)
     bad = [(k, p.returncode) for k, p in enumerate(procs) if p.returncode != 0]
     records = summarize.load_records(outs)
-    expect = summarize.Expect(cfg.requests, cfg.input_len, cfg.output_len, cfg.stream_interval)
+    expect = summarize.Expect(cfg.requests, cfg.input_len, cfg.output_len, cfg.stream_interval,
+                              cached_required=cfg.api == "native")
     checks, failures = summarize.check_records(records, expect)
     for k, rc in bad:
         tail = (work / f"client-{k}.log").read_text(errors="replace")[-1500:]

@@ -28,6 +28,7 @@ def _cfg(url: str, tmp: Path, **kw: object) -> serve.BenchConfig:
     ("short", "openai", "completion_tokens=4 != output_len 5"),
     ("long", "openai", "completion_tokens=6 != output_len 5"),
     ("prompt", "openai", "prompt_tokens=7 != input_len 8"),
+    ("cached", "openai", "cached_tokens=1 != 0"),
 ])
 def test_wrong_upstream_fails_the_run_naming_the_request(tmp_path: Path, fault: str, api: str, expected: str) -> None:
     # Concurrency 1 and one client: the upstream's 3rd received request is corpus request 2.

@@ -155,6 +155,11 @@ def test_exact_checks_name_each_bad_request() -> None:
     assert any("completed 3 of 4" in f and "missing requests [3]" in f for f in failures)
     assert any(f.startswith("request 1 ") and "completion_tokens=3 != output_len 4" in f for f in failures)
     assert any(f.startswith("request 2 ") and "cached_tokens=8" in f for f in failures)
+    unreported = [dict(r, cached_tokens=None) for r in good]
+    _, failures = summarize.check_records(unreported, expect)
+    assert len(failures) == 4 and all("cached_tokens=None" in f for f in failures)
+    checks, failures = summarize.check_records(unreported, summarize.Expect(4, 8, 4, cached_required=False))
+    assert failures == [] and checks["cached_tokens_unreported"] == 4
     wide = [_rec(0, 0, 0.0, 0.1, [0.01], n_per_event=5)]
     _, failures = summarize.check_records(wide, summarize.Expect(1, 8, 6, stream_interval=4))
     assert any("5 tokens > stream interval 4" in f for f in failures)
