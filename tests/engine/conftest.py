@@ -3,11 +3,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-import torch
 
 from netra.engine.process import engine_process
-
-torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
