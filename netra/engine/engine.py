@@ -34,7 +34,6 @@ class Engine:
 
 def build_engine(options: EngineOptions) -> Engine:
     t0 = time.perf_counter()
-    torch.set_num_threads(options.torch_threads)
     device = torch.device(options.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise OptionsError(f"--device {options.device}: no CUDA device is available")

@@ -250,8 +250,10 @@ class Server:
 
 def serve(options: EngineOptions) -> int:
     """Build the engine, bind the socket (port 0 picks a free one), print the address, serve until stopped."""
+    import torch
     import uvicorn
 
+    torch.set_num_threads(options.torch_threads)  # the process's setting: workers share a few cores
     engine = build_engine(options)
     server = Server(engine)
     sock = socket.socket(socket.AF_INET6 if ":" in options.host else socket.AF_INET, socket.SOCK_STREAM)
