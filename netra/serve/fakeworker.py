@@ -232,6 +232,14 @@ def create_fake_worker(config: FakeConfig | None = None, tokenizer_dir: Path | N
     async def health() -> Response:
         return Response(b"", status_code=200 if cfg.healthy else 503)
 
+    @app.get("/health_generate")
+    async def health_generate() -> Response:
+        return Response(b"", status_code=200 if cfg.healthy else 503)
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        return Response(b"", status_code=200 if cfg.healthy else 503)
+
     @app.get("/model_info")
     async def model_info() -> Response:
         return Response(orjson.dumps({"model_path": "fake/contract-worker", "tokenizer_path": str(tdir),

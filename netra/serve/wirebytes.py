@@ -137,10 +137,11 @@ def serve_process(upstream: str, stream_interval: int, timeout: float = 60.0) ->
 
 
 @contextlib.contextmanager
-def fake_worker(incremental: bool) -> Iterator[str]:
+def fake_worker(incremental: bool, step_delay: float = 0.0) -> Iterator[str]:
     from netra.serve.fakeworker import FakeConfig, create_fake_worker
 
-    with ServerThread(create_fake_worker(FakeConfig(incremental=incremental, stream_interval=1))) as url:
+    cfg = FakeConfig(incremental=incremental, stream_interval=1, step_delay=step_delay)
+    with ServerThread(create_fake_worker(cfg)) as url:
         yield url
 
 
@@ -201,10 +202,15 @@ def serve_thread(upstream: str, stream_interval: int) -> Iterator[tuple[str, int
 
 
 def measure(worker: str, lengths: list[int], stream_interval: int, endpoints: tuple[str, ...] = ENDPOINTS,
-            log: Any = print, whole_check_max: int | None = None, serve_as_process: bool = True) -> list[Row]:
+            log: Any = print, whole_check_max: int | None = None, serve_as_process: bool = True,
+            fake_step_delay: float = 0.0) -> list[Row]:
     rows: list[Row] = []
     for mode in MODES:
-        start = engine_worker if worker == "engine" else fake_worker
+        def start(incremental: bool) -> contextlib.AbstractContextManager[str]:
+            if worker == "engine":
+                return engine_worker(incremental)
+            return fake_worker(incremental, fake_step_delay)
+
         serve = serve_process if serve_as_process else serve_thread
         with start(mode == "incremental") as up, serve(up, stream_interval) as (url, pid), \
                 httpx.Client(base_url=url, timeout=httpx.Timeout(1800.0)) as client:
@@ -261,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--endpoints", nargs="+", choices=ENDPOINTS, default=list(ENDPOINTS))
     p.add_argument("--whole-check-max", type=int, default=None,
                    help="compare with the non-streamed text only up to this length (the CPU engine is slow)")
+    p.add_argument("--fake-step-delay", type=float, default=0.0,
+                   help="fake worker: seconds per decode step (0: back to back; >0: one event per wakeup)")
     p.add_argument("--out", type=Path, default=None, help="record directory (default results/serving)")
     p.add_argument("--no-record", action="store_true")
     args = p.parse_args(argv)
@@ -271,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     sha = git_sha()
     t0 = time.monotonic()
     rows = measure(args.worker, args.lengths, args.stream_interval, tuple(args.endpoints),
-                   whole_check_max=args.whole_check_max)
+                   whole_check_max=args.whole_check_max, fake_step_delay=args.fake_step_delay)
     print(table(rows))
     summary = summarize(rows)
     for k, v in summary.items():
@@ -289,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m netra.serve.wirebytes " + " ".join(
         [f"--worker {args.worker}", "--lengths " + " ".join(map(str, args.lengths)),
          f"--stream-interval {args.stream_interval}", "--endpoints " + " ".join(args.endpoints)]
-        + ([f"--whole-check-max {args.whole_check_max}"] if args.whole_check_max is not None else []))
+        + ([f"--whole-check-max {args.whole_check_max}"] if args.whole_check_max is not None else [])
+        + ([f"--fake-step-delay {args.fake_step_delay}"] if args.fake_step_delay else []))
     record = {"kind": "serving", "family": "wire-bytes", "target": "cpu", "device": host_device(),
               "git_sha": sha, "date": utc_now(), "command": command, "status": "measured",
               "rows": [r.record_row(args.stream_interval, args.worker) for r in rows], "checks": checks,
@@ -298,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
                        "native /generate stream body received by the response layer; worker stream interval 1; serve CPU: "
                        "user+system time of the `netra serve` process during the stream (10 ms ticks, >= 256 tokens)"}
     stem = f"wire-bytes-{args.worker}-si{args.stream_interval}"
+    if args.fake_step_delay:
+        stem += f"-step{round(args.fake_step_delay * 1000)}ms"
     path = write_record(record, args.out or REPO_ROOT / "results" / "serving", stem)
     print(f"record: {path}")
     return 0
