@@ -256,9 +256,8 @@ def main(args: argparse.Namespace) -> int:
     copy_bps = copy_bandwidth(torch)
     rows, speedups = bench_argmax(args, torch, copy_bps)
     copy_after = copy_bandwidth(torch)
-    from netra.ops.argmax import VOCAB
-
     from netra.catalog import Catalog
+    from netra.ops.argmax import VOCAB
 
     cat = Catalog.load()
     contracts = {c.name: {"maturity": c.maturity, "launch": c.launch} for c in cat.contracts if c.family == "argmax"}
