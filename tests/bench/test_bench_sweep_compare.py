@@ -45,18 +45,31 @@ def test_compare_gives_a_verdict_from_three_runs_per_arm(tmp_path: Path, capsys:
     assert "verdict: B is better" in out
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:  # exited meanwhile
+        return b""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != b"Z"
+
+
 def test_compare_command_arm_is_started_and_stopped_per_run(tmp_path: Path) -> None:
     cmd = f"{sys.executable} -m netra.bench.synthetic --port {{port}} --rate 500 --vocab-size 1000"
     with compare.command_upstream(cmd, tmp_path) as up:
         import httpx
 
         assert httpx.get(up.url + "/health", timeout=5).status_code == 200
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()
-                and f"--port {up.url.rsplit(':', 1)[1]}".encode() in Path(f"/proc/{p}/cmdline").read_bytes()
-                .replace(b"\0", b" ")]
-        assert pids
-    for pid in pids:
-        assert not Path(f"/proc/{pid}").exists() or b"Z" in Path(f"/proc/{pid}/stat").read_bytes().split(b")")[1][:3]
+        marker = f"--port {up.url.rsplit(':', 1)[1]} ".encode()
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and marker in _cmdline(int(p))]
+        assert pids and all(_alive(p) for p in pids)
+    assert not any(_alive(p) for p in pids)
 
 
 def test_compare_refuses_fewer_than_three_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
