@@ -48,8 +48,10 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(config)
     # One event loop per process by design; access logs off: at thousands of events/s they cost CPU.
+    # Keep-alive outlasts nginx's upstream keepalive_timeout (60 s) so nginx closes idle connections
+    # first; a bounded graceful shutdown then cancels open streams, which aborts them at the worker.
     uvicorn.run(app, host=config.host, port=config.port, log_level=level.lower(), access_log=False,
-                timeout_keep_alive=75)
+                timeout_keep_alive=75, timeout_graceful_shutdown=10)
     return 0
 
 

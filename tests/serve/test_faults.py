@@ -171,3 +171,38 @@ def test_disconnect_with_several_choices_aborts_each_once(tokenizer_dir: Path) -
         assert 'netra_serve_upstream_aborts_total{reason="client_disconnect"} 4.0' in metrics
         assert 'netra_serve_requests_total{endpoint="completions",status="499"} 1.0' in metrics
         assert "netra_serve_in_flight 0.0" in metrics
+
+
+def test_sigterm_with_open_stream_exits_bounded_and_aborts_upstream(tokenizer_dir: Path) -> None:
+    worker = create_fake_worker(FakeConfig(step_delay=0.01), tokenizer_dir)
+    with ServerThread(worker) as up:
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+        probe.close()
+        proc = subprocess.Popen([sys.executable, "-m", "netra", "serve", "--upstream", up, "--port", str(port)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            url = f"http://127.0.0.1:{port}"
+
+            def healthy() -> bool:
+                try:
+                    return httpx.get(url + "/health", timeout=1).status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            assert wait_for(healthy, timeout=20)
+            body = {"prompt": "x", "max_tokens": 100000, "stream": True}
+            with httpx.Client(timeout=30) as c, c.stream("POST", url + "/v1/completions", json=body) as r:
+                lines = r.iter_lines()
+                assert next(lines).startswith("data: {")
+                rid = worker.state.fake.requests[-1]["rid"]
+                t0 = time.monotonic()
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(30)
+                assert time.monotonic() - t0 < 20  # graceful shutdown is bounded (10 s), not the stream's length
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(5)
+        assert wait_for(lambda: _aborted_upstream(worker.state.fake, rid), timeout=10)
