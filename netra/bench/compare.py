@@ -106,7 +106,7 @@ def arm_upstream(args: argparse.Namespace, arm: str, work: Path) -> contextlib.A
         return sweep.launched(profile, getattr(args, f"{a}_sets"), work)
     if url:
         return sweep.upstream(args, work, url=url)
-    if args.synthetic_rate:
+    if args.synthetic_rate is not None:
         return sweep.synthetic_upstream(args, work)
     raise serve.BenchError(f"arm {arm}: give --{a}-url, --{a}-profile or --{a}-cmd")
 

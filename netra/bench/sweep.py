@@ -108,7 +108,7 @@ def synthetic_ideal(args: argparse.Namespace, concurrency: int, requests: int) -
     """Output tok/s a perfect client would see from the synthetic upstream: each stream finishes a
     request every ttft + (O-1)/rate seconds, in ceil(R/C) rounds."""
     if not getattr(args, "synthetic_rate", None):
-        return None
+        return None  # no upstream, or burst mode (rate 0): no pacing, no ideal
     per_req = args.synthetic_ttft_ms / 1000.0 + (args.output_len - 1) / args.synthetic_rate
     rounds = -(-requests // concurrency)
     return requests * args.output_len / (rounds * per_req)
@@ -152,8 +152,8 @@ def _ints(text: str, name: str) -> list[int]:
 def run_sweep(args: argparse.Namespace) -> tuple[dict[str, Any], Path | None, Path | None]:
     from netra.records import git_sha, host_device, utc_now, write_record
 
-    if args.synthetic and not args.synthetic_rate:
-        raise serve.BenchError("--synthetic needs --synthetic-rate")
+    if args.synthetic and args.synthetic_rate is None:
+        raise serve.BenchError("--synthetic needs --synthetic-rate (0: burst mode)")
     concs = _ints(args.concurrencies, "concurrencies")
     ks = _ints(args.clients_list, "clients-list") if args.clients_list else [args.clients]
     grid = [(c, k) for c in concs for k in ks if k <= c]

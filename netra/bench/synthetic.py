@@ -39,7 +39,7 @@ FAULTS = ("none", "short", "long", "error-event", "abort", "http500", "cached", 
 
 @dataclass
 class Config:
-    rate: float = 100.0  # tokens per second per request
+    rate: float = 100.0  # tokens per second per request; 0 = burst (no pacing)
     ttft_ms: float = 0.0  # extra delay before the first token (a stand-in for prefill)
     stream_interval: int = 1
     incremental: bool = False
@@ -73,6 +73,10 @@ def create_app(cfg: Config) -> Any:
         t0 = time.monotonic() + cfg.ttft_ms / 1000.0
         sent = 0
         while sent < emit:
+            if cfg.rate <= 0:  # burst mode: no pacing
+                sent = min(emit, 1 if sent == 0 else sent + cfg.stream_interval)
+                yield sent
+                continue
             # First event: the prefill token alone (as SGLang sends it); then every stream_interval.
             nxt = min(emit, 1 if sent == 0 else sent + cfg.stream_interval)
             delay = t0 + (nxt - 1) / cfg.rate - time.monotonic()
@@ -129,6 +133,11 @@ def create_app(cfg: Config) -> Any:
                 yield sse({"text": "", "output_ids": [], "meta_info": meta(0, True)})
             yield b"data: [DONE]\n\n"
 
+        if cfg.rate <= 0 and fault == "none":
+            # Burst mode: the whole stream in one body, as fast as the server can send it, so the
+            # run measures the client's own event-processing ceiling (instrument check).
+            body_bytes = b"".join([chunk async for chunk in stream()])
+            return Response(body_bytes, media_type="text/event-stream")
         return StreamingResponse(stream(), media_type="text/event-stream")
 
     @app.post("/v1/completions")
@@ -265,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (written to --port-file)")
     p.add_argument("--port-file", type=Path)
-    p.add_argument("--rate", type=float, default=100.0, help="tokens per second per request")
+    p.add_argument("--rate", type=float, default=100.0,
+                   help="tokens per second per request; 0 = burst (each stream sent at once: the client's ceiling)")
     p.add_argument("--ttft-ms", type=float, default=0.0)
     p.add_argument("--stream-interval", type=int, default=1)
     p.add_argument("--incremental", action="store_true", help="send only new output_ids per event")
@@ -273,8 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fault", choices=FAULTS, default="none")
     p.add_argument("--fault-nth", type=int, default=-1, help="0-based received request to fault; -1 = all")
     a = p.parse_args(argv)
-    if a.rate <= 0 or a.stream_interval < 1 or a.vocab_size < 2:
-        p.error("--rate must be > 0, --stream-interval >= 1, --vocab-size >= 2")
+    if a.rate < 0 or a.stream_interval < 1 or a.vocab_size < 2:
+        p.error("--rate must be >= 0, --stream-interval >= 1, --vocab-size >= 2")
     cfg = Config(rate=a.rate, ttft_ms=a.ttft_ms, stream_interval=a.stream_interval, incremental=a.incremental,
                  vocab_size=a.vocab_size, fault=a.fault, fault_nth=a.fault_nth)
     serve(cfg, a.host, a.port, a.port_file)

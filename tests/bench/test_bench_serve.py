@@ -108,3 +108,14 @@ def test_summarize_loads_every_client_file(tmp_path: Path) -> None:
     recs = summarize.load_records(sorted((tmp_path / "work").glob("client-*.jsonl")))
     assert [r["idx"] for r in recs] == list(range(9))
     assert sorted({r["client"] for r in recs}) == [0, 1, 2]
+
+
+def test_burst_mode_upstream_passes_exact_checks(tmp_path: Path) -> None:
+    # rate 0: each stream is sent at once (the client's ceiling); the exact checks still hold.
+    cfg = synthetic.Config(rate=0.0, vocab_size=1000, stream_interval=3)
+    with synthetic.running(cfg, tmp_path) as url:
+        result = serve.run_bench(_cfg(url, tmp_path, clients=2, concurrency=4, requests=8, output_len=10,
+                                      stream_interval=3))
+    assert result.passed, result.failures
+    assert result.summary is not None and result.summary["output_tokens"] == 80
+    assert [n for _, n in result.records[0]["events"]] == [1, 3, 3, 3]
