@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
 import resource
 import sys
 from pathlib import Path
@@ -221,6 +222,9 @@ async def one_request(http: httpx.AsyncClient, spec: dict[str, Any], idx: int, b
 
 
 async def run_client(spec: dict[str, Any]) -> int:
+    if spec.get("cpus"):
+        # Pinned like the article's clients, so a client never migrates onto a worker's cores.
+        os.sched_setaffinity(0, spec["cpus"])
     out = Path(spec["out"])
     reqs = spec["requests"]
     bodies = [(r["idx"], f"{spec['run_id']}-{r['idx']}") for r in reqs]
@@ -265,7 +269,8 @@ async def run_client(spec: dict[str, Any]) -> int:
     # This process's CPU time over its measured part: near 1.0 busy means the client itself (one
     # event loop, one core at most) was the bottleneck.
     stats = {"client": spec["client"], "cpu_s": _cpu_s() - cpu_release, "t_release": t_release,
-             "t_done": barrier.now(), "requests": len(reqs), "concurrency": conc}
+             "t_done": barrier.now(), "requests": len(reqs), "concurrency": conc,
+             "cpus": sorted(os.sched_getaffinity(0))}
     Path(str(out) + ".stats.json").write_bytes(orjson.dumps(stats))
     return 0
 

@@ -59,6 +59,7 @@ class BenchConfig:
     results_dir: Path | None = RESULTS_DIR  # None: no record
     work_dir: Path | None = None
     warm_path: str = "/health"
+    client_cpus: list[int] = field(default_factory=list)  # pin client k to client_cpus[k % n]
     progress: bool = True
 
     def scenario_name(self) -> str:
@@ -76,6 +77,8 @@ class BenchConfig:
                 parts += [f"--{name.replace('_', '-')}", str(val)]
         if self.avoid_ids:
             parts += ["--avoid-ids", ",".join(map(str, self.avoid_ids))]
+        if self.client_cpus:
+            parts += ["--client-cpus", ",".join(map(str, self.client_cpus))]
         if not self.continuous_usage:
             parts.append("--no-continuous-usage")
         if self.results_dir is None:
@@ -194,7 +197,7 @@ def _cpu_usage(host_before: tuple[int, int] | None, host_after: tuple[int, int] 
             wall = st["t_done"] - st["t_release"]
             t0 = st["t_release"] if t0 is None else min(t0, st["t_release"])
             t1 = st["t_done"] if t1 is None else max(t1, st["t_done"])
-            clients.append({"client": st["client"], "cpu_s": st["cpu_s"], "wall_s": wall,
+            clients.append({"client": st["client"], "cpu_s": st["cpu_s"], "wall_s": wall, "cpus": st.get("cpus"),
                             "busy": st["cpu_s"] / wall if wall > 0 else None})
     host = None
     if host_before and host_after and host_after[1] > host_before[1]:
@@ -265,6 +268,7 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
             out.unlink(missing_ok=True)
             outs.append(out)
             spec = {**base_spec, "client": k, "concurrency": concs[k], "out": str(out),
+                    "cpus": [cfg.client_cpus[k % len(cfg.client_cpus)]] if cfg.client_cpus else None,
                     "requests": [{"idx": j, "input_ids": prompts[j]} for j in shares[k]]}
             spec_path = work / f"client-{k}.spec.json"
             spec_path.write_bytes(orjson.dumps(spec))
@@ -460,6 +464,8 @@ def add_load_arguments(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     p.add_argument("--no-record", action="store_true", help="do not write a result record")
     p.add_argument("--work-dir", type=Path, default=None, help="raw per-request records (default run/bench/ID)")
     p.add_argument("--warm-path", default=d.warm_path, help="GET path used to open connections before the barrier")
+    p.add_argument("--client-cpus", default="", help="comma-separated CPUs; client k is pinned to CPU k mod n "
+                                                      "(keep clients off the workers' CPU sets on a GPU node)")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -469,6 +475,14 @@ def config_from_args(args: argparse.Namespace, url: str | None = None,
         avoid = [int(x) for x in args.avoid_ids.split(",") if x.strip()]
     except ValueError as exc:
         raise BenchError(f"--avoid-ids {args.avoid_ids!r}: expected comma-separated integers") from exc
+    try:
+        cpus = [int(x) for x in args.client_cpus.split(",") if x.strip()]
+    except ValueError as exc:
+        raise BenchError(f"--client-cpus {args.client_cpus!r}: expected comma-separated CPU numbers") from exc
+    allowed = os.sched_getaffinity(0)
+    if any(c not in allowed for c in cpus):
+        raise BenchError(f"--client-cpus {args.client_cpus!r}: CPUs {sorted(set(cpus) - allowed)} are not "
+                         f"available here (allowed: {sorted(allowed)})")
     return BenchConfig(
         url=(url or args.url).rstrip("/"), api=args.api, clients=args.clients,
         concurrency=args.concurrency if concurrency is None else concurrency, info_url=args.info_url,
@@ -477,7 +491,7 @@ def config_from_args(args: argparse.Namespace, url: str | None = None,
         token_range=args.token_range, avoid_ids=avoid, temperature=args.temperature, model=args.model,
         continuous_usage=not args.no_continuous_usage, timeout_s=args.timeout_s, warmup=args.warmup,
         scenario=args.scenario, target=args.target, results_dir=None if args.no_record else args.results_dir,
-        work_dir=args.work_dir, warm_path=args.warm_path, progress=not args.no_progress)
+        work_dir=args.work_dir, warm_path=args.warm_path, client_cpus=cpus, progress=not args.no_progress)
 
 
 def main(args: argparse.Namespace) -> int:

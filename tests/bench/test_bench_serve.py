@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -102,9 +103,12 @@ def test_openai_api_passes_with_and_without_continuous_usage(tmp_path: Path) -> 
 
 def test_summarize_loads_every_client_file(tmp_path: Path) -> None:
     cfg = synthetic.Config(rate=1000.0, vocab_size=1000)
+    cpu = min(os.sched_getaffinity(0))
     with synthetic.running(cfg, tmp_path) as url:
-        result = serve.run_bench(_cfg(url, tmp_path, clients=3, concurrency=3, requests=9))
+        result = serve.run_bench(_cfg(url, tmp_path, clients=3, concurrency=3, requests=9, client_cpus=[cpu]))
     assert result.passed, result.failures
+    assert result.record is not None
+    assert [c["cpus"] for c in result.record["cpu"]["clients"]] == [[cpu]] * 3  # pinned
     recs = summarize.load_records(sorted((tmp_path / "work").glob("client-*.jsonl")))
     assert [r["idx"] for r in recs] == list(range(9))
     assert sorted({r["client"] for r in recs}) == [0, 1, 2]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 from pathlib import Path
@@ -202,7 +203,8 @@ def test_record_command_reproduces_the_configuration() -> None:
     cfg = serve.BenchConfig(url="http://127.0.0.1:8100", api="openai", clients=3, concurrency=12, requests=48,
                             input_len=100, output_len=20, stream_interval=4, workers=2, seed=7, vocab_size=264,
                             info_url="http://127.0.0.1:30100", token_range="0:256", avoid_ids=[5, 6],
-                            model="netra-tiny", continuous_usage=False, warmup=2, scenario="x", target="cpu")
+                            model="netra-tiny", continuous_usage=False, warmup=2, scenario="x", target="cpu",
+                            client_cpus=[min(os.sched_getaffinity(0))])
     argv = shlex.split(cfg.command())
     assert argv[:3] == ["netra", "bench", "serve"]
     args = build_parser().parse_args(argv[1:])
