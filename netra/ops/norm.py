@@ -32,7 +32,8 @@ def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tens
 def add_rmsnorm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused residual add + Gemma RMSNorm: ``r' = x + r`` (rounded to the stream dtype); returns (norm(r'), r')."""
-    new_residual = (x.float() + residual.float()).to(residual.dtype)
+    # BF16 + BF16 is computed in FP32 and rounded once by torch (its "opmath" type): one op.
+    new_residual = x + residual if x.dtype == residual.dtype else (x.float() + residual.float()).to(residual.dtype)
     return rmsnorm_ref(new_residual, weight, eps), new_residual
 
 
