@@ -154,7 +154,7 @@ def run_compare(args: argparse.Namespace) -> tuple[dict[str, Any], Path | None]:
             raise serve.BenchError(f"run {i} (arm {arm}) has no {args.metric}")
         values[arm].append(float(value))
         rows.append({**result.row, "run": i, "arm": arm, "arm_name": getattr(args, f"{arm.lower()}_name"),
-                     "checks": result.checks})
+                     "checks": result.checks, "launch": up.launch})
         print(f"run {i:2d} arm {arm}: {args.metric} = {value:.3f}", flush=True)
     v = stats.verdict(values["A"], values["B"], higher_is_better=METRICS[args.metric])
     # The same gate on every other metric, for the record (the verdict is on --metric alone).

@@ -320,7 +320,8 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
     row["client_cpu_busy_max"] = max((c["busy"] for c in cpu["clients"]), default=None)
     row["host_cpu_busy"] = cpu["host_busy"]
     row["upstream_cpu_busy"] = cpu["upstream_busy"]
-    server_info = _get_json(cfg.url, "/server_info")
+    # The worker's effective options (engine, stream interval, loaded code objects) when known.
+    server_info = _get_json(cfg.info_url or cfg.url, "/server_info")
     record: dict[str, Any] = {
         "kind": "serving", "family": cfg.scenario_name(), "target": cfg.target,
         "device": (server_info or {}).get("device") or host_device(), "git_sha": git_sha(), "date": utc_now(),

@@ -36,6 +36,7 @@ class Upstream:
     info_url: str | None
     workers: int
     run_dir: Path | None
+    launch: dict[str, Any] | None = None  # identity of a launched deployment (profile and plan hashes)
 
 
 def _ports_free(ports: list[int]) -> bool:
@@ -75,8 +76,11 @@ def launched(profile: str, sets: list[str], work: Path, timeout_s: float = 900.0
                                    f"{(proc.stdout + proc.stderr)[-3000:]}")
         rec = json.loads((run_dir / "launch.json").read_text())
         workers = rec["workers"]
+        ident = {"profile": rec.get("profile_name"), "profile_sha256": rec.get("profile_sha256"),
+                 "plan_sha256": rec.get("plan_sha256"), "set_overrides": rec.get("set_overrides"),
+                 "run_dir": str(run_dir)}
         yield Upstream(url=rec["front"]["url"], info_url=workers[0]["engine_url"] if workers else None,
-                       workers=len(workers), run_dir=run_dir)
+                       workers=len(workers), run_dir=run_dir, launch=ident)
     finally:
         if (run_dir / "launch.json").exists():
             subprocess.run([sys.executable, "-m", "netra", "stop", "--run-dir", str(run_dir)], capture_output=True,
@@ -180,7 +184,7 @@ def run_sweep(args: argparse.Namespace) -> tuple[dict[str, Any], Path | None, Pa
             checks["points_passed"] += 1
             assert result.row is not None
             row = {**result.row, "repeat": rep, "ideal_output_tok_s": synthetic_ideal(args, c, requests),
-                   "checks": result.checks}
+                   "checks": result.checks, "launch": up.launch}
             rows.append(row)
             print(f"C={c:>5} K={k:>2} rep {rep}: {row['output_tok_s']:10.2f} output tok/s, "
                   f"TPOT p50 {row['tpot_ms_p50']:.2f} ms, TTFT p50 {row['ttft_ms_p50']:.2f} ms", flush=True)

@@ -29,6 +29,7 @@ def test_local_deployment_run_passes_exact_checks_and_writes_record(tmp_path: Pa
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     with sweep.launched("local", [], tmp_path / "launch") as up:
         assert up.workers == 2 and up.info_url and up.run_dir is not None
+        assert up.launch is not None and up.launch["profile"] == "local" and len(up.launch["plan_sha256"]) == 64
         rc = main(["bench", "serve", "--url", up.url, "--info-url", up.info_url, "-K", "2", "-C", "4", "-R", "8",
                    "-I", "32", "-O", "16", "--workers", "2", "--stream-interval", "1", "--no-progress",
                    "--scenario", "local-ci", "--results-dir", str(tmp_path / "records"),
