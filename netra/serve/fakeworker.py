@@ -83,6 +83,7 @@ class FakeState:
     disconnected: set[str] = field(default_factory=set)  # rids whose client went away mid-stream
     requests: list[dict[str, Any]] = field(default_factory=list)
     running: set[str] = field(default_factory=set)
+    client_ports: list[int] = field(default_factory=list)  # the upstream connection of each /generate
 
 
 def _bad(message: str) -> Response:
@@ -170,6 +171,7 @@ def create_fake_worker(config: FakeConfig | None = None, tokenizer_dir: Path | N
         if problem:
             return _bad(problem)
         state.requests.append(body)
+        state.client_ports.append(request.client.port if request.client else -1)
         rid = str(body.get("rid") or uuid.uuid4().hex)
         sp = body.get("sampling_params", {})
         prompt = prompt_token_ids(body)

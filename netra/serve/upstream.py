@@ -64,9 +64,12 @@ class UpstreamStream:
     async def events(self) -> AsyncIterator[dict[str, Any]]:
         buf = b""
         data_lines: list[bytes] = []
+        done = False
         try:
             async for chunk in self._response.aiter_raw():
                 self.bytes_received += len(chunk)
+                if done:
+                    continue  # after [DONE]: read the body to its end so the connection can be reused
                 buf += chunk
                 *lines, buf = buf.split(b"\n")
                 for raw in lines:
@@ -80,7 +83,8 @@ class UpstreamStream:
                     data = b"\n".join(data_lines)
                     data_lines = []
                     if data == b"[DONE]":
-                        return
+                        done = True
+                        break
                     try:
                         event = orjson.loads(data)
                     except orjson.JSONDecodeError as exc:

@@ -319,3 +319,25 @@ def test_checkpoint_template_kwargs_and_template_errors(tmp_path: Path) -> None:
         assert bytes(t for t in ids if t < 256).decode().endswith("assistant\n<think></think>")
         r = c.post("/v1/chat/completions", json={"messages": [{"role": "assistant", "content": "a"}]})
         assert r.status_code == 400 and "first message must be from the user" in r.json()["error"]["message"]
+
+
+def test_concurrent_streams_do_not_mix_and_reuse_upstream_connections(stack: Stack) -> None:
+    import concurrent.futures
+
+    def one(i: int) -> tuple[int, str, int]:
+        body = {"prompt": [i + 1, 7], "max_tokens": 40 + i, "temperature": 0, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}
+        events = sse_events(httpx.post(stack.url + "/v1/completions", json=body, timeout=60).content)
+        text = "".join(e["choices"][0]["text"] for e in events[:-1] if e["choices"])
+        return i, text, events[-2]["usage"]["completion_tokens"]
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(one, range(32)))
+    for i, text, n in results:
+        expected, _, _ = ref_text([i + 1, 7], {"max_new_tokens": 40 + i, "temperature": 0})
+        assert text == expected and n == 40 + i
+    # Sequential streams read to [DONE] hand their upstream connection back to the pool.
+    start = len(stack.fake.client_ports)
+    for _ in range(8):
+        httpx.post(stack.url + "/v1/completions", json={"prompt": "x", "max_tokens": 5, "stream": True}, timeout=30)
+    assert len(set(stack.fake.client_ports[start:])) == 1
