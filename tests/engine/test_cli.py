@@ -28,3 +28,11 @@ def test_flags_spelled_like_sglang() -> None:
         _parse("--cuda-graph-bs", "8,4")
     with pytest.raises(argparse.ArgumentTypeError, match="not an integer"):
         _parse("--cuda-graph-bs", "1,x")
+
+
+def test_bad_flags_stop_the_process_with_a_message() -> None:
+    from netra.engine.process import engine_process
+
+    with pytest.raises(RuntimeError, match="cuda-graph-bs"), engine_process("--cuda-graph-bs", "8,4",
+                                                                           startup_timeout=60):
+        pass
