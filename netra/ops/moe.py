@@ -47,9 +47,15 @@ class MoEWeights:
 
 def moe_route_ref(router_logits: torch.Tensor, top_k: int, renormalize: bool
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``router_logits [T, E]`` (BF16) -> (``weights [T, k]`` FP32, ``ids [T, k]`` int64), highest first."""
-    probs = torch.softmax(router_logits.float(), dim=-1)
-    weights, ids = torch.topk(probs, top_k, dim=-1)
+    """``router_logits [T, E]`` (BF16) -> (``weights [T, k]`` FP32, ``ids [T, k]`` int64), highest first.
+
+    Ranking by logit with ties to the lowest expert index (a stable descending sort; `torch.topk`
+    leaves the order of ties unspecified), the same selection as ranking the softmax; the weights
+    are the FP32 softmax over all experts gathered at the k ids, renormalised to sum 1.
+    """
+    logits = router_logits.float()
+    ids = torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :top_k]
+    weights = torch.softmax(logits, dim=-1).gather(1, ids)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, ids

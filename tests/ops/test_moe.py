@@ -40,7 +40,7 @@ def _per_token_oracle(x: torch.Tensor, w: MoEWeights) -> torch.Tensor:
         xt = x[t:t + 1]
         logits = (xt.double() @ w.router.data.double().t()).bfloat16()
         p = torch.softmax(logits.float(), -1)[0]
-        top = torch.topk(p, w.top_k)
+        top = torch.topk(p, w.top_k)  # no ties among random logits
         weights = top.values / top.values.sum()
         sg = torch.sigmoid((xt.double() @ w.shared_gate.data.double().t()).bfloat16().float())[0, 0]
         routes = [(_deq(w.w13, int(e)), _deq(w.w2, int(e)), weights[j]) for j, e in enumerate(top.indices)]
@@ -66,6 +66,10 @@ def test_route_softmax_topk_renormalised() -> None:
     assert torch.allclose(w.sum(-1), torch.ones(2))
     w2, _ = moe_route_ref(logits, 2, False)
     assert torch.allclose(w2[1], p[1, [2, 3]])
+    # ties go to the lowest expert index
+    tied = torch.tensor([[0.5, 2.0, 2.0, 2.0, -1.0]]).bfloat16()
+    _, tie_ids = moe_route_ref(tied, 2, True)
+    assert tie_ids.tolist() == [[1, 2]]
 
 
 def test_moe_matches_token_by_token_oracle_bitwise() -> None:
