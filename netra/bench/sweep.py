@@ -160,7 +160,13 @@ def run_sweep(args: argparse.Namespace) -> tuple[dict[str, Any], Path | None, Pa
         raise serve.BenchError("--synthetic needs --synthetic-rate (0: burst mode)")
     concs = _ints(args.concurrencies, "concurrencies")
     ks = _ints(args.clients_list, "clients-list") if args.clients_list else [args.clients]
-    grid = [(c, k) for c in concs for k in ks if k <= c]
+    if args.clients_list:
+        grid = [(c, k) for c in concs for k in ks if k <= c]  # a client needs at least one stream
+    else:
+        grid = [(c, min(args.clients, c)) for c in concs]
+    skipped = [(c, k) for c in concs for k in ks if k > c] if args.clients_list else []
+    if skipped:
+        print(f"skipping points with more clients than streams: {skipped}", flush=True)
     stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S")
     work = args.work_dir or (REPO_ROOT / "run" / "bench" / f"sweep-{stamp}")
     rows: list[dict[str, Any]] = []
@@ -210,11 +216,12 @@ def run_sweep(args: argparse.Namespace) -> tuple[dict[str, Any], Path | None, Pa
         path = write_record(record, args.results_dir, stem)
         from netra.bench.plot import plot_sweep
 
-        png = plot_sweep(rows, args.plot or args.results_dir / f"{stem}.png", f"{scenario}  ({stamp})")
+        png = plot_sweep(rows, args.plot or args.results_dir / f"{stem}.png", f"{scenario}  ({stamp})",
+                         split_by_clients=bool(args.clients_list))
     elif args.plot:
         from netra.bench.plot import plot_sweep
 
-        png = plot_sweep(rows, args.plot, scenario)
+        png = plot_sweep(rows, args.plot, scenario, split_by_clients=bool(args.clients_list))
     return record, path, png
 
 
