@@ -280,11 +280,12 @@ def test_worker_that_cannot_restart_is_given_up_and_the_rest_keeps_serving(
         marker.touch()
         assert launch.workers[0].engine.pid
         os.kill(launch.workers[0].engine.pid, signal.SIGKILL)
+        # Wait on the launch record (what another shell sees), not the in-memory status: the status
+        # flips before the supervisor has stopped the processes and written the record.
         deadline = time.monotonic() + 30
-        while launch.workers[0].status != "failed":
+        while (rec := read_record(launch.plan.run_dir))["workers"][0]["status"] != "failed":
             assert time.monotonic() < deadline, launch.workers[0].status
             time.sleep(0.1)
-        rec = read_record(launch.plan.run_dir)
         events = rec["workers"][0]["restarts"]
         assert [e["exit_code"] for e in events] == [-9, 3, 3] and [e["attempt"] for e in events] == [1, 2, 3]
         assert [e["delay_s"] for e in events[:2]] == [0.2, 0.4]  # doubling backoff
