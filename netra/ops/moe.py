@@ -45,6 +45,30 @@ class MoEWeights:
         return int(self.router.out_features)
 
 
+_fp8_stacks: dict[int, tuple[MoEWeights, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+
+
+def stack_shared_expert(w: MoEWeights) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernels' layout (netra/ops/moe_fp8.py): routed experts with the shared expert appended as
+    expert E: ``(w13 [E+1, 2I, H], w13_scale [E+1, 2I/128, H/128], w2 [E+1, H, I], w2_scale)``,
+    E4M3 data and FP32 scales, built once per layer (the copy costs one expert's worth of memory)."""
+    hit = _fp8_stacks.get(id(w))
+    if hit is not None and hit[0] is w:
+        return hit[1]
+    parts = (w.w13, w.w2, w.shared_w13, w.shared_w2)
+    if not all(p.is_fp8 and p.scale_inv is not None for p in parts):
+        raise ValueError("stack_shared_expert needs FP8 block-scaled expert and shared-expert weights")
+    if w.shared_w13.data.shape != w.w13.data.shape[1:] or w.shared_w2.data.shape != w.w2.data.shape[1:]:
+        raise ValueError(f"shared expert {tuple(w.shared_w13.data.shape)} does not match the experts' "
+                         f"{tuple(w.w13.data.shape[1:])}")
+    assert w.w13.scale_inv is not None and w.shared_w13.scale_inv is not None
+    assert w.w2.scale_inv is not None and w.shared_w2.scale_inv is not None
+    out = (torch.cat([w.w13.data, w.shared_w13.data[None]]), torch.cat([w.w13.scale_inv, w.shared_w13.scale_inv[None]]),
+           torch.cat([w.w2.data, w.shared_w2.data[None]]), torch.cat([w.w2.scale_inv, w.shared_w2.scale_inv[None]]))
+    _fp8_stacks[id(w)] = (w, out)
+    return out
+
+
 def moe_route_ref(router_logits: torch.Tensor, top_k: int, renormalize: bool
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """``router_logits [T, E]`` (BF16) -> (``weights [T, k]`` FP32, ``ids [T, k]`` int64), highest first.
