@@ -15,6 +15,7 @@ import argparse
 import datetime as _dt
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -248,7 +249,9 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
     work = cfg.work_dir or (REPO_ROOT / "run" / "bench" / run_id)
     work.mkdir(parents=True, exist_ok=True)
     bar_dir = work / "barrier"
-    bar_dir.mkdir(exist_ok=True)
+    if bar_dir.exists():  # a reused work dir: stale ready/release files would start clients unsynchronized
+        shutil.rmtree(bar_dir)
+    bar_dir.mkdir()
     base_spec: dict[str, Any] = {
         "url": cfg.url, "api": cfg.api, "path": "/generate" if cfg.api == "native" else "/v1/completions",
         "output_len": cfg.output_len, "temperature": cfg.temperature, "model": model,

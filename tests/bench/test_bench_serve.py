@@ -99,6 +99,13 @@ def test_openai_api_passes_with_and_without_continuous_usage(tmp_path: Path) -> 
                                           continuous_usage=cont))
             assert result.passed, result.failures
             assert result.summary is not None and result.summary["output_tokens"] == 20
+            # The same work dir twice: the second run's barrier starts from scratch, so both clients
+            # start together at the release instant (a stale release would let each start whenever
+            # its process came up, seconds apart).
+            release = float((tmp_path / "work" / "barrier" / "release").read_text())
+            for k in (0, 1):
+                first = min(r["t_start"] for r in result.records if r["client"] == k)
+                assert release <= first < release + 0.2
 
 
 def test_summarize_loads_every_client_file(tmp_path: Path) -> None:
