@@ -269,6 +269,7 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
         for k in range(cfg.clients):
             out = work / f"client-{k}.jsonl"
             out.unlink(missing_ok=True)
+            Path(str(out) + ".stats.json").unlink(missing_ok=True)
             outs.append(out)
             spec = {**base_spec, "client": k, "concurrency": concs[k], "out": str(out),
                     "cpus": [cfg.client_cpus[k % len(cfg.client_cpus)]] if cfg.client_cpus else None,
