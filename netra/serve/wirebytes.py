@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import os
 import re
 import socket
@@ -54,6 +55,7 @@ class Row:
     upstream_bytes: int
     stream_equals_whole: bool | None  # None: not checked at this length (--whole-check-max)
     serve_cpu_s: float | None = None  # the response-layer process's CPU time for the stream (10 ms ticks)
+    text_sha256: str = ""  # of the streamed text: the same request must give the same text in both modes
 
     def record_row(self, stream_interval: int, worker: str) -> dict[str, Any]:
         return {"scenario": f"wire-bytes/{self.endpoint}/{self.mode}", "concurrency": 1, "requests": 1,
@@ -64,7 +66,7 @@ class Row:
                 "client_bytes": self.client_bytes, "client_events": self.client_events,
                 "upstream_bytes": self.upstream_bytes, "stream_interval": stream_interval,
                 "upstream_mode": self.mode, "endpoint": self.endpoint, "worker": worker,
-                "stream_equals_whole": self.stream_equals_whole,
+                "stream_equals_whole": self.stream_equals_whole, "text_sha256": self.text_sha256,
                 "serve_cpu_us_per_output_token": (None if self.serve_cpu_s is None
                                                   else round(1e6 * self.serve_cpu_s / self.completion_tokens, 1)),
                 "clients": 1, "workers": 1}
@@ -192,7 +194,8 @@ def measure_one(client: httpx.Client, endpoint: str, mode: str, n: int, check_wh
         path, whole_body = _body(endpoint, n, stream=False)
         choice = client.post(path, json=whole_body).json()["choices"][0]
         equal = text == (choice["message"]["content"] if endpoint == "chat" else choice["text"])
-    return Row(endpoint, mode, n, int(usage["completion_tokens"]), len(raw), len(events), upstream, equal, cpu)
+    return Row(endpoint, mode, n, int(usage["completion_tokens"]), len(raw), len(events), upstream, equal, cpu,
+               hashlib.sha256(text.encode()).hexdigest()[:16])
 
 
 @contextlib.contextmanager
@@ -284,13 +287,23 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(rows)
     for k, v in summary.items():
         print(f"{k}: {v}")
+    by_key: dict[tuple[str, int], dict[str, Row]] = {}
+    for r in rows:
+        by_key.setdefault((r.endpoint, r.output_len), {})[r.mode] = r
+    pairs = [v for v in by_key.values() if len(v) == 2]
     checks = {
         "completion_tokens_exact": all(r.completion_tokens == r.output_len for r in rows),
+        # The client stream's event boundaries follow the worker's: identical bytes need identical
+        # worker events, while the text must be the same whichever mode the worker streams in.
+        "same_text_in_both_modes": all(v["cumulative"].text_sha256 == v["incremental"].text_sha256 for v in pairs),
+        "same_client_bytes_in_both_modes": all(v["cumulative"].client_bytes == v["incremental"].client_bytes
+                                               for v in pairs),
         "stream_text_equals_whole_text": all(r.stream_equals_whole is not False for r in rows),
         "stream_text_compared_at": sorted({r.output_len for r in rows if r.stream_equals_whole is not None}),
         "flatness": summary,
     }
-    print(f"checks: completion tokens exact {checks['completion_tokens_exact']}, "
+    print(f"checks: completion tokens exact {checks['completion_tokens_exact']}, same text in both modes "
+          f"{checks['same_text_in_both_modes']}, same client bytes {checks['same_client_bytes_in_both_modes']}, "
           f"stream text == whole text {checks['stream_text_equals_whole_text']} ({time.monotonic() - t0:.0f} s)")
     if args.no_record:
         return 0

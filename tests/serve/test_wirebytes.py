@@ -67,3 +67,4 @@ def test_record_written(tmp_path: Path) -> None:
     assert {r["scenario"] for r in rec["rows"]} == {"wire-bytes/completions/cumulative",
                                                    "wire-bytes/completions/incremental"}
     assert rec["checks"]["completion_tokens_exact"] is True
+    assert rec["checks"]["same_text_in_both_modes"] is True
