@@ -26,12 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="netra", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:  # TRANSITIONAL: areas land in parallel; removed once all exist
-            if exc.name != name:
-                raise
-            continue
+        module = importlib.import_module(name)
         module.register(sub)
     return parser
 

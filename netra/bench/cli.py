@@ -30,12 +30,7 @@ def register(sub: Any) -> None:
     bench = sub.add_parser("bench", help="measure kernels or a serving deployment")
     verbs = bench.add_subparsers(dest="bench_verb", metavar="WHAT", required=True)
     for verb, (module_name, help_text) in VERBS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:  # TRANSITIONAL, as in netra/cli.py
-            if exc.name != module_name:
-                raise
-            continue
         p = verbs.add_parser(verb, help=help_text)
+        module = importlib.import_module(module_name)
         module.add_arguments(p)
         p.set_defaults(func=_run(module_name))

@@ -10,27 +10,17 @@ always stays), then min-p (drop tokens below ``min_p · p_max``).
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-from collections.abc import Callable
-
 import torch
 
 from netra.ops._common import route
+from netra.ops.argmax import argmax as argmax_op
 
 _M32 = 0xFFFFFFFF
-_argmax_fn: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
-    """Greedy pick through the kernel-lab op (`netra.ops.argmax`) when present; same result as torch.argmax."""
-    global _argmax_fn
-    if _argmax_fn is None:
-        if importlib.util.find_spec("netra.ops.argmax") is not None:
-            _argmax_fn = importlib.import_module("netra.ops.argmax").argmax
-        else:
-            _argmax_fn = lambda x: torch.argmax(x, dim=-1)  # noqa: E731
-    return _argmax_fn(logits)
+    """Greedy pick through the argmax op family (dispatch: the sm90 tactic or torch.argmax, same result)."""
+    return argmax_op(logits)
 
 
 def _mix32(h: torch.Tensor) -> torch.Tensor:
