@@ -379,7 +379,8 @@ def bench(ours: Any, w: dict[str, Any], peer: dict[str, Any] | None, bw: float,
         if ours is None:
             continue
         med, p90 = time_graph(lambda: ours_fn(shared=True))
-        rows["layer_shared"].append({"shape": [m, HIDDEN], "tokens": m, "provider": "netra_shared_as_9th_route",
+        rows["layer_shared"].append({"shape": [m, HIDDEN], "tokens": m, "dtype": "fp8_e4m3_block128",
+                                     "provider": "netra_shared_as_9th_route",
                                      "mode": "graph", "median_us": med / rot, "p90_us": p90 / rot,
                                      "floor_us": floor_sh, "floor_fraction": floor_sh / (med / rot)})
         if m in (1, 128):
@@ -492,7 +493,9 @@ def write_records(src: Path, out: Path, tag: str, git_sha: str) -> list[Path]:
                                "gate": "top-8 ids exactly equal (ties, equal rows, zero rows), metadata exact"},
                               out, f"moe_route{tag}"))
     # layer
-    lrows = ours["rows"]["layer"] + ours["rows"].get("layer_shared", []) + prow.get("layer", [])
+    # Runs made before the shared-expert rows carried their dtype label get it here (same weights).
+    shared_rows = [{"dtype": "fp8_e4m3_block128", **r} for r in ours["rows"].get("layer_shared", [])]
+    lrows = ours["rows"]["layer"] + shared_rows + prow.get("layer", [])
     lsp: dict[str, Any] = {}
     ok = bool(ours["checks"].get("layer", {}).get("within_tolerance")) and peer is not None
     for m in BATCHES:
