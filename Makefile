@@ -6,7 +6,7 @@ PROFILE ?= local
 
 .PHONY: setup nginx serve test lint typecheck pytest kernels kernels-verify explain clean
 
-$(BIN)/.netra-ok: requirements/cpu.txt requirements/runtime.txt requirements/dev.txt pyproject.toml
+$(BIN)/.netra-ok: requirements/cpu.txt requirements/runtime.txt requirements/dev.txt requirements/nodeps.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -r requirements/cpu.txt -r requirements/runtime.txt -r requirements/dev.txt
 	$(BIN)/pip install -q --no-deps -r requirements/nodeps.txt
