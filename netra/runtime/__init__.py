@@ -90,6 +90,7 @@ class Tactic:
     binding: dict[str, Any] = field(default_factory=dict)
     _param_ptrs: Any = None
     _param_ptrs_addr: int = 0
+    _ex_config: Any = None
     _launch_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -103,35 +104,76 @@ class Tactic:
         return self._launch_lock
 
     def launch(self, grid: int, stream: int) -> None:
-        """Launch with the current contents of `params` on ``stream`` (a raw CUstream handle)."""
-        (err,) = _state["cu"].cuLaunchKernel(self.function, grid, 1, 1, self.block, 1, 1, self.smem_bytes,
-                                             stream, self._param_ptrs_addr, 0)
-        if int(err) != 0:
-            raise RuntimeBridgeError(f"cuLaunchKernel {self.contract.name}: {_err_name(_state['cu'], err)}")
+        """Launch with the current contents of `params` on ``stream`` (a raw CUstream handle).
 
+        A contract whose launch names a thread-block ``cluster`` or ``pdl`` goes through
+        ``cuLaunchKernelEx`` with a config prepared once at load (`_prepare_ex`); others through
+        ``cuLaunchKernel``."""
+        cfg = self._ex_config
+        if cfg is not None:
+            cfg.gridDimX = grid
+            cfg.hStream = stream
+            (err,) = _state["cu"].cuLaunchKernelEx(cfg, self.function, self._param_ptrs_addr, 0)
+        else:
+            (err,) = _state["cu"].cuLaunchKernel(self.function, grid, 1, 1, self.block, 1, 1, self.smem_bytes,
+                                                 stream, self._param_ptrs_addr, 0)
+        if int(err) != 0:
+            raise RuntimeBridgeError(f"launch {self.contract.name} (grid {grid}): {_err_name(_state['cu'], err)}")
+
+    @property
+    def cluster(self) -> int:
+        return int(self.contract.launch.get("cluster", 1))
+
+    @property
+    def pdl(self) -> bool:
+        return bool(self.contract.launch.get("pdl", False))
+
+    def _prepare_ex(self) -> None:
+        """Build the ``cuLaunchKernelEx`` config for cluster / PDL launches (once, at load)."""
+        if self.cluster == 1 and not self.pdl:
+            return
+        self._ex_config = _launch_config(self.block, self.smem_bytes, cluster=self.cluster, pdl=self.pdl)
 
     def launch_pdl(self, grid: int, stream: int) -> None:
         """As `launch`, with programmatic dependent launch allowed (Hopper): the kernel may be
         scheduled before the previous kernel in the stream ends, and waits for it in-kernel
-        (``griddepcontrol.wait``). Exploration only (netra bench kernels); dispatch does not use it."""
+        (``griddepcontrol.wait``). For exploration rows of a contract that does not declare
+        ``pdl`` (netra bench kernels); dispatch launches as the contract says."""
         cu = _state["cu"]
         cfg = self.binding.get("_pdl_config")
         if cfg is None:
-            attr = cu.CUlaunchAttribute()
-            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-            attr.value.programmaticStreamSerializationAllowed = 1
-            cfg = cu.CUlaunchConfig()
-            cfg.gridDimY = cfg.gridDimZ = 1
-            cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = self.block, 1, 1
-            cfg.sharedMemBytes = self.smem_bytes
-            cfg.attrs = [attr]
-            cfg.numAttrs = 1
+            cfg = _launch_config(self.block, self.smem_bytes, cluster=self.cluster, pdl=True)
             self.binding["_pdl_config"] = cfg
         cfg.gridDimX = grid
         cfg.hStream = stream
         (err,) = cu.cuLaunchKernelEx(cfg, self.function, self._param_ptrs_addr, 0)
         if int(err) != 0:
             raise RuntimeBridgeError(f"cuLaunchKernelEx (PDL) {self.contract.name}: {_err_name(cu, err)}")
+
+
+def _launch_config(block: int, smem_bytes: int, *, cluster: int = 1, pdl: bool = False) -> Any:
+    """A reusable ``CUlaunchConfig`` (grid and stream filled per launch)."""
+    cu = _state["cu"]
+    attrs = []
+    if pdl:
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        attrs.append(attr)
+    if cluster > 1:
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x = cluster
+        attr.value.clusterDim.y = 1
+        attr.value.clusterDim.z = 1
+        attrs.append(attr)
+    cfg = cu.CUlaunchConfig()
+    cfg.gridDimY = cfg.gridDimZ = 1
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block, 1, 1
+    cfg.sharedMemBytes = smem_bytes
+    cfg.attrs = attrs
+    cfg.numAttrs = len(attrs)
+    return cfg
 
 
 def load_tactic(contract: Contract, device: int) -> Tactic:
@@ -184,14 +226,30 @@ def _load(contract: Contract, device: int) -> Tactic:
         layout = contract.kernel.get("params_layout", {})
         if layout:
             _check_params_layout(cu, module, contract, layout)
+        _set_function_attributes(cu, function, contract)
         ws_bytes = int(contract.workspace["bytes"])
         alloc = torch.zeros if contract.workspace["zeroed"] else torch.empty
         workspace = alloc(max(ws_bytes, 1), dtype=torch.uint8, device=f"cuda:{device}")
         torch.cuda.synchronize(device)
     size = int(layout.get("size", 0)) or 8
-    return Tactic(contract=contract, device=device, sha256=sha, function=function, module=module,
-                  workspace=workspace, params=ctypes.create_string_buffer(size),
-                  block=int(contract.launch["block"]), smem_bytes=int(contract.launch["smem_bytes"]))
+    tactic = Tactic(contract=contract, device=device, sha256=sha, function=function, module=module,
+                    workspace=workspace, params=ctypes.create_string_buffer(size),
+                    block=int(contract.launch["block"]), smem_bytes=int(contract.launch["smem_bytes"]))
+    tactic._prepare_ex()
+    return tactic
+
+
+def _set_function_attributes(cu: Any, function: Any, contract: Contract) -> None:
+    """Raise the dynamic shared-memory limit above the 48 KB default, and allow a non-portable
+    cluster size (> 8), where the contract's launch asks for it; at load, never on launch."""
+    attr = cu.CUfunction_attribute
+    smem = int(contract.launch["smem_bytes"])
+    if smem > 48 * 1024:
+        check(cu.cuFuncSetAttribute(function, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+              f"cuFuncSetAttribute max dynamic smem {smem} B ({contract.name})")
+    if int(contract.launch.get("cluster", 1)) > 8:
+        check(cu.cuFuncSetAttribute(function, attr.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+              f"cuFuncSetAttribute non-portable cluster ({contract.name})")
 
 
 def _check_params_layout(cu: Any, module: Any, contract: Contract, layout: dict[str, int]) -> None:
