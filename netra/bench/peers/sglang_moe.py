@@ -39,12 +39,20 @@ REAL_MODULES = {
     "sglang.kernels.ops.quantization.int8_kernel": "sglang/kernels/ops/quantization/int8_kernel.py",
     "sglang.kernels.ops.quantization.fp8_utils": "sglang/kernels/ops/quantization/fp8_utils.py",
     "sglang.kernels.ops.moe.moe_align_small_numel": "sglang/kernels/ops/moe/moe_align_small_numel.py",
+    # the shared expert's dense FP8 block linear (SGLang's Triton path, see SglangSharedMlp)
+    "sglang.kernels.ops.gemm.fp8_kernel": "sglang/kernels/ops/gemm/fp8_kernel.py",
 }
 CONFIG_DIR = "sglang/srt/layers/moe/moe_runner/triton_utils/configs"
 CONFIG_UP = "E=256,N=512,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"
 CONFIG_DOWN = "E=256,N=512,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128]_down.json"
+# Tuned configs of SGLang's dense w8a8 block-FP8 Triton GEMM on the H200: the wheel has one for the
+# shared expert's down projection (N=2048, K=512); the gate_up (N=1024, K=2048) has none, so SGLang
+# uses its default tile there (and so does the peer: the lookup is SGLang's own, by file name).
+GEMM_CONFIG_DIR = "sglang/kernels/ops/gemm/configs"
+GEMM_CONFIG_DOWN = "N=2048,K=512,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"
 PEER_FILES = [*REAL_MODULES.values()]
-CONFIG_FILES = [f"{CONFIG_DIR}/triton_3_6_0/{CONFIG_UP}", f"{CONFIG_DIR}/triton_3_6_0/{CONFIG_DOWN}"]
+CONFIG_FILES = [f"{CONFIG_DIR}/triton_3_6_0/{CONFIG_UP}", f"{CONFIG_DIR}/triton_3_6_0/{CONFIG_DOWN}",
+                f"{GEMM_CONFIG_DIR}/{GEMM_CONFIG_DOWN}"]
 PEER_NOTES: list[str] = []
 
 
@@ -60,6 +68,23 @@ class _Envs:
         return _Flag()
 
 
+class _Platform:
+    """``get_platform()``: CUDA sm90 (Hopper); every other probe answers False."""
+
+    is_cuda = True
+    is_sm90 = True
+
+    def __getattr__(self, name: str) -> bool:
+        return False
+
+
+def _register_custom_op(*args: Any, **kwargs: Any) -> Any:
+    """``@register_custom_op(...)``: leave the function as it is (no torch.library registration)."""
+    if args and callable(args[0]) and not kwargs:
+        return args[0]
+    return lambda f: f
+
+
 def _sm90() -> bool:
     import torch
 
@@ -73,7 +98,11 @@ _EXPLICIT: dict[str, dict[str, Any]] = {
         "is_sm90_supported": _sm90, "is_sm100_supported": lambda: False,
         "ceil_align": lambda x, a: (x + a - 1) // a * a, "get_bool_env_var": lambda *a, **k: False,
         "get_device_name": lambda *a, **k: "NVIDIA H200",
+        "is_gfx1250_supported": lambda: False, "log_info_on_rank0": lambda logger, msg: logger.info(msg),
+        "get_device_core_count": lambda *a, **k: 132,
     },
+    "sglang.srt.runtime_context": {"get_platform": lambda: _Platform()},
+    "sglang.srt.utils.custom_op": {"register_custom_op": _register_custom_op},
     "sglang.kernels.jit.utils": {"is_arch_support_pdl": _sm90},
     "sglang.srt.environ": {"envs": _Envs()},
     "sglang.srt.layers.moe.utils": {"get_moe_padding_size": lambda *a, **k: 0},
@@ -134,13 +163,18 @@ def load(root: Path) -> dict[str, Any]:
     fmk: Any = importlib.import_module("sglang.kernels.ops.moe.fused_moe_triton_kernels")
     fp8k = importlib.import_module("sglang.kernels.ops.quantization.fp8_kernel")
     align = importlib.import_module("sglang.kernels.ops.moe.moe_align_small_numel")
+    try:  # the shared-expert MLP peer; its failure leaves the routed peer usable
+        gemm: Any = importlib.import_module("sglang.kernels.ops.gemm.fp8_kernel")
+    except Exception as exc:
+        PEER_NOTES.append(f"shared-MLP peer unavailable: {type(exc).__name__}: {exc}")
+        gemm = None
     # SGLang's Triton group quant in place of the JIT CUDA one it calls on CUDA.
     fmk.sglang_per_token_group_quant_fp8 = fp8k._per_token_group_quant_8bit_raw
     cfg_root = root / CONFIG_DIR
     # (no glob: the file names hold "[128, 128]", a glob character class)
     up = json.loads((cfg_root / "triton_3_6_0" / CONFIG_UP).read_text())
     down = json.loads((cfg_root / "triton_3_6_0" / CONFIG_DOWN).read_text())
-    return {"fmk": fmk, "fp8k": fp8k, "align": align, "up_cfg": up, "down_cfg": down}
+    return {"fmk": fmk, "fp8k": fp8k, "align": align, "up_cfg": up, "down_cfg": down, "gemm": gemm}
 
 
 def _closest(configs: dict[str, dict[str, Any]], m: int) -> dict[str, Any]:
@@ -237,6 +271,53 @@ class SglangRouted:
         h = self.cache2[: gu.shape[0]]
         fmk.act_and_mul_triton(gu, h, self.up_cfg, None, None, False, "silu")
         return fp8k._per_token_group_quant_8bit_raw(h, 128)
+
+
+class SglangSharedMlp:
+    """The shared expert the way SGLang's Qwen MoE block runs it for an FP8 block-quantized checkpoint
+    (``Qwen2MoeSparseMoeBlock._forward_shared_experts`` -> ``Qwen2MoeMLP``): gate_up linear ->
+    SiluAndMul -> down linear, each linear ``Fp8LinearMethod`` with 128x128 block scales; then
+    ``sigmoid(shared_expert_gate(x)) * out`` (a BF16 ``torch.nn.Linear(2048, 1)``) and the add into
+    the routed output (``final_hidden_states.add_(shared_output)``).
+
+    On sm90 SGLang's auto backend for the block linear is DeepGEMM (JIT-compiled at run time, not
+    loadable on the offline H200); its own fallback, used here, is ``triton_w8a8_block_fp8_linear``:
+    per-token group quant (SGLang's JIT CUDA op on CUDA -> its Triton ``_per_token_group_quant_8bit``
+    here) + ``w8a8_block_fp8_matmul_triton`` (the wheel's tuned H200 config for the down projection,
+    the default tile for gate_up, as in SGLang). SiluAndMul is ``sgl_kernel.silu_and_mul`` in SGLang
+    (AOT CUDA, not in the wheel copy) -> SGLang's Triton ``act_and_mul_triton`` here.
+    ``__call__(x, routed)`` adds into ``routed`` in place (pass a scratch copy) and returns it.
+    """
+
+    def __init__(self, peer: dict[str, Any], m: int, w13: Any, w13_s: Any, w2: Any, w2_s: Any,
+                 w_gate: Any) -> None:
+        import torch
+
+        if peer.get("gemm") is None:
+            raise RuntimeError("SGLang's dense FP8 block GEMM module did not load (see PEER_NOTES)")
+        self.p, self.m = peer, m
+        self.w13, self.w13_s, self.w2, self.w2_s = w13, w13_s, w2, w2_s  # [1024, 2048], [8, 16], ...
+        self.w_gate = w_gate.reshape(1, -1)  # [1, 2048] BF16, the nn.Linear weight
+        self.h = torch.empty(m, w2.shape[1], dtype=torch.bfloat16, device=w13.device)
+        self.act_cfg = _closest(peer["up_cfg"], m)  # act_and_mul_triton reads only BLOCK_SIZE_* from it
+
+    def _linear(self, x: Any, w: Any, ws: Any) -> Any:
+        import torch
+
+        q, s = self.p["fp8k"]._per_token_group_quant_8bit_raw(x, 128, column_major_scales=False)
+        return self.p["gemm"].w8a8_block_fp8_matmul_triton(q, w, s, ws, [128, 128], output_dtype=torch.bfloat16)
+
+    def mlp(self, x: Any) -> Any:
+        gu = self._linear(x, self.w13, self.w13_s)
+        self.p["fmk"].act_and_mul_triton(gu, self.h, self.act_cfg, None, None, False, "silu")
+        return self._linear(self.h, self.w2, self.w2_s)
+
+    def __call__(self, x: Any, routed: Any) -> Any:
+        import torch.nn.functional as F
+
+        shared = self.mlp(x)
+        shared = F.sigmoid(F.linear(x, self.w_gate)) * shared
+        return routed.add_(shared)
 
 
 def stage(dest: Path) -> list[Path]:
