@@ -114,6 +114,10 @@ def build(case: Case, vocab: int, device: Any, boundaries: list[tuple[int, int]]
         elif s == "tie_boundary_far":  # the end of one chunk and deep in the next
             row[b - 1] = big
             row[min(vocab - 1, b + 4096 + r)] = big
+        elif s == "tie_piece_boundary":  # the cluster kernel's 16 KB TMA pieces (4096 fp32) in a chunk
+            e = min(vocab - 1, b + 4096)
+            row[e - 1] = big
+            row[e] = big
         elif s == "tie_far":
             row[lo_i] = big
             row[hi_i] = big
@@ -196,7 +200,7 @@ SCENARIOS = (
     "all_nan", "all_zero_mixed_sign", "signed_zero_neg_first", "signed_zero_pos_first", "pos_inf",
     "two_pos_inf", "neg_inf_but_one", "nan_first", "nan_middle", "nan_last", "several_nans",
     "nan_and_inf", "subnormal_max", "subnormal_vs_zero", "subnormal_tie", "max_first", "max_last",
-    "increasing", "decreasing", "huge_ties",
+    "increasing", "decreasing", "huge_ties", "tie_piece_boundary",
 )
 
 

@@ -82,6 +82,51 @@ def test_params_struct_matches_contracts() -> None:
         assert c.kernel["params_layout"] == op.params_layout(), name
         assert c.workspace["bytes"] >= op.KEYS_BYTES + 4 * op.MAX_ROWS
         assert c.dims["rows"].hi == op.MAX_ROWS
+    c = cat.by_name("argmax_f32_cluster_v248320")
+    assert op.is_cluster(c) and c.kernel["params_layout"] == op.params_layout(op.ArgmaxClusterParams)
+    assert c.workspace["bytes"] == 0
+
+
+def test_cluster_contract_launch_fits_one_wave_and_smem() -> None:
+    """rows x cluster CTAs, one per SM (<= 132), and one CTA's chunk fits its shared-memory ring."""
+    c = Catalog.load().by_name("argmax_f32_cluster_v248320")
+    cl = int(c.launch["cluster"])
+    assert c.launch["pdl"] is True and 1 <= cl <= 8  # portable cluster size
+    assert c.dims["rows"].hi * cl <= 132
+    chunk_bytes = -(-VOCAB // cl) * 4
+    assert chunk_bytes <= c.launch["smem_bytes"] == 8 * 16384  # kSlots x 16 KB: no ring refill
+    assert c.launch["smem_bytes"] + 1024 > 113 * 1024  # > half of 227 KB: one CTA per SM
+    assert (VOCAB // 4) % cl == 0  # equal chunks, 16-byte aligned
+
+
+def test_row_ranges_pick_one_tactic_each() -> None:
+    """fp32 rows 2-16 -> the cluster tactic; fp32 rows 1 and 17-256, bf16 1-256 -> the chunked one;
+    no row count is claimed twice (the catalog loads) or left out."""
+    for rows in range(1, op.MAX_ROWS + 1):
+        f32 = op.contract_for(rows, "float32").name
+        assert f32 == ("argmax_f32_cluster_v248320" if 2 <= rows <= 16 else "argmax_f32_v248320"), rows
+        assert op.contract_for(rows, "bfloat16").name == "argmax_bf16_v248320"
+    assert op.contract_launch_shape(16, "float32") == (128, 8)
+    assert op.contract_launch_shape(17, "float32") == op.launch_shape(17, VOCAB, "float32", 256, 264)
+    d = Dispatcher(min_maturity="experiment", disabled=False)
+    from netra.dispatch import plan
+
+    for rows, want in ((1, "argmax_f32_v248320"), (2, "argmax_f32_cluster_v248320"),
+                       (16, "argmax_f32_cluster_v248320"), (17, "argmax_f32_v248320")):
+        sig = op.explain_signatures()[0][1]
+        sig = type(sig)(target="sm90", op="argmax", dims=(("rows", rows), ("vocab", VOCAB)),
+                        dtypes=(("x", "float32"),), layouts=(("x", "contiguous_align16"),), graph_phase="capture")
+        got = plan(sig, d.catalog, "experiment")
+        assert got.contract is not None and got.contract.name == want, (rows, got.reason)
+
+
+def test_cluster_emulation_equals_torch_argmax_on_cpu() -> None:
+    """The cluster tactic's chunks (1/8 row per CTA) under the key emulation, every scenario."""
+    _, chunks = op.contract_launch_shape(3, "float32")
+    bounds = chunk_bounds(VOCAB, 4, chunks)
+    for i, scenario in enumerate(SCENARIOS):
+        x = build(Case(scenario, 3, "float32", 500 + i), VOCAB, "cpu", bounds)
+        assert torch.equal(emulate_two_stage(x, chunks, 4), torch.argmax(x, dim=-1)), scenario
 
 
 def test_launch_shape_fills_and_bounds() -> None:
@@ -158,12 +203,45 @@ class _Trap:
 
 
 @pytest.mark.gpu
-def test_launch_path_invariants(experiment_dispatch: Dispatcher, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No allocation, no symbol lookup / driver call but the launch, no file or env access, no sync."""
+def test_cluster_tactic_off_bucket_rows_and_variants(experiment_dispatch: Dispatcher) -> None:
+    """The cluster tactic at every row count 2-16 (not only the buckets) on adversarial scenarios,
+    and its benchmark variants: without PDL, cluster 4 (the ring-refill path), and the floor probe
+    (which must leave the output untouched)."""
+    cases = [Case(s, r, "float32", 7000 + 31 * r + i) for i, s in enumerate(SCENARIOS)
+             for r in (3, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15) if (i + r) % 3 == 0]
+    cases += [Case(s, r, "float32", 8000 + i) for i, s in enumerate(SCENARIOS) for r in (2, 16)]
+    result = check_adversarial(torch.device("cuda"), cases)
+    assert result["tactic_cases"] == len(cases)
+    assert result["mismatches"] == 0, result["failures"]
+    x = torch.randn(16, VOCAB, device="cuda")
+    x[3, 100] = x[3, 200] = 50.0
+    x[5, 77] = float("nan")
+    t = dispatch.select(op.signature(x)).tactic
+    assert t is not None and op.is_cluster(t.contract)
+    ref = op.argmax_ref(x)
+    for cluster, pdl in ((8, False), (8, True), (4, True), (4, False), (2, True)):
+        op.cluster_config(t, cluster, pdl)
+        out = torch.full((16,), -7, dtype=torch.int64, device="cuda")
+        op.launch(t, x, out, pdl=pdl, cluster=cluster)
+        assert torch.equal(out, ref), (cluster, pdl)
+    out = torch.full((16,), -7, dtype=torch.int64, device="cuda")
+    op.launch(t, x, out, probe=True)
+    torch.cuda.synchronize()
+    assert bool((out == -7).all())
+    op.launch(t, x, out)  # the probe flag does not stick
+    assert torch.equal(out, ref)
+    assert op.max_active_clusters(t) >= 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [16, 64])
+def test_launch_path_invariants(experiment_dispatch: Dispatcher, monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    """No allocation, no symbol lookup / driver call but the launch, no file or env access, no sync
+    (rows 16: the cluster tactic through cuLaunchKernelEx; rows 64: the chunked one)."""
     import netra.runtime as rt
 
-    x = torch.randn(16, VOCAB, device="cuda")
-    out = torch.full((16,), -7, dtype=torch.int64, device="cuda")
+    x = torch.randn(rows, VOCAB, device="cuda")
+    out = torch.full((rows,), -7, dtype=torch.int64, device="cuda")
     op.argmax(x, out=out)  # first call: decision, load, bind
     torch.cuda.synchronize()
     real = rt._state["cu"]
@@ -228,10 +306,11 @@ def test_dispatch_decisions_on_gpu() -> None:
         assert torch.equal(op.argmax(x16), torch.argmax(x16, dim=-1))
         odd = torch.randn(4, VOCAB + 8, device="cuda")
         assert dispatch.select(op.signature(odd)).fallback
-        x = torch.randn(4, VOCAB, device="cuda")
-        d = dispatch.select(op.signature(x))
-        c = Catalog.load().by_name("argmax_f32_v248320")
-        assert (d.tactic is not None) == (c.maturity == "accepted"), d.reason
+        for rows in (1, 4, 64):
+            x = torch.randn(rows, VOCAB, device="cuda")
+            d = dispatch.select(op.signature(x))
+            c = op.contract_for(rows, "float32")
+            assert (d.tactic is not None) == (c.maturity == "accepted"), d.reason
         unaligned = torch.randn(4 * VOCAB + 1, device="cuda")[1:].view(4, VOCAB)
         d = dispatch.select(op.signature(unaligned))
         assert d.fallback and "layout x=contiguous not in" in d.reason
