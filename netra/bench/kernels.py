@@ -30,11 +30,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--family", choices=FAMILIES, default="argmax")
     p.add_argument("--rejudge", type=Path, default=None, metavar="RECORD",
                    help="re-apply the current promotion rule to a record's stored measurements (no GPU)")
-    p.add_argument("--rows", default="1,16,128,256", help="comma-separated row counts")
+    p.add_argument("--rows", default="1,2,4,8,16,128,256", help="comma-separated row counts")
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--samples", type=int, default=60, help="timed graph replays per provider and shape")
     p.add_argument("--sweep-target-blocks", default="",
                    help="also time the netra tactic at these launch widths (exploration rows)")
+    p.add_argument("--cluster-sweep", default="",
+                   help="also time the cluster tactic at these cluster sizes (exploration rows; 16 is non-portable)")
     p.add_argument("--pdl", action="store_true",
                    help="also time the tactic launched with programmatic dependent launch (exploration row)")
     p.add_argument("--skip-checks", action="store_true", help="skip the correctness checks (not for records)")
@@ -92,24 +94,45 @@ class GraphProvider:
         self.samples_us.append(_events_time_ms(self.graph.replay, torch) * 1e3 / self.calls)
 
 
+def _alt_tactics(op: Any, dtype_name: str, rows: int, chosen: Any, device: int) -> list[tuple[str, Any]]:
+    """The other sm90 argmax tactic of this dtype that can run ``rows`` (exploration rows): the
+    chunked kernel where the cluster one is chosen and vice versa (cluster: rows * 8 <= 132 only)."""
+    from netra.catalog import Catalog
+    from netra.runtime import load_tactic
+
+    out = []
+    for c in Catalog.load().for_op("argmax"):
+        if c.target != "sm90" or c.declaration or c.maturity == "rejected" or c.name == chosen.contract.name \
+                or dtype_name not in c.dtypes["x"]:
+            continue
+        if op.is_cluster(c) and rows * int(c.launch["cluster"]) > 132:
+            continue
+        out.append(("netra:cluster" if op.is_cluster(c) else "netra:chunked", load_tactic(c, device)))
+    return out
+
+
 def bench_argmax(args: argparse.Namespace, torch: Any, copy_bps: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     from netra import dispatch
     from netra.dispatch import Dispatcher
     from netra.ops import argmax as op
+    from netra.runtime import RuntimeBridgeError
 
     dispatch.reset(Dispatcher(min_maturity="experiment", disabled=False))
     vocab = op.VOCAB
     rows_list = [int(r) for r in args.rows.split(",") if r]
     sweep = [int(t) for t in args.sweep_target_blocks.split(",") if t]
+    cluster_sweep = [int(c) for c in args.cluster_sweep.split(",") if c]
     out_rows: list[dict[str, Any]] = []
     speedups: dict[str, Any] = {}
     explorations: list[str] = []
+    device = torch.cuda.current_device()
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
         for rows in rows_list:
             nbytes = rows * vocab * dtype.itemsize
             nbuf = max(2, min(512, -(-L2_ROTATE_BYTES // nbytes)))
             inputs = [torch.randn(rows, vocab, device="cuda").to(dtype) for _ in range(nbuf)]
+            refs = [torch.argmax(x, dim=-1) for x in inputs]
             outs = [torch.full((rows,), -7, dtype=torch.int64, device="cuda") for _ in range(nbuf)]
             tactic = dispatch.select(op.signature(inputs[0])).tactic
             if tactic is None:
@@ -119,9 +142,10 @@ def bench_argmax(args: argparse.Namespace, torch: Any, copy_bps: float) -> tuple
                 op.launch(t, x, o, target_blocks=tb)
 
             providers = [GraphProvider("netra", netra_fn, inputs, outs, torch)]
+            tactic_of = {"netra": tactic.contract.name}
             # Correctness on the timed inputs: netra's outputs == torch.argmax.
-            for x, o in zip(inputs, outs, strict=True):
-                if not torch.equal(o, torch.argmax(x, dim=-1)):
+            for o, r in zip(outs, refs, strict=True):
+                if not torch.equal(o, r):
                     raise SystemExit(f"argmax {dtype_name} rows {rows}: netra differs from torch.argmax")
             t_outs = [torch.empty_like(o) for o in outs]
             providers.append(GraphProvider("torch.argmax", lambda x, o: torch.argmax(x, dim=-1, out=o),
@@ -130,19 +154,54 @@ def bench_argmax(args: argparse.Namespace, torch: Any, copy_bps: float) -> tuple
             # what any provider pays for its launch in graph replay, whatever it reads.
             providers.append(GraphProvider("baseline:fill_", lambda x, o: o.fill_(0), inputs,
                                            [torch.empty_like(o) for o in outs], torch))
-            if args.pdl:
-                from netra.runtime import RuntimeBridgeError
+            exact: dict[str, bool] = {}
+            ctx = {"inputs": inputs, "outs": outs, "refs": refs, "providers": providers, "tactic_of": tactic_of,
+                   "exact": exact, "tag": f"{dtype_name} rows {rows}"}
 
-                try:  # exploration: a failure is recorded, not fatal to the record
-                    providers.append(GraphProvider(
-                        "netra+pdl", lambda x, o, t=tactic: op.launch(t, x, o, pdl=True),
-                        inputs, [torch.empty_like(o) for o in outs], torch))
-                except (RuntimeBridgeError, TypeError, AttributeError, ValueError) as exc:
-                    explorations.append(f"netra+pdl {dtype_name} rows {rows}: {exc}")
+            def explore(name: str, fn: Any, contract: str, check: bool = True, ctx: dict[str, Any] = ctx) -> None:
+                """An exploration provider: a failure is recorded, not fatal to the record."""
+                o_list = [torch.full_like(o, -7) for o in ctx["outs"]]
+                try:
+                    ctx["providers"].append(GraphProvider(name, fn, ctx["inputs"], o_list, torch))
+                except (RuntimeBridgeError, TypeError, AttributeError, ValueError, KeyError, RuntimeError) as exc:
+                    explorations.append(f"{name} {ctx['tag']}: {exc}")
+                    return
+                ctx["tactic_of"][name] = contract
+                if check:
+                    ok = all(torch.equal(o, r) for o, r in zip(o_list, ctx["refs"], strict=True))
+                    if not ok:
+                        explorations.append(f"{name} {ctx['tag']}: differs from torch.argmax")
+                else:  # the floor probe writes nothing: the poison must survive
+                    ok = all(bool((o == -7).all()) for o in o_list)
+                ctx["exact"][name] = ok
+
+            cluster_t = tactic if op.is_cluster(tactic.contract) else None
+            for name, alt in _alt_tactics(op, dtype_name, rows, tactic, device):
+                explore(name, lambda x, o, t=alt: op.launch(t, x, o), alt.contract.name)
+                if op.is_cluster(alt.contract):
+                    cluster_t = alt
+            if cluster_t is not None:
+                cn = cluster_t.contract.name
+                base_cl = cluster_t.cluster
+                try:
+                    op.cluster_config(cluster_t, base_cl, not cluster_t.pdl)
+                    explore(f"netra:cluster-{'pdl' if not cluster_t.pdl else 'nopdl'}",
+                            lambda x, o, t=cluster_t: op.launch(t, x, o, pdl=not t.pdl), cn)
+                    explore("probe:tma_read", lambda x, o, t=cluster_t: op.launch(t, x, o, probe=True), cn,
+                            check=False)
+                    for cl in cluster_sweep:
+                        if cl == base_cl or rows * cl > 132:
+                            continue
+                        op.cluster_config(cluster_t, cl, cluster_t.pdl)
+                        explore(f"netra:cluster-c{cl}", lambda x, o, t=cluster_t, cl=cl: op.launch(t, x, o, cluster=cl),
+                                cn)
+                except RuntimeBridgeError as exc:
+                    explorations.append(f"cluster variants {dtype_name} rows {rows}: {exc}")
+            if args.pdl and not op.is_cluster(tactic.contract):
+                explore("netra+pdl", lambda x, o, t=tactic: op.launch(t, x, o, pdl=True), tactic.contract.name)
             for tb in sweep:
-                providers.append(GraphProvider(
-                    f"netra@tb{tb}", lambda x, o, tb=tb: netra_fn(x, o, tb=tb), inputs,
-                    [torch.empty_like(o) for o in outs], torch))
+                if not op.is_cluster(tactic.contract):
+                    explore(f"netra@tb{tb}", lambda x, o, tb=tb: netra_fn(x, o, tb=tb), tactic.contract.name)
             for i in range(args.samples):  # interleaved, order alternating
                 for p in (providers if i % 2 == 0 else providers[::-1]):
                     p.sample(torch)
@@ -157,15 +216,20 @@ def bench_argmax(args: argparse.Namespace, torch: Any, copy_bps: float) -> tuple
                     "gbps": round(nbytes / (med * 1e-6) / 1e9, 1), "floor_us": round(floor_us, 3),
                     "floor_fraction": round(floor_us / med, 3), "samples": len(p.samples_us),
                     "calls_per_replay": p.calls, "rotated_inputs": nbuf,
-                    "launch": ({"chunks": tactic.binding["shapes"][rows][1], "grid": tactic.binding["shapes"][rows][0]}
+                    "launch": ({"chunks": tactic.binding["shapes"][rows][1], "grid": tactic.binding["shapes"][rows][0],
+                                "cluster": tactic.cluster, "pdl": tactic.pdl}
                                if p.name == "netra" else None),
+                    "tactic": tactic_of.get(p.name),
+                    "exploration": p.name not in ("netra", "torch.argmax"),
+                    **({"exact": exact[p.name]} if p.name in exact else {}),
                 })
-            speedups[f"{dtype_name}[{rows},{vocab}]"] = {
-                "netra_vs_torch.argmax": round(by_name["torch.argmax"] / by_name["netra"], 3)}
-            if "netra+pdl" in by_name:
-                speedups[f"{dtype_name}[{rows},{vocab}]"]["netra+pdl_vs_torch.argmax (exploration)"] = round(
-                    by_name["torch.argmax"] / by_name["netra+pdl"], 3)
-            del inputs, outs, t_outs, providers
+            sp: dict[str, Any] = {"netra_vs_torch.argmax": round(by_name["torch.argmax"] / by_name["netra"], 3),
+                                  "tactic": tactic.contract.name}
+            for name, med in by_name.items():
+                if name not in ("netra", "torch.argmax", "baseline:fill_"):
+                    sp[f"{name}_vs_torch.argmax (exploration)"] = round(by_name["torch.argmax"] / med, 3)
+            speedups[f"{dtype_name}[{rows},{vocab}]"] = sp
+            del inputs, outs, t_outs, providers, refs, ctx
             torch.cuda.empty_cache()
     if explorations:
         speedups["exploration_errors"] = explorations
@@ -193,7 +257,7 @@ PROMOTION_RULE = ("accepted when the oracle checks pass (0 mismatches over the a
 
 def promotion(checks: dict[str, Any], speedups: dict[str, Any]) -> dict[str, Any]:
     """The promotion gates: exact, and faster than the fallback at every shape measured side by side."""
-    ratios = {shape: v.get("netra_vs_torch.argmax") for shape, v in speedups.items()}
+    ratios = {shape: v.get("netra_vs_torch.argmax") for shape, v in speedups.items() if isinstance(v, dict)}
     out: dict[str, Any] = {
         "oracle: 0 mismatches": {"value": checks.get("mismatches"), "pass": checks.get("mismatches") == 0
                                  and bool(checks.get("adversarial_cases"))},
@@ -207,10 +271,29 @@ def promotion(checks: dict[str, Any], speedups: dict[str, Any]) -> dict[str, Any
     return out
 
 
+def promotion_by_contract(checks: dict[str, Any], speedups: dict[str, Any]) -> dict[str, Any]:
+    """The same gates per contract (a shape counts for the contract dispatch chose there, its
+    ``tactic``; records before the cluster tactic name none: "netra"): a contract may be promoted
+    when the oracle checks pass and it wins at every shape of its range that the run measured."""
+    oracle = promotion(checks, {})
+    ok = all(g["pass"] for k, g in oracle.items() if k.startswith("oracle"))
+    by: dict[str, Any] = {}
+    for shape, v in sorted(speedups.items()):
+        if not isinstance(v, dict):
+            continue
+        ratio = v.get("netra_vs_torch.argmax")
+        e = by.setdefault(v.get("tactic", "netra"), {"shapes": {}, "oracle": ok})
+        e["shapes"][shape] = ratio
+    for e in by.values():
+        e["pass"] = e["oracle"] and bool(e["shapes"]) and all(r is not None and r > 1.0 for r in e["shapes"].values())
+    return by
+
+
 def judge(record: dict[str, Any], vocab: int) -> None:
     """Fill a record's "targets", "promotion" and "verdict" from its rows, speedups and checks."""
     record["targets"] = gates(record["rows"], record["speedups"], vocab)
     record["promotion"] = promotion(record["checks"], record["speedups"])
+    record["promotion_by_contract"] = promotion_by_contract(record["checks"], record["speedups"])
     record["promotion_rule"] = PROMOTION_RULE
     record["verdict"] = "accepted" if all(g["pass"] for g in record["promotion"].values()) else "rejected"
 
@@ -230,6 +313,32 @@ def rejudge(path: Path) -> int:
     path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     print(f"{path}: verdict {before} -> {record['verdict']}")
     return 0
+
+
+PDL_NOTE = ("the cluster contract launches with programmatic dependent launch and never triggers its dependents "
+            "early (griddepcontrol.launch_dependents is not called; the trigger is implicit at block exit). In the "
+            "benchmark's chain of calls each call thus overlaps only its own prologue (barrier init, cluster arrival) "
+            "with its predecessor's exit, exactly what a non-triggering predecessor such as the LM-head GEMM gives it in "
+            "production; the netra:cluster-nopdl row is the same kernel without PDL, so the PDL share is visible")
+
+
+def _cluster_occupancy(torch: Any) -> dict[str, Any]:
+    """How many clusters of each size fit at once (the cluster tactic needs `rows` co-resident)."""
+    from netra.catalog import Catalog
+    from netra.ops import argmax as op
+    from netra.runtime import RuntimeBridgeError, load_tactic
+
+    out: dict[str, Any] = {}
+    for c in Catalog.load().for_op("argmax"):
+        if c.target != "sm90" or c.declaration or not op.is_cluster(c):
+            continue
+        t = load_tactic(c, torch.cuda.current_device())
+        for cl in (2, 4, 8, 16):
+            try:
+                out[f"{c.name} cluster {cl}"] = op.max_active_clusters(t, cl)
+            except RuntimeBridgeError as exc:
+                out[f"{c.name} cluster {cl}"] = str(exc)
+    return out
 
 
 def main(args: argparse.Namespace) -> int:
@@ -280,17 +389,25 @@ def main(args: argparse.Namespace) -> int:
                      "rotated_bytes_min": L2_ROTATE_BYTES, "samples": args.samples,
                      "interleaved": True, "warmup_replays": 3},
     }
+    record["cluster_occupancy"] = _cluster_occupancy(torch)
+    record["pdl_note"] = PDL_NOTE
     judge(record, VOCAB)
-    print(f"{'dtype':9} {'rows':>4} {'provider':14} {'median_us':>9} {'p90_us':>8} {'GB/s':>7} "
-          f"{'floor_us':>8} {'floor%':>6}")
+    print("cluster occupancy (cuOccupancyMaxActiveClusters):", record["cluster_occupancy"])
+    print(f"{'dtype':9} {'rows':>4} {'provider':22} {'median_us':>9} {'p90_us':>8} {'GB/s':>7} "
+          f"{'floor_us':>8} {'floor%':>6} {'vs_torch':>8} exact")
+    torch_med = {(r["dtype"], r["shape"][0]): r["median_us"] for r in rows if r["provider"] == "torch.argmax"}
     for r in rows:
-        print(f"{r['dtype']:9} {r['shape'][0]:>4} {r['provider']:14} {r['median_us']:>9.2f} {r['p90_us']:>8.2f} "
-              f"{r['gbps']:>7.0f} {r['floor_us']:>8.2f} {100 * r['floor_fraction']:>5.1f}%")
+        vs = torch_med.get((r["dtype"], r["shape"][0]), 0.0) / r["median_us"]
+        print(f"{r['dtype']:9} {r['shape'][0]:>4} {r['provider']:22} {r['median_us']:>9.2f} {r['p90_us']:>8.2f} "
+              f"{r['gbps']:>7.0f} {r['floor_us']:>8.2f} {100 * r['floor_fraction']:>5.1f}% {vs:>7.2f}x "
+              f"{r.get('exact', '')}")
     print("speedups:", json.dumps(speedups))
     print("copy GB/s:", record["copy_bandwidth_gbps"])
     print("checks:", {k: v for k, v in checks.items() if k != "failures"})
     for name, g in record["targets"].items():
         print(f"target {name}: {g['value']} {'PASS' if g['pass'] else 'FAIL'}")
+    for name, e in record["promotion_by_contract"].items():
+        print(f"promotion {name}: {'PASS' if e['pass'] else 'FAIL'} {e['shapes']}")
     print("verdict:", record["verdict"], "(promotion:",
           "all pass)" if record["verdict"] == "accepted" else "failed)")
     if not args.no_record:

@@ -54,3 +54,27 @@ def test_bench_refuses_without_gpu(capsys: object) -> None:
     p = argparse.ArgumentParser()
     kb.add_arguments(p)
     assert kb.main(p.parse_args([])) == 2
+
+
+def test_promotion_by_contract_judges_each_tactic_on_its_own_shapes() -> None:
+    checks = {"adversarial_cases": 260, "mismatches": 0, "eager_equals_replay": True}
+    speedups = {
+        "float32[1,248320]": {"netra_vs_torch.argmax": 2.6, "tactic": "argmax_f32_v248320"},
+        "float32[16,248320]": {"netra_vs_torch.argmax": 3.1, "tactic": "argmax_f32_cluster_v248320",
+                               "netra:chunked_vs_torch.argmax (exploration)": 2.2},
+        "float32[2,248320]": {"netra_vs_torch.argmax": 0.9, "tactic": "argmax_f32_cluster_v248320"},
+        "exploration_errors": ["netra:cluster-c16 float32 rows 8: something"],
+    }
+    record = {"rows": [], "speedups": speedups, "checks": checks}
+    kb.judge(record, 248320)
+    by = record["promotion_by_contract"]
+    assert by["argmax_f32_v248320"]["pass"] is True
+    assert by["argmax_f32_cluster_v248320"]["pass"] is False  # loses at 2 rows
+    assert record["verdict"] == "rejected"
+    speedups["float32[2,248320]"]["netra_vs_torch.argmax"] = 1.5
+    kb.judge(record := {"rows": [], "speedups": speedups, "checks": checks}, 248320)
+    assert record["promotion_by_contract"]["argmax_f32_cluster_v248320"]["pass"] is True
+    assert record["verdict"] == "accepted"
+    assert record["targets"]["float32[16] speedup >= 3.0"] == {"value": 3.1, "pass": True}
+    kb.judge(record := {"rows": [], "speedups": speedups, "checks": {**checks, "mismatches": 2}}, 248320)
+    assert not any(e["pass"] for e in record["promotion_by_contract"].values())
