@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# One device call for the argmax family (H200): verify code objects against the lock, run the GPU
-# tests, run the benchmark; logs and the record land in $OUT, a short table prints last.
+# One device call for the argmax family (H200): verify code objects against the lock, sanitize one
+# small call of the cluster tactic, run the GPU tests, run the benchmark (new cluster tactic, old
+# chunked tactic, torch, the no-PDL row, the floor probes, interleaved); logs and the record land in
+# $OUT (7 files), a short table prints last. Every step has its own timeout; a failing step does not
+# stop the others. Budget: < 4 minutes.
 #   usage (device): bash scripts/gpu/argmax.sh <git sha measured> [extra bench args...]
 # The working tree travels with build/ carried (code objects built here by `netra kernels build`).
 set -uo pipefail
@@ -10,6 +13,8 @@ mkdir -p "$OUT"
 SHA=${1:-unknown}
 shift || true
 export PYTHONPATH=. PYTHONUNBUFFERED=1 NETRA_TEST_REPORT_DIR="$OUT"
+T0=$(date +%s)
+step() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 # Other families' work in progress travels too; this run measures argmax only, so set the rest
 # aside in this copy (the catalog would otherwise validate half-written contracts).
 mkdir -p /tmp/netra-aside
@@ -19,14 +24,60 @@ done
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
   python3 -c "import torch, cuda.bindings; print('torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__)"
-  nvcc --version | tail -2
-} > "$OUT/env.txt" 2>&1
-python3 - <<'PY' 2>&1 | tee "$OUT/lock.txt"
+  nvcc --version 2>/dev/null | tail -2
+  step "lock verify"
+  timeout 60 python3 - <<'PY'
 from pathlib import Path
 from netra.build import verify_lock
 problems = verify_lock(Path("build"))
-print("lock problems:", problems or "none")
+print("lock problems:", [p for p in problems if "argmax" in str(p)] or "none (argmax)", "| all:", len(problems))
 PY
-python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/test_argmax.py tests/kernels 2>&1 | tee "$OUT/pytest_gpu.log" | tail -15
-python3 -m netra.bench.kernels --family argmax --git-sha "$SHA" --out "$OUT" --stem argmax_h200 "$@" 2>&1 \
-  | tee "$OUT/bench.log" | tail -40
+  echo "lock rc=$?"
+} > "$OUT/env_lock.txt" 2>&1
+tail -3 "$OUT/env_lock.txt"
+
+# compute-sanitizer on one small call per cluster variant (rows 2 and 5; cluster 8 + PDL as the
+# contract says, cluster 4 = the ring-refill path, the floor probe) and one chunked call.
+cat > /tmp/argmax_small.py <<'PY'
+import torch
+from netra import dispatch
+from netra.dispatch import Dispatcher
+from netra.ops import argmax as op
+dispatch.reset(Dispatcher(min_maturity="experiment", disabled=False))
+for rows in (2, 5, 1):
+    x = torch.randn(rows, op.VOCAB, device="cuda")
+    x[0, 7] = x[0, 62080] = 9.0  # a tie across the first CTA boundary (cluster 8)
+    out = torch.full((rows,), -7, dtype=torch.int64, device="cuda")
+    op.argmax(x, out=out)
+    t = dispatch.select(op.signature(x)).tactic
+    ok = torch.equal(out, torch.argmax(x, dim=-1))
+    if op.is_cluster(t.contract):
+        op.cluster_config(t, 4, True)
+        o4 = torch.full_like(out, -7)
+        op.launch(t, x, o4, cluster=4)
+        op.launch(t, x, torch.full_like(out, -7), probe=True)
+        ok = ok and torch.equal(o4, out)
+    torch.cuda.synchronize()
+    print("rows", rows, t.contract.name, "exact", ok)
+PY
+for tool in memcheck racecheck; do
+  step "compute-sanitizer $tool"
+  timeout 60 compute-sanitizer --tool "$tool" --print-limit 20 python3 /tmp/argmax_small.py 2>&1 | tail -25
+  echo "rc=${PIPESTATUS[0]}"
+done > "$OUT/sanitizer.log" 2>&1
+grep -E "ERROR SUMMARY|RACECHECK SUMMARY|rc=|exact" "$OUT/sanitizer.log"
+
+step "pytest gpu"
+timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/test_argmax.py tests/kernels 2>&1 \
+  | tee "$OUT/pytest_gpu.log" | tail -6
+step "bench"
+timeout 240 python3 -m netra.bench.kernels --family argmax --git-sha "$SHA" --out "$OUT" --stem argmax_h200 \
+  --rows 1,2,4,8,16,128,256 --cluster-sweep 4,16 --samples 60 "$@" > "$OUT/bench.log" 2>&1
+echo "bench rc=$?" >> "$OUT/bench.log"
+step "done"
+echo "== sanitizer =="
+grep -E "ERROR SUMMARY|RACECHECK SUMMARY|rc=" "$OUT/sanitizer.log" | tr '\n' ' '; echo
+echo "== pytest =="
+tail -1 "$OUT/pytest_gpu.log"
+echo "== bench (table last) =="
+grep -vE "^(INFO|WARNING|DEBUG)" "$OUT/bench.log" | tail -60
