@@ -371,6 +371,27 @@ def shared_mlp_ref(x: Any, w: dict[str, Any]) -> Any:
     return (gate[:, None] * y).to(torch.bfloat16)
 
 
+def shared_stacks(w: dict[str, Any], n: int, seed: int = 5) -> list[dict[str, Any]]:
+    """``n`` weight stacks: ``w`` itself, then copies whose shared expert (index 256) is re-drawn."""
+    import torch
+
+    from netra.ops.moe_fp8 import quant_weight_blocks_ref
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    out = [w]
+    e = NUM_EXPERTS
+    for _ in range(n - 1):
+        c = {**w, "w13": w["w13"].clone(), "s13": w["s13"].clone(), "w2": w["w2"].clone(), "s2": w["s2"].clone()}
+        a = torch.randn(1, 2 * INTER, HIDDEN, device="cuda", generator=g) * 0.02
+        q, sc = quant_weight_blocks_ref(a)
+        c["w13"][e], c["s13"][e] = q[0], sc[0]
+        b = torch.randn(1, HIDDEN, INTER, device="cuda", generator=g) * 0.04
+        q, sc = quant_weight_blocks_ref(b)
+        c["w2"][e], c["s2"][e] = q[0], sc[0]
+        out.append(c)
+    return out
+
+
 class Timed:
     """One provider's CUDA graph over the rotated calls of ``fn`` (``calls`` per replay)."""
 
@@ -633,7 +654,11 @@ def _setup_groups(args: argparse.Namespace, w: dict[str, Any], bw: float, peer: 
                 name, lambda: [ours.route(x, w["wr"], w["wsg"]) for x in xs], arot)))
         g["providers"] = [p for p in g["providers"] if p is not None]
         groups.append(g)
-    # the layer: routed (vs SGLang), + shared as a 9th route (vs SGLang's shared MLP)
+    # the layer: routed (vs SGLang), + shared as a 9th route (vs SGLang's shared MLP).
+    # Rotation i of a shared-expert provider reads weight stack i, whose shared expert (index 256) is
+    # its own: one 3 MB shared expert reused by every rotation would stay in L2 (a model's layers each
+    # have their own), so both our 9th route and SGLang's shared MLP stream it from HBM every call.
+    stacks = shared_stacks(w, args.rot) if (netra or use_mlp) else [w]
     for m in BATCHES:
         rot = args.rot
         sets = [make_routing(m, seed=1000 * m + i) for i in range(rot)]
@@ -651,9 +676,10 @@ def _setup_groups(args: argparse.Namespace, w: dict[str, Any], bw: float, peer: 
                 pname = name + (SHARED_SUFFIX if shared else "")
 
                 def fn(ours: Any = ours, shared: bool = shared, sets: list[Any] = sets) -> None:
-                    for x, ids, wts, sw in sets:
+                    for i, (x, ids, wts, sw) in enumerate(sets):
+                        ws = stacks[i % len(stacks)] if shared else w
                         ours.align(x, ids, wts, sw if shared else None)
-                        ours.experts(x, w["w13"], w["s13"], w["w2"], w["s2"], shared)
+                        ours.experts(x, ws["w13"], ws["s13"], ws["w2"], ws["s2"], shared)
 
                 extra = {"bytes": (distinct + 1) * EXPERT_BYTES + act_bytes} if shared else {}
                 t = budget.build(name, f"setup layer {pname} m={m}", lambda fn=fn, pname=pname, extra=extra, rot=rot: Timed(
@@ -677,14 +703,16 @@ def _setup_groups(args: argparse.Namespace, w: dict[str, Any], bw: float, peer: 
                 g["providers"].append(t)
         if use_mlp:
             def mk_mlp(m: int = m, sets: list[Any] = sets, rot: int = rot, act_bytes: int = act_bytes) -> Timed:
-                mlp = SglangSharedMlp(peer, m, w["w13"][e], w["s13"][e], w["w2"][e], w["s2"][e], w["wsg"])
+                mlps = [SglangSharedMlp(peer, m, ws["w13"][e], ws["s13"][e], ws["w2"][e], ws["s2"][e], ws["wsg"])
+                        for ws in (stacks[i % len(stacks)] for i in range(len(sets)))]
                 zero = torch.zeros(m, HIDDEN, dtype=torch.bfloat16, device="cuda")
-                got = mlp(sets[0][0], zero.clone()).clone()
+                got = mlps[0](sets[0][0], zero.clone()).clone()
                 doc["peer_checks"].append({"provider": "sglang-shared-mlp", "tokens": m,
-                                           **layer_error(got, shared_mlp_ref(sets[0][0], w))})
+                                           **layer_error(got, shared_mlp_ref(sets[0][0], stacks[0]))})
                 scratch = [zero.clone() for _ in sets]
-                return Timed("sglang-shared-mlp", lambda: [mlp(s[0], o) for s, o in zip(sets, scratch, strict=True)],
-                             rot, {"bytes": EXPERT_BYTES + act_bytes + HIDDEN * 2})
+                return Timed("sglang-shared-mlp", lambda: [
+                    mlp(s[0], o) for mlp, s, o in zip(mlps, sets, scratch, strict=True)],
+                    rot, {"bytes": EXPERT_BYTES + act_bytes + HIDDEN * 2})
             t = budget.build("sglang-shared-mlp", f"setup layer sglang-shared-mlp m={m}", mk_mlp)
             if t is not None:
                 g["providers"].append(t)
