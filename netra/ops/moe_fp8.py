@@ -229,6 +229,17 @@ CONTRACTS = {
     "gate_up": "moe_gate_up_e256",
     "down": "moe_down_e256",
 }
+# v3 (weight streaming, kernels/sm90/moe/expert_stream.cu): the routing kernels and moe_act_quant are
+# v1's; the GEMMs are persistent (grid = SM count) with PDL.
+CONTRACTS_V3 = {
+    "act_quant": "moe_act_quant_w512",
+    "route": "moe_route_e256_k8",
+    "align": "moe_align_e256_k8",
+    "gate_up": "moe_gate_up_v3_e256",
+    "down": "moe_down_v3_e256",           # SiLU*up + quantization fused into the prologue
+}
+DOWN_V3_UNFUSED = "moe_down_v3_nofuse_e256"  # reads moe_act_quant's output (the A/B build)
+VARIANTS = ("v1", "v3")
 GU_CTAS_PER_SLOT = 32
 DOWN_CTAS_PER_SLOT = 32
 
@@ -253,6 +264,12 @@ class _GemmParams(ctypes.Structure):
                                                                   ("routes_per_token", ctypes.c_int32)]
 
 
+class _GemmParamsV3(ctypes.Structure):
+    """v1's GemmParams + the fused down kernel's debug copy of h_q / h_s (null in production)."""
+
+    _fields_ = [*_GemmParams._fields_, ("dbg_hq", ctypes.c_void_p), ("dbg_hs", ctypes.c_void_p)]
+
+
 def max_slots(tokens: int, shared: bool) -> int:
     """Upper bound of active experts (grid size is derived from it; the kernel exits idle slots)."""
     return min(tokens * TOPK, NUM_EXPERTS) + (1 if shared else 0)
@@ -261,21 +278,41 @@ def max_slots(tokens: int, shared: bool) -> int:
 class MoeSm90:
     """The sm90 MoE decode sequence on one device: route (or align) -> gate_up -> down.
 
+    ``variant="v1"``: one CTA per (active expert, row tile), whole weight tile in registers, with
+    ``moe_act_quant`` between the GEMMs. ``variant="v3"``: persistent weight-streaming GEMMs (TMA
+    bulk copies into a shared-memory ring, grid = SM count, PDL); with ``fuse_act=True`` (default)
+    SiLU*up + quantization run in the down kernel's prologue (3 launches per layer), with
+    ``fuse_act=False`` ``moe_act_quant`` runs between them (4 launches; the A/B build).
+    ``debug_h=True`` (v3 fused only, tests) makes the down kernel copy its h_q / h_s into
+    ``dbg_hq`` / ``dbg_hs``.
+
     ``prepare`` loads every code object and allocates every buffer (for up to 128 tokens) before any
     graph capture; the ``run_*`` methods then only fill launch structs and launch on the current
     stream (no allocation except the returned output views, no host synchronisation), so a whole
     layer is captured into the caller's CUDA graph as three kernel nodes.
     """
 
-    def __init__(self, device: int = 0) -> None:
+    def __init__(self, device: int = 0, variant: str = "v1", fuse_act: bool = True, debug_h: bool = False) -> None:
         import torch
 
         from netra.catalog import Catalog
         from netra.runtime import load_tactic
 
+        if variant not in VARIANTS:
+            raise ValueError(f"MoeSm90 variant must be one of {VARIANTS}, got {variant!r}")
+        if variant == "v1" and (not fuse_act or debug_h):
+            raise ValueError("fuse_act / debug_h apply to variant='v3' only (v1 always runs moe_act_quant)")
+        if debug_h and not fuse_act:
+            raise ValueError("debug_h needs the fused down kernel (fuse_act=True)")
         self.device = device
+        self.variant = variant
+        self.fuse_act = variant == "v3" and fuse_act
         cat = Catalog.load()
-        self.t = {k: load_tactic(cat.by_name(v), device) for k, v in CONTRACTS.items()}
+        names = dict(CONTRACTS if variant == "v1" else CONTRACTS_V3)
+        if variant == "v3" and not fuse_act:
+            names["down"] = DOWN_V3_UNFUSED
+        self.t = {k: load_tactic(cat.by_name(v), device) for k, v in names.items()}
+        self.num_sms = int(torch.cuda.get_device_properties(device).multi_processor_count)
         dev = f"cuda:{device}"
         r = MAX_TOKENS * ROUTE_STRIDE
         i32, f32, bf = torch.int32, torch.float32, torch.bfloat16
@@ -301,8 +338,13 @@ class MoeSm90:
         self._aq = _ActQuantParams.from_buffer(self.t["act_quant"].params)
         self._rt = _RouteParams.from_buffer(self.t["route"].params)
         self._al = _RouteParams.from_buffer(self.t["align"].params)
-        self._gu = _GemmParams.from_buffer(self.t["gate_up"].params)
-        self._dn = _GemmParams.from_buffer(self.t["down"].params)
+        gp = _GemmParams if variant == "v1" else _GemmParamsV3
+        self._gu = gp.from_buffer(self.t["gate_up"].params)
+        self._dn = gp.from_buffer(self.t["down"].params)
+        self.dbg_hq = self.dbg_hs = None
+        if debug_h:
+            self.dbg_hq = torch.zeros(r, INTER, dtype=torch.float8_e4m3fn, device=dev)
+            self.dbg_hs = torch.zeros(r, INTER // GROUP, dtype=f32, device=dev)
         for p in (self._rt, self._al):
             self._fill_meta(p)
 
@@ -389,12 +431,18 @@ class MoeSm90:
         if w13.shape[0] < (NUM_EXPERTS + 1 if shared else NUM_EXPERTS):
             raise MoeShapeError(f"w13 holds {w13.shape[0]} experts; the shared route needs index {NUM_EXPERTS}")
         routes = m * (TOPK + (1 if shared else 0))
+        if self.variant == "v3":  # persistent grids; the work list comes from num_slots on the device
+            self._gemm("gate_up", self._gu, self.num_sms, m, shared, w13, w13_scale, w2, w2_scale)
+            if not self.fuse_act:
+                self.act_quant(self.gu[:routes])
+            self._gemm("down", self._dn, self.num_sms, m, shared, w13, w13_scale, w2, w2_scale)
+            return self.out[:m]
         self._gemm("gate_up", self._gu, ns * GU_CTAS_PER_SLOT, m, shared, w13, w13_scale, w2, w2_scale)
         self.act_quant(self.gu[:routes])
         self._gemm("down", self._dn, ns * DOWN_CTAS_PER_SLOT, m, shared, w13, w13_scale, w2, w2_scale)
         return self.out[:m]
 
-    def _gemm(self, key: str, p: _GemmParams, grid: int, m: int, shared: bool, w13: torch.Tensor,
+    def _gemm(self, key: str, p: _GemmParams | _GemmParamsV3, grid: int, m: int, shared: bool, w13: torch.Tensor,
               w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor) -> None:
         t = self.t[key]
         with t.lock:
@@ -409,6 +457,9 @@ class MoeSm90:
             p.route_token, p.route_dst, p.route_w = (self.route_token.data_ptr(), self.route_dst.data_ptr(),
                                                      self.route_w.data_ptr())
             p.M, p.routes_per_token = m, TOPK + (1 if shared else 0)
+            if isinstance(p, _GemmParamsV3):
+                p.dbg_hq = self.dbg_hq.data_ptr() if self.dbg_hq is not None else None
+                p.dbg_hs = self.dbg_hs.data_ptr() if self.dbg_hs is not None else None
             t.launch(grid, self._stream())
 
     @staticmethod

@@ -115,6 +115,51 @@ def test_launch_structs_match_contract_layouts() -> None:
             assert getattr(st, field).offset == off, (name, field)
 
 
+def test_v3_launch_structs_and_contracts() -> None:
+    """v3 contracts: host struct == params_layout, PDL on, dynamic smem == what the source's ring needs,
+    the unfused build differs only by -DMOE_FUSE_ACT=0, and both down builds are distinct ops (no ambiguity)."""
+    import ctypes
+    import re
+
+    from netra.catalog import Catalog
+    from netra.ops import moe_fp8
+    from netra.settings import REPO_ROOT
+
+    cat = Catalog.load()
+    names = [moe_fp8.CONTRACTS_V3["gate_up"], moe_fp8.CONTRACTS_V3["down"], moe_fp8.DOWN_V3_UNFUSED]
+    src = (REPO_ROOT / "kernels/sm90/moe/expert_stream.cu").read_text()
+    macro = {m.group(1): m.group(2) for m in re.finditer(r"^#define (\w+) (\d+)", src, re.M)}
+    item, ncw = int(macro["ITEM_BYTES"]), int(macro["NCW"])
+    hbuf = int(macro["HCHUNK"]) * int(macro["HROW"]) + int(macro["HCHUNK"]) * 16
+    smem = {names[0]: int(macro["GU_STAGES"]) * (item + 16),
+            names[1]: int(macro["DN_STAGES"]) * (item + 16) + ncw * hbuf,
+            names[2]: int(macro["DN_STAGES"]) * (item + 16) + ncw * hbuf}
+    for name in names:
+        c = cat.by_name(name)
+        layout = dict(c.kernel["params_layout"])
+        assert ctypes.sizeof(moe_fp8._GemmParamsV3) == layout.pop("size"), name
+        for field, off in layout.items():
+            assert getattr(moe_fp8._GemmParamsV3, field).offset == off, (name, field)
+        assert c.launch["pdl"] is True and c.launch["block"] == 32 * (ncw + 1)
+        assert c.launch["smem_bytes"] == smem[name] <= 227 * 1024, name
+        assert c.kernel["source"] == "kernels/sm90/moe/expert_stream.cu"
+    assert cat.by_name(names[1]).kernel["flags"] == []
+    assert cat.by_name(names[2]).kernel["flags"] == ["-DMOE_FUSE_ACT=0"]
+    assert cat.by_name(names[1]).op != cat.by_name(names[2]).op
+    assert cat.by_name(names[1]).workspace["bytes"] == 32 * moe_fp8.MAX_TOKENS * 4
+
+
+def test_v3_constructor_refuses_bad_variants() -> None:
+    import pytest
+
+    from netra.ops.moe_fp8 import MoeSm90
+
+    for kwargs in ({"variant": "v2"}, {"variant": "v1", "fuse_act": False}, {"variant": "v3", "fuse_act": False,
+                                                                             "debug_h": True}):
+        with pytest.raises(ValueError):
+            MoeSm90(0, **kwargs)
+
+
 def test_sglang_align_ref_matches_sglang_docstring_example() -> None:
     from netra.bench.peers.sglang_moe import align_block_ref
 

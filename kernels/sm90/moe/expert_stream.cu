@@ -1,0 +1,456 @@
+// MoE v3: weight-streaming FP8 block-scaled grouped expert GEMMs for decode (issue 7, deliverable 3).
+//
+// Same math, metadata and numerics as v1 (expert_gemm.cu: swapped-operand mma.sync m16n8k32 e4m3,
+// K permuted inside each 128-wide block so that a lane reads 32 contiguous bytes of its weight row
+// and of its token; FP32 fragment per K block scaled by weight-block x token-group scale). What
+// changes is how the weights move:
+//
+// * Persistent grid (one CTA per SM, grid = SM count queried at bind time). The work is a list of
+//   32 KB weight items computed on the device from num_slots: gate_up item = (slot, 16 rows of the
+//   1024 gate|up rows) x full K (16 rows x 2048 B, contiguous); down item = (slot, 64 rows of the
+//   2048 output rows) x full K (64 x 512 B, contiguous). CTA b owns the contiguous item range
+//   [b*N/G, (b+1)*N/G) (consecutive items share an expert, so the fused prologue below is reused).
+// * One producer thread (warp 4, lane 0) copies items with TMA 1D bulk copies
+//   (cp.async.bulk ... mbarrier::complete_tx::bytes) into a ring of STAGES x 32 KB of shared memory
+//   (full/empty mbarriers per stage); item j of the CTA goes to stage j % STAGES and to consumer
+//   warp j % 4. Consumer warps run the MMAs from shared memory and release the stage; no
+//   CTA-wide barrier after setup, so the copy engine runs STAGES items ahead of the slowest warp.
+//   Shared-memory reads of a quarter-warp touch 2 rows at the same offset: a 2-way bank conflict
+//   (rows are 2048 / 512 B apart; a bulk copy cannot swizzle), far below the ~18 B/clk/SM needed.
+// * PDL: barrier init before griddepcontrol.wait; launch_dependents right after the wait (so a
+//   dependent kernel that starts early knows this kernel's own predecessor has completed).
+//   moe_down's producer streams w2 BEFORE its griddepcontrol.wait, reading only the slot metadata
+//   (num_slots, slot_expert) written by moe_align two kernels back. Argument: moe_down is launched
+//   (PDL) only once every moe_gate_up CTA executed griddepcontrol.launch_dependents or exited, and
+//   moe_gate_up executes it only after its own griddepcontrol.wait returned, i.e. after moe_align
+//   completed and its writes were made visible. The weights themselves are never written. In the
+//   unfused build the predecessor moe_act_quant is not a PDL kernel, so moe_down starts only once
+//   it completed (and moe_act_quant started only once moe_gate_up completed). Everything moe_down
+//   reads from moe_gate_up / moe_act_quant (gu, hq, hs) is read only after griddepcontrol.wait.
+// * moe_down with MOE_FUSE_ACT=1 (default) computes h = bf16(SiLU(gate)*up) and its E4M3 group
+//   quantization for the item's tokens into shared memory (the same moe_common.cuh helpers and
+//   lane mapping as moe_act_quant, IEEE divisions: bitwise equal), once per (warp, slot, 16-token
+//   chunk); dbg_hq/dbg_hs (null in production) receive a copy for the bitwise test. MOE_FUSE_ACT=0
+//   reads moe_act_quant's output instead (the A/B build).
+// * Top-k sum: each (64-column tile, token) has a counter (workspace, zeroed once); the warp that
+//   writes a route's 64 columns of y adds 1; the arrival that makes it routes_per_token sums that
+//   token's routes for the 64 columns in rank order (FP32, shared expert last, as v1) into out and
+//   resets the counter (self-resetting, no memset, graph-safe; one stream at a time per device).
+#include "moe_common.cuh"
+#include <stddef.h>
+
+#ifndef MOE_FUSE_ACT
+#define MOE_FUSE_ACT 1
+#endif
+
+#define HID 2048
+#define INTER 512
+#define ROUTE_STRIDE 9
+#define MAX_TOKENS 128
+#define ITEM_BYTES 32768
+#define NCW 4                      // consumer warps
+#define THREADS (32 * (NCW + 1))   // + one producer warp
+#define GU_STAGES 6                // 192 KB of weights in flight per SM
+#define DN_STAGES 4                // 128 KB (+ the fused h buffers)
+#define GU_ITEMS_PER_SLOT 64       // 1024 rows / 16
+#define DN_ITEMS_PER_SLOT 32       // 2048 rows / 64
+#define HCHUNK 16                  // tokens per fused-h chunk
+#define HROW 528                   // h row stride in shared memory (512 + 16: no bank conflicts)
+#define HBUF_BYTES (HCHUNK * HROW + HCHUNK * 4 * 4)
+
+struct GemmParamsV3 {
+  const uint8_t* w13;        // [E+1, 1024, 2048]
+  const float* w13_scale;    // [E+1, 8, 16]
+  const uint8_t* w2;         // [E+1, 2048, 512]
+  const float* w2_scale;     // [E+1, 16, 4]
+  const uint8_t* xq;         // [M, 2048] e4m3
+  const float* xs;           // [M, 16]
+  __nv_bfloat16* gu;         // [M*9, 1024] BF16 gate | up (route order)
+  const uint8_t* hq;         // [M*9, 512] (unfused build: moe_act_quant out)
+  const float* hs;           // [M*9, 4]
+  __nv_bfloat16* y;          // [M*9, 2048] per-route contributions (row token*9 + k)
+  __nv_bfloat16* out;        // [M, 2048]
+  unsigned* counters;        // moe_down: [32][128] zeroed once, self-resetting
+  const int* num_slots;
+  const int* slot_expert;
+  const int* slot_start;
+  const int* route_token;
+  const int* route_dst;
+  const float* route_w;
+  int M;
+  int routes_per_token;
+  uint8_t* dbg_hq;           // fused moe_down: copy of h_q [M*9, 512] when non-null (tests)
+  float* dbg_hs;             // [M*9, 4]
+};
+
+extern "C" __device__ unsigned int netra_params_layout[] = {
+    sizeof(GemmParamsV3), offsetof(GemmParamsV3, w13), offsetof(GemmParamsV3, w13_scale),
+    offsetof(GemmParamsV3, w2), offsetof(GemmParamsV3, w2_scale), offsetof(GemmParamsV3, xq),
+    offsetof(GemmParamsV3, xs), offsetof(GemmParamsV3, gu), offsetof(GemmParamsV3, hq),
+    offsetof(GemmParamsV3, hs), offsetof(GemmParamsV3, y), offsetof(GemmParamsV3, out),
+    offsetof(GemmParamsV3, counters), offsetof(GemmParamsV3, num_slots), offsetof(GemmParamsV3, slot_expert),
+    offsetof(GemmParamsV3, slot_start), offsetof(GemmParamsV3, route_token), offsetof(GemmParamsV3, route_dst),
+    offsetof(GemmParamsV3, route_w), offsetof(GemmParamsV3, M), offsetof(GemmParamsV3, routes_per_token),
+    offsetof(GemmParamsV3, dbg_hq), offsetof(GemmParamsV3, dbg_hs)};
+
+namespace {
+
+// ---------------------------------------------------------------- PTX wrappers (sm_90)
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred P1;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      "@!P1 bra WAIT_%=;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
+// ---------------------------------------------------------------- MMA (as v1)
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void load_b(const uint8_t* src, bool valid, uint32_t (&b)[8]) {
+  uint4 v0 = make_uint4(0u, 0u, 0u, 0u), v1 = v0;
+  if (valid) {
+    v0 = *reinterpret_cast<const uint4*>(src);
+    v1 = *reinterpret_cast<const uint4*>(src + 16);
+  }
+  b[0] = v0.x; b[1] = v0.y; b[2] = v0.z; b[3] = v0.w;
+  b[4] = v1.x; b[5] = v1.y; b[6] = v1.z; b[7] = v1.w;
+}
+
+// A fragment rows g and g+8 (32 bytes each) of a 16-row tile from shared memory.
+__device__ __forceinline__ void load_a_smem(uint4 (&a)[4], const uint8_t* row_g, int row_stride) {
+  a[0] = *reinterpret_cast<const uint4*>(row_g);
+  a[1] = *reinterpret_cast<const uint4*>(row_g + 16);
+  a[2] = *reinterpret_cast<const uint4*>(row_g + 8 * row_stride);
+  a[3] = *reinterpret_cast<const uint4*>(row_g + 8 * row_stride + 16);
+}
+
+__device__ __forceinline__ void kblock_mma(float (&acc)[4], const uint4 (&a)[4], const uint32_t (&b)[8], float ws,
+                                           float s_tok, int t) {
+  const uint32_t* lo = reinterpret_cast<const uint32_t*>(&a[0]);
+  const uint32_t* hi = reinterpret_cast<const uint32_t*>(&a[2]);
+  float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int s = 0; s < 4; ++s) mma_e4m3(d, lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1], b[2 * s], b[2 * s + 1]);
+  const float s0 = __shfl_sync(0xffffffffu, s_tok, (2 * t) * 4);
+  const float s1 = __shfl_sync(0xffffffffu, s_tok, (2 * t + 1) * 4);
+  acc[0] = fmaf(d[0], ws * s0, acc[0]);
+  acc[1] = fmaf(d[1], ws * s1, acc[1]);
+  acc[2] = fmaf(d[2], ws * s0, acc[2]);
+  acc[3] = fmaf(d[3], ws * s1, acc[3]);
+}
+
+__device__ __forceinline__ void item_range(int total, int& begin, int& end) {
+  begin = (int)(((long long)blockIdx.x * total) / gridDim.x);
+  end = (int)(((long long)(blockIdx.x + 1) * total) / gridDim.x);
+}
+
+}  // namespace
+
+// ================================================================================ gate_up
+// Item = (slot, 16-row tile rt of the 1024 gate|up rows); the consumer warp walks the full K
+// (16 blocks) for 8 tokens per pass and writes the BF16 gate|up cache (route order) as v1.
+extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_gate_up_v3(const GemmParamsV3 p) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + GU_STAGES * ITEM_BYTES);
+  uint64_t* empty = full + GU_STAGES;
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  if (tid == 0) {
+    for (int s = 0; s < GU_STAGES; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 1);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+  pdl_wait();     // metadata and x_q come from moe_align / moe_route
+  pdl_trigger();  // after the wait: see the header (moe_down relies on it)
+  const int nslots = *p.num_slots;
+  int begin, end;
+  item_range(nslots * GU_ITEMS_PER_SLOT, begin, end);
+  const int n = end - begin;
+
+  if (wid == NCW) {  // producer
+    if (lane == 0) {
+      for (int j = 0; j < n; ++j) {
+        const int s = j % GU_STAGES;
+        if (j >= GU_STAGES) mbar_wait(&empty[s], ((j / GU_STAGES) - 1) & 1);
+        const int it = begin + j, slot = it / GU_ITEMS_PER_SLOT, rt = it % GU_ITEMS_PER_SLOT;
+        const int e = __ldg(p.slot_expert + slot);
+        mbar_expect_tx(&full[s], ITEM_BYTES);
+        bulk_g2s(smem + s * ITEM_BYTES, p.w13 + ((size_t)e * 1024 + rt * 16) * HID, ITEM_BYTES, &full[s]);
+      }
+    }
+    return;
+  }
+
+  const int g = lane >> 2, t = lane & 3;
+  for (int j = wid; j < n; j += NCW) {
+    const int s = j % GU_STAGES;
+    const int it = begin + j, slot = it / GU_ITEMS_PER_SLOT, rt = it % GU_ITEMS_PER_SLOT;
+    const int e = __ldg(p.slot_expert + slot);
+    const int r0 = __ldg(p.slot_start + slot), cnt = __ldg(p.slot_start + slot + 1) - r0;
+    const int n0 = rt * 16;
+    // the 16 block scales of this row tile (one per K block), lane kb holds block kb
+    const float wsl = lane < 16 ? __ldg(p.w13_scale + ((size_t)e * 8 + n0 / 128) * 16 + lane) : 0.0f;
+    mbar_wait(&full[s], (j / GU_STAGES) & 1);
+    const uint8_t* tile = smem + s * ITEM_BYTES + g * HID + t * 32;
+    for (int c0 = 0; c0 < cnt; c0 += 8) {
+      const int col = c0 + g;
+      const bool valid = col < cnt;
+      const int tok = valid ? __ldg(p.route_token + r0 + col) : 0;
+      const uint8_t* xrow = p.xq + (size_t)tok * HID + t * 32;
+      const float* xsr = p.xs + tok * (HID / 128);
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int kq = 0; kq < 4; ++kq) {
+        uint32_t b[4][8];
+        float st[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          load_b(xrow + (kq * 4 + u) * 128, valid, b[u]);
+          st[u] = valid ? xsr[kq * 4 + u] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int kb = kq * 4 + u;
+          uint4 a[4];
+          load_a_smem(a, tile + kb * 128, HID);
+          kblock_mma(acc, a, b[u], __shfl_sync(0xffffffffu, wsl, kb), st[u], t);
+        }
+      }
+      // fragment: rows g / g+8, columns (tokens) 2t / 2t+1
+#pragma unroll
+      for (int z = 0; z < 4; ++z) {
+        const int c = c0 + 2 * t + (z & 1), row = n0 + g + (z >> 1) * 8;
+        if (c < cnt) p.gu[(size_t)(r0 + c) * 1024 + row] = __float2bfloat16_rn(acc[z]);
+      }
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[s]);
+  }
+}
+
+// ================================================================================ down
+// Item = (slot, 64-row tile nt of the 2048 output rows) x K 512: 4 row tiles of 16 x 4 K blocks.
+// Tokens in chunks of 16 (two 8-token MMA tiles).
+extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_down_v3(const GemmParamsV3 p) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + DN_STAGES * ITEM_BYTES + NCW * HBUF_BYTES);
+  uint64_t* empty = full + DN_STAGES;
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  if (tid == 0) {
+    for (int s = 0; s < DN_STAGES; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 1);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+  // Slot metadata is from moe_align (two kernels back): final here, see the header.
+  const int nslots = *p.num_slots;
+  int begin, end;
+  item_range(nslots * DN_ITEMS_PER_SLOT, begin, end);
+  const int n = end - begin;
+
+  if (wid == NCW) {  // producer: streams w2 before waiting for moe_gate_up
+    if (lane == 0) {
+      for (int j = 0; j < n; ++j) {
+        const int s = j % DN_STAGES;
+        if (j >= DN_STAGES) mbar_wait(&empty[s], ((j / DN_STAGES) - 1) & 1);
+        const int it = begin + j, slot = it / DN_ITEMS_PER_SLOT, nt = it % DN_ITEMS_PER_SLOT;
+        const int e = __ldg(p.slot_expert + slot);
+        mbar_expect_tx(&full[s], ITEM_BYTES);
+        bulk_g2s(smem + s * ITEM_BYTES, p.w2 + ((size_t)e * HID + nt * 64) * INTER, ITEM_BYTES, &full[s]);
+      }
+    }
+    pdl_wait();
+    pdl_trigger();
+    return;
+  }
+  pdl_wait();  // gu (fused) or hq/hs (unfused) come from the previous kernel
+  pdl_trigger();
+
+  const int g = lane >> 2, t = lane & 3;
+#if MOE_FUSE_ACT
+  uint8_t* hbuf = smem + DN_STAGES * ITEM_BYTES + wid * HBUF_BYTES;
+  float* hsc = reinterpret_cast<float*>(hbuf + HCHUNK * HROW);
+  int cached_slot = -1, cached_c0 = -1;
+#endif
+  for (int j = wid; j < n; j += NCW) {
+    const int s = j % DN_STAGES;
+    const int it = begin + j, slot = it / DN_ITEMS_PER_SLOT, nt = it % DN_ITEMS_PER_SLOT;
+    const int e = __ldg(p.slot_expert + slot);
+    const int r0 = __ldg(p.slot_start + slot), cnt = __ldg(p.slot_start + slot + 1) - r0;
+    // block scales: 4 row tiles of 16 are in 128-row block (nt*64)/128; lane kb < 4 holds block kb
+    const float wsl = lane < 4 ? __ldg(p.w2_scale + ((size_t)e * 16 + (nt * 64) / 128) * 4 + lane) : 0.0f;
+    float wsk[4];
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) wsk[kb] = __shfl_sync(0xffffffffu, wsl, kb);
+    bool waited = false;
+    for (int c0 = 0; c0 < cnt; c0 += HCHUNK) {
+      const int rows = min(HCHUNK, cnt - c0);
+#if MOE_FUSE_ACT
+      if (slot != cached_slot || c0 != cached_c0) {
+        __syncwarp();
+        // h for routes r0+c0 .. +rows: one half-warp per (row, group of 128), 8 values per lane,
+        // exactly as moe_act_quant.
+        const int hw = lane >> 4, sub = lane & 15;
+        for (int idx = hw; idx < rows * 4; idx += 2) {
+          const int row = idx >> 2, grp = idx & 3, col = grp * 128 + sub * 8;
+          const size_t r = (size_t)(r0 + c0 + row);
+          const __nv_bfloat16* src = p.gu + r * 1024;
+          const uint4 gv = __ldcg(reinterpret_cast<const uint4*>(src + col));
+          const uint4 uv = __ldcg(reinterpret_cast<const uint4*>(src + 512 + col));
+          float gf[8], uf[8], h[8];
+          moe::bf16x8_to_float(gv, gf);
+          moe::bf16x8_to_float(uv, uf);
+          float amax = 0.0f;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            h[i] = __bfloat162float(__float2bfloat16_rn(moe::silu_mul(gf[i], uf[i])));
+            amax = fmaxf(amax, fabsf(h[i]));
+          }
+#pragma unroll
+          for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+          const float sc = moe::group_scale(amax);
+          uint2 q;
+          q.x = moe::quant4(h[0], h[1], h[2], h[3], sc);
+          q.y = moe::quant4(h[4], h[5], h[6], h[7], sc);
+          *reinterpret_cast<uint2*>(hbuf + row * HROW + col) = q;
+          if (sub == 0) hsc[row * 4 + grp] = sc;
+          if (p.dbg_hq != nullptr) {
+            *reinterpret_cast<uint2*>(p.dbg_hq + r * 512 + col) = q;
+            if (sub == 0) p.dbg_hs[r * 4 + grp] = sc;
+          }
+        }
+        __syncwarp();
+        cached_slot = slot;
+        cached_c0 = c0;
+      }
+#endif
+      if (!waited) {
+        mbar_wait(&full[s], (j / DN_STAGES) & 1);
+        waited = true;
+      }
+      const uint8_t* tile = smem + s * ITEM_BYTES + g * INTER + t * 32;
+      float acc[4][2][4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int z = 0; z < 4; ++z) acc[q][i][z] = 0.0f;
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) {
+        uint32_t b[2][8];
+        float st[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int lc = i * 8 + g;  // column inside the chunk
+          const bool valid = lc < rows;
+#if MOE_FUSE_ACT
+          load_b(hbuf + lc * HROW + kb * 128 + t * 32, valid, b[i]);
+          st[i] = valid ? hsc[lc * 4 + kb] : 0.0f;
+#else
+          const size_t r = (size_t)(r0 + c0 + (valid ? lc : 0));
+          load_b(p.hq + r * INTER + kb * 128 + t * 32, valid, b[i]);
+          st[i] = valid ? p.hs[r * 4 + kb] : 0.0f;
+#endif
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          uint4 a[4];
+          load_a_smem(a, tile + q * 16 * INTER + kb * 128, INTER);
+#pragma unroll
+          for (int i = 0; i < 2; ++i)
+            if (i * 8 < rows) kblock_mma(acc[q][i], a, b[i], wsk[kb], st[i], t);  // warp-uniform
+        }
+      }
+      // y rows (route dst) x 64 columns; each route's contribution weighted in FP32, rounded to BF16.
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int cz = 0; cz < 2; ++cz) {
+          const int lc = i * 8 + 2 * t + cz;
+          if (lc < rows) {
+            const int r = r0 + c0 + lc;
+            const float w = __ldg(p.route_w + r);
+            __nv_bfloat16* yr = p.y + (size_t)__ldg(p.route_dst + r) * HID + nt * 64 + g;
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              yr[q * 16] = __float2bfloat16_rn(acc[q][i][cz] * w);
+              yr[q * 16 + 8] = __float2bfloat16_rn(acc[q][i][2 + cz] * w);
+            }
+          }
+        }
+      }
+      // Top-k arrivals: one per (route, 64-column tile). Every lane fences its own y stores first.
+      __threadfence();
+      __syncwarp();
+      bool last = false;
+      int tok = 0;
+      if (lane < rows) {
+        tok = __ldg(p.route_token + r0 + c0 + lane);
+        const unsigned prev = atomicAdd(&p.counters[nt * MAX_TOKENS + tok], 1u);
+        last = prev == (unsigned)p.routes_per_token - 1u;
+      }
+      unsigned mask = __ballot_sync(0xffffffffu, last);
+      if (mask) __threadfence();
+      while (mask) {
+        const int src = __ffs(mask) - 1;
+        mask &= mask - 1;
+        const int tk = __shfl_sync(0xffffffffu, tok, src);
+        const int col = nt * 64 + 2 * lane;
+        float s0 = 0.0f, s1 = 0.0f;
+        for (int k = 0; k < p.routes_per_token; ++k) {
+          const unsigned v = __ldcg(reinterpret_cast<const unsigned*>(p.y + (size_t)(tk * ROUTE_STRIDE + k) * HID + col));
+          const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+          s0 += f.x;
+          s1 += f.y;
+        }
+        *reinterpret_cast<__nv_bfloat162*>(p.out + (size_t)tk * HID + col) = __floats2bfloat162_rn(s0, s1);
+        if (lane == src) p.counters[nt * MAX_TOKENS + tk] = 0u;
+      }
+    }
+    __syncwarp();
+    if (!waited) mbar_wait(&full[s], (j / DN_STAGES) & 1);  // cnt == 0 cannot happen; keep the ring in phase
+    if (lane == 0) mbar_arrive(&empty[s]);
+  }
+}

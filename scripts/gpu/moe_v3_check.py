@@ -1,0 +1,306 @@
+"""MoE v3 (weight-streaming GEMMs, kernels/sm90/moe/expert_stream.cu): quick check + timing on the H200.
+
+    python3 scripts/gpu/moe_v3_check.py --out "$OUT/v3"          # all steps, each in its own process
+                                                                  # under its own timeout; table last
+    python3 scripts/gpu/moe_v3_check.py --step check|time|sanitize --out DIR   # one step
+
+Steps (one failing step does not stop the others; every step writes DIR/<step>.json and its log):
+  check     v3 fused and unfused layer vs moe_routed_ref (1..128 tokens, shared on/off, skewed loads:
+            every token on the same 8 experts at 16 and 128 tokens), outputs and intermediates
+            poisoned before every run, run-to-run and eager == graph replay bitwise, the fused
+            down kernel's h_q/h_s bitwise against moe_act_quant and act_quant_ref on the same gate|up
+            cache, and the difference to v1 (info only: K summation order differs).
+  time      v1 / v3 / v3-unfused interleaved in one CUDA-graph replay protocol at 1/8/16/32/64/128
+            tokens (routed only; each graph holds ROT calls on different routings so weights come
+            from HBM), plus v3 split points (align only, align+gate_up) and the bytes floor at
+            the copy bandwidth measured in the same process.
+  sanitize  compute-sanitizer --tool memcheck on one small v3 layer call (fused and unfused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root (PYTHONPATH=. too)
+
+BATCHES = (1, 8, 16, 32, 64, 128)
+ROT = 8
+STEP_TIMEOUT = {"check": 150, "time": 200, "sanitize": 150}
+RTOL, COS = 1e-2, 0.9999
+
+
+def _bits(t: Any) -> Any:
+    import torch
+
+    return t.contiguous().view(torch.uint8)
+
+
+def poison(ours: Any) -> None:
+    import torch
+
+    ours.out.fill_(float("nan"))
+    ours.y.fill_(float("nan"))
+    ours.gu.fill_(float("nan"))
+    ours.aq_q.view(torch.uint8).fill_(0x7F)
+    ours.aq_s.fill_(float("nan"))
+    if getattr(ours, "dbg_hq", None) is not None:
+        ours.dbg_hq.view(torch.uint8).fill_(0x7F)
+        ours.dbg_hs.fill_(float("nan"))
+
+
+def cases() -> list[tuple[int, bool, bool]]:
+    """(tokens, shared, skewed)."""
+    out = [(m, s, False) for m in BATCHES for s in (False, True)]
+    out += [(16, True, True), (128, False, True), (128, True, True)]
+    return out
+
+
+def routing(m: int, skewed: bool, seed: int) -> tuple[Any, Any, Any, Any]:
+    import torch
+
+    from netra.bench.kernels_moe import make_routing
+
+    x, ids, wts, sw = make_routing(m, seed=seed)
+    if skewed:  # adversarial load: every token on the same 8 experts (one slot of m routes each)
+        ids = torch.arange(0, 8, dtype=torch.int32, device="cuda").repeat(m, 1).contiguous()
+    return x, ids, wts, sw
+
+
+def step_check(out_dir: Path) -> dict[str, Any]:
+    import torch
+
+    from netra.bench.kernels_moe import layer_error, make_weights
+    from netra.ops.moe_fp8 import MoeSm90, act_quant_ref, moe_routed_ref
+
+    w = make_weights()
+    provs = {"v3": MoeSm90(0, variant="v3", debug_h=True), "v3-unfused": MoeSm90(0, variant="v3", fuse_act=False)}
+    v1 = MoeSm90(0, variant="v1")
+    res: dict[str, Any] = {"cases": [], "ok": True}
+    for m, shared, skewed in cases():
+        x, ids, wts, sw = routing(m, skewed, seed=300 + m)
+        swv = sw if shared else None
+        routes = m * (9 if shared else 8)
+        ref = moe_routed_ref(x, ids, wts, w["w13"], w["s13"], w["w2"], w["s2"], swv)
+        v1.align(x, ids, wts, swv)
+        o1 = v1.experts(x, w["w13"], w["s13"], w["w2"], w["s2"], shared).clone()
+        for name, ours in provs.items():
+            def run(ours: Any = ours, x: Any = x, ids: Any = ids, wts: Any = wts, swv: Any = swv,
+                    shared: bool = shared) -> Any:
+                ours.align(x, ids, wts, swv)
+                return ours.experts(x, w["w13"], w["s13"], w["w2"], w["s2"], shared)
+
+            row: dict[str, Any] = {"provider": name, "tokens": m, "shared": shared, "skewed": skewed}
+            try:
+                poison(ours)
+                a = run().clone()
+                torch.cuda.synchronize()
+                if name == "v3":  # fused h vs moe_act_quant and the reference, same gate|up cache
+                    gu = ours.gu[:routes].clone()
+                    assert ours.dbg_hq is not None and ours.dbg_hs is not None
+                    hq, hs = ours.dbg_hq[:routes].clone(), ours.dbg_hs[:routes].clone()
+                    kq, ks = ours.act_quant(gu)
+                    rq, rs = act_quant_ref(gu)
+                    row["h_mismatch_vs_kernel"] = int((_bits(hq) != _bits(kq)).sum() + (_bits(hs) != _bits(ks)).sum())
+                    row["h_mismatch_vs_ref"] = int((_bits(hq) != _bits(rq)).sum() + (_bits(hs) != _bits(rs)).sum())
+                poison(ours)
+                b = run().clone()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    run()
+                poison(ours)
+                graph.replay()
+                torch.cuda.synchronize()
+                c = ours.out[:m].clone()
+                row.update(layer_error(a, ref))
+                row["nan"] = bool(torch.isnan(a).any())
+                row["run_to_run_bitwise"] = bool(torch.equal(_bits(a), _bits(b)))
+                row["eager_equals_replay"] = bool(torch.equal(_bits(a), _bits(c)))
+                row["max_abs_vs_v1"] = float((a.float() - o1.float()).abs().max())
+                row["ok"] = (row["rel_l2"] <= RTOL and row["cosine"] >= COS and not row["nan"]
+                             and row["run_to_run_bitwise"] and row["eager_equals_replay"]
+                             and row.get("h_mismatch_vs_kernel", 0) == 0 and row.get("h_mismatch_vs_ref", 0) == 0)
+            except Exception as exc:  # keep going: one case must not hide the others
+                row["error"] = f"{type(exc).__name__}: {exc}"
+                row["ok"] = False
+                traceback.print_exc()
+            res["ok"] &= row["ok"]
+            res["cases"].append(row)
+            print(json.dumps(row), flush=True)
+    return res
+
+
+def _floor_us(ids_list: list[Any], bw: float) -> tuple[float, float]:
+    from netra.bench.kernels_moe import EXPERT_BYTES
+
+    distinct = statistics.mean(len(set(ids.flatten().tolist())) for ids in ids_list)
+    return distinct, distinct * EXPERT_BYTES / bw * 1e6
+
+
+def step_time(out_dir: Path, reps: int = 40) -> dict[str, Any]:
+    import torch
+
+    from netra.bench.kernels_moe import copy_bandwidth, make_weights
+    from netra.ops.moe_fp8 import MoeSm90
+
+    w = make_weights()
+    bw = copy_bandwidth()
+    provs = {"v1": MoeSm90(0, variant="v1"), "v3": MoeSm90(0, variant="v3"),
+             "v3-unfused": MoeSm90(0, variant="v3", fuse_act=False)}
+    rows: list[dict[str, Any]] = []
+    for m in BATCHES:
+        inputs = [routing(m, False, seed=1000 + 17 * m + i) for i in range(ROT)]
+
+        def make(ours: Any, upto: str, inputs: list[Any] = inputs, m: int = m) -> Any:
+            def run() -> None:
+                for x, ids, wts, _ in inputs:
+                    ours.align(x, ids, wts, None)
+                    if upto == "align":
+                        continue
+                    if upto == "gate_up":
+                        ours._gemm("gate_up", ours._gu, ours.num_sms, m, False, w["w13"], w["s13"], w["w2"], w["s2"])
+                        continue
+                    ours.experts(x, w["w13"], w["s13"], w["w2"], w["s2"], False)
+            return run
+
+        fns = {name: make(o, "all") for name, o in provs.items()}
+        fns["v3:align"] = make(provs["v3"], "align")
+        fns["v3:align+gate_up"] = make(provs["v3"], "gate_up")
+        graphs = {}
+        for name, fn in fns.items():
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(2):
+                    fn()
+            torch.cuda.current_stream().wait_stream(s)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn()
+            for _ in range(3):
+                g.replay()
+            graphs[name] = g
+        torch.cuda.synchronize()
+        times: dict[str, list[float]] = {k: [] for k in graphs}
+        for _ in range(reps):  # interleaved providers
+            for name, g in graphs.items():
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                g.replay()
+                b.record()
+                b.synchronize()
+                times[name].append(a.elapsed_time(b) * 1000.0 / ROT)
+        distinct, floor = _floor_us([i[1] for i in inputs], bw)
+        row = {"tokens": m, "distinct_experts": distinct, "floor_us": floor, "copy_bw_TBps": bw / 1e12}
+        for name, ts in times.items():
+            row[name + "_us"] = statistics.median(ts)
+            row[name + "_p90_us"] = sorted(ts)[int(0.9 * (len(ts) - 1))]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return {"rot": ROT, "reps": reps, "rows": rows}
+
+
+def step_sanitize_inner() -> dict[str, Any]:
+    """Runs under compute-sanitizer: small layers per v3 build. Weights are zeros with unit scales
+    (full shapes, so every address the kernels form is real; values do not matter to memcheck)."""
+    import torch
+
+    from netra.ops.moe_fp8 import HIDDEN, INTER, NUM_EXPERTS, MoeSm90
+
+    e, f8 = NUM_EXPERTS + 1, torch.float8_e4m3fn
+    w = {"w13": torch.zeros(e, 2 * INTER, HIDDEN, dtype=torch.uint8, device="cuda").view(f8),
+         "s13": torch.ones(e, 8, 16, device="cuda"),
+         "w2": torch.zeros(e, HIDDEN, INTER, dtype=torch.uint8, device="cuda").view(f8),
+         "s2": torch.ones(e, 16, 4, device="cuda")}
+    for kw in ({"variant": "v3"}, {"variant": "v3", "fuse_act": False}):
+        ours = MoeSm90(0, **kw)
+        for m, shared, skewed in ((3, True, False), (20, False, True)):
+            x, ids, wts, sw = routing(m, skewed, seed=9)
+            ours.align(x, ids, wts, sw if shared else None)
+            ours.experts(x, w["w13"], w["s13"], w["w2"], w["s2"], shared)
+    torch.cuda.synchronize()
+    return {"done": True}
+
+
+def run_step(step: str, out_dir: Path) -> dict[str, Any]:
+    """Each step in its own process under its own timeout; its log under out_dir."""
+    log = out_dir / f"{step}.log"
+    here = Path(__file__).resolve()
+    cmd = [sys.executable, str(here), "--step", step, "--out", str(out_dir)]
+    if step == "sanitize":
+        cmd = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3",
+               sys.executable, str(here), "--step", "sanitize-inner", "--out", str(out_dir)]
+    t0 = time.time()
+    with log.open("w") as fh:
+        try:
+            rc = subprocess.run(["timeout", str(STEP_TIMEOUT[step]), *cmd], stdout=fh, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", ".")}).returncode
+        except Exception as exc:
+            fh.write(f"could not start: {exc}\n")
+            rc = -1
+    return {"step": step, "rc": rc, "seconds": round(time.time() - t0, 1), "timed_out": rc in (124, 137)}
+
+
+def table(out_dir: Path, steps: list[dict[str, Any]]) -> None:
+    for s in steps:
+        print(f"step {s['step']}: rc {s['rc']} in {s['seconds']} s" + (" (TIMED OUT)" if s["timed_out"] else ""))
+    chk = out_dir / "check.json"
+    if chk.exists():
+        doc = json.loads(chk.read_text())
+        bad = [c for c in doc["cases"] if not c["ok"]]
+        worst = max((c.get("rel_l2", 1.0) for c in doc["cases"]), default=float("nan"))
+        hmis = sum(c.get("h_mismatch_vs_kernel", 0) + c.get("h_mismatch_vs_ref", 0) for c in doc["cases"])
+        print(f"check: {len(doc['cases'])} cases, {len(bad)} failing, worst rel_l2 {worst:.2e}, "
+              f"fused-h mismatches {hmis}")
+        for c in bad[:6]:
+            print("  FAIL", {k: c.get(k) for k in ("provider", "tokens", "shared", "skewed", "rel_l2", "cosine",
+                                                  "nan", "run_to_run_bitwise", "eager_equals_replay", "error")})
+    tim = out_dir / "time.json"
+    if tim.exists():
+        doc = json.loads(tim.read_text())
+        print("graph replay µs per layer call (routed only, median)")
+        print("tok | floor | v1 | v3 | v3-unf | v3/v1 | v3 floor frac | fusion saves | v3 align | v3 +gate_up")
+        for r in doc["rows"]:
+            v1, v3, v3u = r.get("v1_us"), r.get("v3_us"), r.get("v3-unfused_us")
+            print(f"{r['tokens']:3d} | {r['floor_us']:5.1f} | {v1:6.1f} | {v3:6.1f} | {v3u:6.1f} | {v1 / v3:4.2f}x | "
+                  f"{r['floor_us'] / v3:4.2f} | {v3u - v3:5.1f} | {r['v3:align_us']:5.1f} | {r['v3:align+gate_up_us']:6.1f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")) / "v3")
+    ap.add_argument("--step", choices=("all", "check", "time", "sanitize", "sanitize-inner"), default="all")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.step == "all":
+        steps = [run_step(s, args.out) for s in ("check", "time", "sanitize")]
+        (args.out / "steps.json").write_text(json.dumps(steps, indent=1))
+        for s in ("check", "time", "sanitize"):  # tails of the logs, then the table last
+            log = args.out / f"{s}.log"
+            if log.exists():
+                print(f"--- {s}.log (tail)")
+                print("\n".join(log.read_text(errors="replace").splitlines()[-12:]))
+        table(args.out, steps)
+        return 0 if all(s["rc"] == 0 for s in steps) else 1
+    fn = {"check": step_check, "time": step_time}.get(args.step)
+    if args.step == "sanitize-inner":
+        step_sanitize_inner()
+        print("sanitize-inner: done")
+        return 0
+    assert fn is not None
+    res = fn(args.out)
+    (args.out / f"{args.step}.json").write_text(json.dumps(res, indent=1))
+    return 0 if res.get("ok", True) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
