@@ -264,11 +264,12 @@ extern "C" __global__ void __launch_bounds__(kBlock, 1) netra_argmax_cluster_sm9
     asm volatile("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(remote) : "r"(smem_addr(&cluster_keys[crank])));
     asm volatile("st.shared::cluster.u64 [%0], %1;" :: "r"(remote), "l"(key) : "memory");
   }
-  // Release our store to the leader; only the leader waits (acquire), the others may exit: nobody
-  // reads their shared memory.
+  // Release our store to the leader, which reads the keys after its acquire. Every CTA waits too
+  // (the programming guide asks that a block's distributed-shared-memory operations complete before
+  // it exits; the wait ends when the last CTA arrives, about when the leader could start anyway).
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-  if (crank != 0) return;
   asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+  if (crank != 0) return;
   if (warp == 0) {
     key = lane < csize ? cluster_keys[lane] : 0ull;
     key = warp_max(key);
