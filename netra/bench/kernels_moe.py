@@ -474,10 +474,6 @@ class Budget:
         self.log(msg)
 
 
-def _base_key(name: str) -> str:
-    return name.removesuffix(SHARED_SUFFIX)
-
-
 def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     """The whole device run in one process: checks, then every provider's graphs (all compiles), then
     the interleaved timing, then eager; ``bench.json`` is rewritten after every phase."""
@@ -604,9 +600,9 @@ def _row(g: dict[str, Any], provider: str, mode: str, med: float, p90: float, sa
     if byts:
         floor = byts / g["bw"] * 1e6
         row.update({"gbps": byts / (med * 1e-6) / 1e9, "floor_us": floor, "floor_fraction": floor / med})
-    for k in ("distinct_experts",):
-        if k in g:
-            row[k] = g[k]
+    if "distinct_experts" in g:
+        row["distinct_experts"] = g["distinct_experts"]
+    row.update({k: v for k, v in extra.items() if k != "bytes"})
     return row
 
 
@@ -628,11 +624,10 @@ def _setup_groups(args: argparse.Namespace, w: dict[str, Any], bw: float, peer: 
         gus = [torch.randn(r, 2 * INTER, device="cuda").to(torch.bfloat16) for _ in range(arot)]
         g: dict[str, Any] = {"section": "act_quant", "tokens": m, "shape": [r, 2 * INTER], "dtype": "bfloat16->e4m3",
                              "bw": bw, "bytes": r * (2 * INTER * 2 + INTER + 4 * 4), "providers": []}
-        for name, ours in netra.items():
-            if not hasattr(ours, "act_quant") or name == "netra-v3-unfused":
-                continue
+        for name, ours in netra.items():  # one row: every variant launches the same moe_act_quant
             g["providers"].append(budget.build(name, f"setup act_quant {name} m={m}", lambda ours=ours, gus=gus, name=name: Timed(
                 name, lambda: [ours.act_quant(x) for x in gus], arot)))
+            break
         if use_sg:
             def mk_pair(m: int = m, r: int = r, gus: list[Any] = gus) -> Timed:
                 _, ids, wts, _ = make_routing(m, 1)
@@ -647,11 +642,10 @@ def _setup_groups(args: argparse.Namespace, w: dict[str, Any], bw: float, peer: 
         xs = [torch.randn(m, HIDDEN, device="cuda").to(torch.bfloat16) for _ in range(arot)]
         g = {"section": "route", "tokens": m, "shape": [m, HIDDEN], "dtype": "bfloat16", "bw": bw,
              "bytes": NUM_EXPERTS * HIDDEN * 2 + m * HIDDEN * 2, "providers": []}
-        for name, ours in netra.items():
-            if name == "netra-v3-unfused":  # same routing kernel as netra-v3
-                continue
+        for name, ours in netra.items():  # one row: every variant launches the same moe_route
             g["providers"].append(budget.build(name, f"setup route {name} m={m}", lambda ours=ours, xs=xs, name=name: Timed(
                 name, lambda: [ours.route(x, w["wr"], w["wsg"]) for x in xs], arot)))
+            break
         g["providers"] = [p for p in g["providers"] if p is not None]
         groups.append(g)
     # the layer: routed (vs SGLang), + shared as a 9th route (vs SGLang's shared MLP).
@@ -686,6 +680,7 @@ def _setup_groups(args: argparse.Namespace, w: dict[str, Any], bw: float, peer: 
                     pname, fn, rot, extra))
                 if t is None:
                     continue
+                ours.out.fill_(float("nan"))  # poisoned: a skipped write shows
                 ours.align(x0, ids0, w0, sw0 if shared else None)
                 got = ours.experts(x0, w["w13"], w["s13"], w["w2"], w["s2"], shared)
                 doc["peer_checks"].append({"provider": pname, "tokens": m,
@@ -694,6 +689,7 @@ def _setup_groups(args: argparse.Namespace, w: dict[str, Any], bw: float, peer: 
         if use_sg:
             def mk_sg(m: int = m, sets: list[Any] = sets, ref: Any = ref, rot: int = rot) -> Timed:
                 sgs = [SglangRouted(peer, m, *routed_w, s[1], s[2]) for s in sets]
+                sgs[0].out.fill_(float("nan"))
                 got = sgs[0](sets[0][0]).clone()  # first call compiles
                 doc["peer_checks"].append({"provider": "sglang", "tokens": m, **layer_error(got, ref)})
                 return Timed("sglang", lambda: [sg(s[0]) for sg, s in zip(sgs, sets, strict=True)], rot,
@@ -933,8 +929,11 @@ def print_summary(doc: dict[str, Any]) -> None:
     rows = doc["rows"]
     print(f"copy bandwidth {doc.get('copy_bw_Bps', 0) / 1e12:.2f} TB/s (after {doc.get('copy_bw_after_Bps', 0) / 1e12:.2f})"
           f"; skipped: {doc.get('providers_skipped')}; elapsed {doc.get('elapsed_s')} s")
-    for ev in doc.get("budget_events", []):
-        print("  !", ev)
+    events = doc.get("budget_events", [])
+    for ev in events[:4]:
+        print("  !", ev[:200])
+    if len(events) > 4:
+        print(f"  ! ... {len(events) - 4} more in bench.json budget_events")
     names = sorted({r["provider"] for r in rows if r.get("section") == "layer" and r["mode"] == "graph"})
     print("layer graph µs   " + " ".join(f"{n[:18]:>18s}" for n in names))
     for m in BATCHES:
@@ -957,12 +956,47 @@ def print_summary(doc: dict[str, Any]) -> None:
             print(f"  ! {c['provider']} m={c['tokens']} off the reference: rel_l2 {c['rel_l2']:.2e} cos {c['cosine']:.6f}")
 
 
+def sanitize(providers: str) -> int:
+    """One small layer call per netra variant and batch (1, 9 tokens; routed, with shared, and the full
+    routing), for ``compute-sanitizer --tool memcheck``. Zero weights (no quantization kernels to wait
+    for under the sanitizer); the memory traffic pattern is the same."""
+    import torch
+
+    e = NUM_EXPERTS + 1
+    w = {"w13": torch.zeros(e, 2 * INTER, HIDDEN, device="cuda", dtype=torch.float8_e4m3fn),
+         "s13": torch.ones(e, 8, 16, device="cuda"),
+         "w2": torch.zeros(e, HIDDEN, INTER, device="cuda", dtype=torch.float8_e4m3fn),
+         "s2": torch.ones(e, 16, 4, device="cuda"),
+         "wr": torch.randn(NUM_EXPERTS, HIDDEN, device="cuda").to(torch.bfloat16),
+         "wsg": torch.randn(HIDDEN, device="cuda").to(torch.bfloat16)}
+    failures = 0
+    for name in [p for p in parse_providers(providers) if p in NETRA_VARIANTS]:
+        ours = make_netra(name, print)
+        if ours is None:
+            continue
+        for m in (1, 9):
+            x, ids, wts, sw = make_routing(m, seed=m)
+            for shared in (False, True):
+                try:
+                    ours.align(x, ids, wts, sw if shared else None)
+                    ours.experts(x, w["w13"], w["s13"], w["w2"], w["s2"], shared)
+                    ours.route(x, w["wr"], w["wsg"])
+                    ours.experts(x, w["w13"], w["s13"], w["w2"], w["s2"], True)
+                    torch.cuda.synchronize()
+                    print(f"sanitize {name} m={m} shared={shared}: ran", flush=True)
+                except Exception as exc:
+                    failures += 1
+                    print(f"sanitize {name} m={m} shared={shared}: FAILED {type(exc).__name__}: {exc}", flush=True)
+    return 1 if failures else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--mode", choices=("run", "report", "summary"), default="run",
+    ap.add_argument("--mode", choices=("run", "report", "summary", "sanitize"), default="run",
                     help="run: measure on the GPU (one process, all providers); report: write records from a "
-                         "run's bench.json (or a legacy ours.json/peer.json run); summary: print a run's table")
+                         "run's bench.json (or a legacy ours.json/peer.json run); summary: print a run's table; "
+                         "sanitize: small calls for compute-sanitizer")
     ap.add_argument("--providers", default="all", help=f"comma list of {', '.join(PROVIDERS)} (default all)")
     ap.add_argument("--from", dest="src", type=Path, default=None, help="report/summary: the run's output folder")
     ap.add_argument("--tag", default="_v3", help="report: record stem suffix")
@@ -990,6 +1024,8 @@ def main(argv: list[str] | None = None) -> int:
             print("wrote", path)
         return 0
     parse_providers(args.providers)  # fail fast on a typo
+    if args.mode == "sanitize":
+        return sanitize(args.providers)
     doc = run_bench(args)
     print_summary(doc)
     return 0
