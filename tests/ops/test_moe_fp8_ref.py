@@ -129,7 +129,7 @@ def test_v3_launch_structs_and_contracts() -> None:
     names = [moe_fp8.CONTRACTS_V3["gate_up"], moe_fp8.CONTRACTS_V3["down"], moe_fp8.DOWN_V3_UNFUSED]
     src = (REPO_ROOT / "kernels/sm90/moe/expert_stream.cu").read_text()
     macro = {m.group(1): m.group(2) for m in re.finditer(r"^#define (\w+) (\d+)", src, re.M)}
-    item, ncw = int(macro["ITEM_BYTES"]), int(macro["NCW"])
+    item, ncw = int(macro["ITEM_BYTES"]), int(macro["DN_NCW"])
     hbuf = int(macro["HCHUNK"]) * int(macro["HROW"]) + int(macro["HCHUNK"]) * 16
     smem = {names[0]: int(macro["GU_STAGES"]) * (item + 16),
             names[1]: int(macro["DN_STAGES"]) * (item + 16) + ncw * hbuf,
@@ -140,7 +140,8 @@ def test_v3_launch_structs_and_contracts() -> None:
         assert ctypes.sizeof(moe_fp8._GemmParamsV3) == layout.pop("size"), name
         for field, off in layout.items():
             assert getattr(moe_fp8._GemmParamsV3, field).offset == off, (name, field)
-        assert c.launch["pdl"] is True and c.launch["block"] == 32 * (ncw + 1)
+        nc = int(macro["GU_NCW"]) if c.op == "moe_gate_up" else ncw
+        assert c.launch["pdl"] is True and c.launch["block"] == 32 * (nc + 1)
         assert c.launch["smem_bytes"] == smem[name] <= 227 * 1024, name
         assert c.kernel["source"] == "kernels/sm90/moe/expert_stream.cu"
     assert cat.by_name(names[1]).kernel["flags"] == []

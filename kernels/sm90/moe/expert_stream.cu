@@ -13,8 +13,9 @@
 // * One producer thread (warp 4, lane 0) copies items with TMA 1D bulk copies
 //   (cp.async.bulk ... mbarrier::complete_tx::bytes) into a ring of STAGES x 32 KB of shared memory
 //   (full/empty mbarriers per stage); item j of the CTA goes to stage j % STAGES and to consumer
-//   warp j % 4. Consumer warps run the MMAs from shared memory and release the stage; no
-//   CTA-wide barrier after setup, so the copy engine runs STAGES items ahead of the slowest warp.
+//   warp j % NCW (6 for gate_up, 4 for down). Consumer warps run the MMAs from shared memory and release the stage; no
+//   CTA-wide barrier after setup; a warp releases its stage as soon as its last MMA has read it
+//   (before its epilogue stores), so the copy engine refills it while the warp writes.
 //   Shared-memory reads of a quarter-warp touch 2 rows at the same offset: a 2-way bank conflict
 //   (rows are 2048 / 512 B apart; a bulk copy cannot swizzle), far below the ~18 B/clk/SM needed.
 // * PDL: barrier init before griddepcontrol.wait; launch_dependents right after the wait (so a
@@ -48,10 +49,17 @@
 #define ROUTE_STRIDE 9
 #define MAX_TOKENS 128
 #define ITEM_BYTES 32768
-#define NCW 4                      // consumer warps
-#define THREADS (32 * (NCW + 1))   // + one producer warp
+// Ring depth and consumer warps per kernel. STAGES % NCW == 0 so that a stage is always consumed by
+// the same warp (item j and item j - STAGES share a warp): a warp then never waits on a full barrier
+// whose previous phase is still pending (parity waits cannot tell phase q from phase q - 2, and
+// bulk copies may complete out of order).
+#define GU_NCW 6                   // gate_up: 6 consumer warps, one stage each
 #define GU_STAGES 6                // 192 KB of weights in flight per SM
-#define DN_STAGES 4                // 128 KB (+ the fused h buffers)
+#define DN_NCW 4                   // down: 4 consumer warps (+ their fused-h buffers)
+#define DN_STAGES 4                // 128 KB
+#define GU_THREADS (32 * (GU_NCW + 1))   // + one producer warp
+#define DN_THREADS (32 * (DN_NCW + 1))
+static_assert(GU_STAGES % GU_NCW == 0 && DN_STAGES % DN_NCW == 0, "a stage must map to one consumer warp");
 #define GU_ITEMS_PER_SLOT 64       // 1024 rows / 16
 #define DN_ITEMS_PER_SLOT 32       // 2048 rows / 64
 #define HCHUNK 16                  // tokens per fused-h chunk
@@ -186,7 +194,7 @@ __device__ __forceinline__ void item_range(int total, int& begin, int& end) {
 // ================================================================================ gate_up
 // Item = (slot, 16-row tile rt of the 1024 gate|up rows); the consumer warp walks the full K
 // (16 blocks) for 8 tokens per pass and writes the BF16 gate|up cache (route order) as v1.
-extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_gate_up_v3(const GemmParamsV3 p) {
+extern "C" __global__ void __launch_bounds__(GU_THREADS, 1) moe_gate_up_v3(const GemmParamsV3 p) {
   extern __shared__ __align__(1024) uint8_t smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + GU_STAGES * ITEM_BYTES);
   uint64_t* empty = full + GU_STAGES;
@@ -206,7 +214,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_gate_up_v3(const Ge
   item_range(nslots * GU_ITEMS_PER_SLOT, begin, end);
   const int n = end - begin;
 
-  if (wid == NCW) {  // producer
+  if (wid == GU_NCW) {  // producer
     if (lane == 0) {
       for (int j = 0; j < n; ++j) {
         const int s = j % GU_STAGES;
@@ -221,7 +229,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_gate_up_v3(const Ge
   }
 
   const int g = lane >> 2, t = lane & 3;
-  for (int j = wid; j < n; j += NCW) {
+  for (int j = wid; j < n; j += GU_NCW) {
     const int s = j % GU_STAGES;
     const int it = begin + j, slot = it / GU_ITEMS_PER_SLOT, rt = it % GU_ITEMS_PER_SLOT;
     const int e = __ldg(p.slot_expert + slot);
@@ -255,6 +263,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_gate_up_v3(const Ge
           kblock_mma(acc, a, b[u], __shfl_sync(0xffffffffu, wsl, kb), st[u], t);
         }
       }
+      if (c0 + 8 >= cnt) {  // last token tile: the stage has been read (MMA operands are in registers)
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[s]);
+      }
       // fragment: rows g / g+8, columns (tokens) 2t / 2t+1
 #pragma unroll
       for (int z = 0; z < 4; ++z) {
@@ -262,17 +274,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_gate_up_v3(const Ge
         if (c < cnt) p.gu[(size_t)(r0 + c) * 1024 + row] = __float2bfloat16_rn(acc[z]);
       }
     }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[s]);
+    if (cnt <= 0) {  // cannot happen (active slots have routes); keeps the ring in phase regardless
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[s]);
+    }
   }
 }
 
 // ================================================================================ down
 // Item = (slot, 64-row tile nt of the 2048 output rows) x K 512: 4 row tiles of 16 x 4 K blocks.
 // Tokens in chunks of 16 (two 8-token MMA tiles).
-extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_down_v3(const GemmParamsV3 p) {
+extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3(const GemmParamsV3 p) {
   extern __shared__ __align__(1024) uint8_t smem[];
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + DN_STAGES * ITEM_BYTES + NCW * HBUF_BYTES);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + DN_STAGES * ITEM_BYTES + DN_NCW * HBUF_BYTES);
   uint64_t* empty = full + DN_STAGES;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   if (tid == 0) {
@@ -283,19 +297,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_down_v3(const GemmP
     mbar_fence_init();
   }
   __syncthreads();
-  // Slot metadata is from moe_align (two kernels back): final here, see the header.
-  const int nslots = *p.num_slots;
+  // Slot metadata is from moe_align (two kernels back): final here, see the header. Read through L2
+  // (ld.global.cg), never through the non-coherent path, before the wait.
+  const int nslots = __ldcg(p.num_slots);
   int begin, end;
   item_range(nslots * DN_ITEMS_PER_SLOT, begin, end);
   const int n = end - begin;
 
-  if (wid == NCW) {  // producer: streams w2 before waiting for moe_gate_up
+  if (wid == DN_NCW) {  // producer: streams w2 before waiting for moe_gate_up
     if (lane == 0) {
       for (int j = 0; j < n; ++j) {
         const int s = j % DN_STAGES;
         if (j >= DN_STAGES) mbar_wait(&empty[s], ((j / DN_STAGES) - 1) & 1);
         const int it = begin + j, slot = it / DN_ITEMS_PER_SLOT, nt = it % DN_ITEMS_PER_SLOT;
-        const int e = __ldg(p.slot_expert + slot);
+        const int e = __ldcg(p.slot_expert + slot);
         mbar_expect_tx(&full[s], ITEM_BYTES);
         bulk_g2s(smem + s * ITEM_BYTES, p.w2 + ((size_t)e * HID + nt * 64) * INTER, ITEM_BYTES, &full[s]);
       }
@@ -313,7 +328,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_down_v3(const GemmP
   float* hsc = reinterpret_cast<float*>(hbuf + HCHUNK * HROW);
   int cached_slot = -1, cached_c0 = -1;
 #endif
-  for (int j = wid; j < n; j += NCW) {
+  for (int j = wid; j < n; j += DN_NCW) {
     const int s = j % DN_STAGES;
     const int it = begin + j, slot = it / DN_ITEMS_PER_SLOT, nt = it % DN_ITEMS_PER_SLOT;
     const int e = __ldg(p.slot_expert + slot);
@@ -403,6 +418,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_down_v3(const GemmP
             if (i * 8 < rows) kblock_mma(acc[q][i], a, b[i], wsk[kb], st[i], t);  // warp-uniform
         }
       }
+      if (c0 + HCHUNK >= cnt) {  // last chunk: the stage has been read; release it before the epilogue
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[s]);
+      }
       // y rows (route dst) x 64 columns; each route's contribution weighted in FP32, rounded to BF16.
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -449,8 +468,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) moe_down_v3(const GemmP
         if (lane == src) p.counters[nt * MAX_TOKENS + tk] = 0u;
       }
     }
-    __syncwarp();
-    if (!waited) mbar_wait(&full[s], (j / DN_STAGES) & 1);  // cnt == 0 cannot happen; keep the ring in phase
-    if (lane == 0) mbar_arrive(&empty[s]);
+    if (cnt <= 0) {  // cannot happen (active slots have routes); keeps the ring in phase regardless
+      mbar_wait(&full[s], (j / DN_STAGES) & 1);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[s]);
+    }
   }
 }
