@@ -61,6 +61,58 @@ def emulate_two_stage(x: Any, chunks: int, vec: int) -> Any:
     return decode(torch.stack(parts, dim=1).amax(dim=1))
 
 
+def emulate_cluster_kernel(x: Any, cluster: int, piece_vecs: int = 1024, block: int = 256) -> Any:
+    """What kernels/sm90/argmax/argmax_cluster.cu computes for a float32 ``x``, thread by thread:
+    per CTA (1/``cluster`` row) and 16 KB piece, each thread's batch of 16-byte loads (lanes past
+    the piece end read -inf; a thread with no element in the piece skips it), the NaN-propagating
+    batch-max filter, the select-chain locate (lowest matching load, then lowest element), the key
+    fold. CPU check of the kernel's index arithmetic and sequential rule (the GPU must match it)."""
+    import torch
+
+    rows, vocab = x.shape
+    nvec = vocab // 4
+    loads = piece_vecs // block
+    none = -(1 << 63)  # below every real key (the kernel's 0ull in its unsigned order)
+    t = torch.arange(block)
+    out = []
+    for r in range(rows):
+        row = x[r].to(torch.float32)
+        best_key = none
+        for c in range(cluster):
+            v0, v1 = c * nvec // cluster, (c + 1) * nvec // cluster
+            n = v1 - v0
+            val = torch.zeros(block)
+            idx = torch.full((block,), -1, dtype=torch.int64)
+            isnan = torch.zeros(block, dtype=torch.bool)
+            for k in range(-(-n // piece_vecs)):
+                cnt = min(piece_vecs, n - k * piece_vecs)
+                vi = t[None, :] + block * torch.arange(loads)[:, None]  # [u, t]
+                valid = vi < cnt
+                elem = ((v0 + k * piece_vecs + vi) * 4)[..., None] + torch.arange(4)  # [u, t, j]
+                vals = torch.where(valid[..., None], row[elem.clamp(max=vocab - 1)], float("-inf"))
+                mv = vals.amax(dim=2)  # NaN-propagating, like max.NaN
+                m = mv.amax(dim=0)
+                m_nan = torch.isnan(m)
+                upd = (t < cnt) & ~isnan & (m_nan | (idx < 0) | (m > val))
+                mu = torch.where(m_nan[None, :], torch.isnan(mv), mv == m[None, :])  # [u, t]
+                hit_u = torch.where(mu.any(0), mu.int().argmax(0), loads - 1)
+                hv = vals[hit_u, t]  # [t, j]
+                mj = torch.where(m_nan[:, None], torch.isnan(hv), hv == m[:, None])
+                hit_j = torch.where(mj.any(1), mj.int().argmax(1), 3)
+                new_idx = (v0 + k * piece_vecs + t + hit_u * block) * 4 + hit_j
+                val = torch.where(upd, m, val)
+                isnan = torch.where(upd, m_nan, isnan)
+                idx = torch.where(upd, new_idx, idx)
+            seen = idx >= 0
+            if bool(seen.any()):
+                k_all = keys(row[None, :])[0]
+                cand = k_all[idx[seen]]
+                # the thread's key is built from its (value, index): same as the element's key
+                best_key = max(best_key, int(cand.max()))
+        out.append(best_key)
+    return decode(torch.tensor(out, dtype=torch.int64))
+
+
 @dataclass(frozen=True)
 class Case:
     scenario: str

@@ -26,6 +26,7 @@ from netra.validate.argmax_cases import (
     check_adversarial,
     check_eager_vs_replay,
     chunk_bounds,
+    emulate_cluster_kernel,
     emulate_two_stage,
     keys,
 )
@@ -317,3 +318,15 @@ def test_dispatch_decisions_on_gpu() -> None:
         assert torch.equal(op.argmax(unaligned), torch.argmax(unaligned, dim=-1))
     finally:
         dispatch.reset(None)
+
+
+@pytest.mark.parametrize("cluster", [8, 2])
+def test_cluster_kernel_thread_emulation_equals_torch_argmax_on_cpu(cluster: int) -> None:
+    """The cluster kernel's per-thread algorithm (pieces, lanes, batch filter, select chains, the
+    fold), emulated on the CPU: cluster 8 as the contract launches it, cluster 2 the ring-refill path."""
+    scenarios = SCENARIOS if cluster == 8 else ("random", "tie_piece_boundary", "several_nans", "increasing",
+                                                "signed_zero_neg_first", "subnormal_tie", "all_nan", "all_neg_inf")
+    bounds = chunk_bounds(VOCAB, 4, cluster)
+    for i, scenario in enumerate(scenarios):
+        x = build(Case(scenario, 2, "float32", 900 + i), VOCAB, "cpu", bounds)
+        assert torch.equal(emulate_cluster_kernel(x, cluster), torch.argmax(x, dim=-1)), scenario
