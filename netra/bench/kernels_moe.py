@@ -562,6 +562,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                                     p.calls, p.extra))
         log(f"timed {g['section']} m={g['tokens']}: " + ", ".join(
             f"{p.name} {_quantile(p.samples_us, 0.5):.2f}" for p in provs))
+        save()  # a kill later on keeps these rows
     doc["copy_bw_after_Bps"] = copy_bandwidth()
     save()
     # ---- eager, each provider on its own (not interleaved), after the graphs
@@ -582,6 +583,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             med, p90 = time_eager(fn, reps=3, warm=1)
             doc["rows"].append(_row(g, name, "eager", med, p90, 3, 1, {}))
         del g["providers"]
+        save()
     if peer is not None:
         from netra.bench.peers import sglang_moe
 
@@ -1006,7 +1008,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rot", type=int, default=8)
     ap.add_argument("--samples", type=int, default=60, help="interleaved graph replays per provider and shape")
     ap.add_argument("--eager-reps", type=int, default=20)
-    ap.add_argument("--provider-budget-s", type=float, default=120.0, help="setup wall-clock budget per provider")
+    ap.add_argument("--provider-budget-s", type=float, default=150.0, help="setup wall-clock budget per provider")
     ap.add_argument("--time-budget-s", type=float, default=300.0, help="the whole run's wall-clock budget")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@
 # then the records (results/sm90/moe_*_v3.json) are written into $OUT and the table prints LAST.
 # Every step has its own timeout; a failing step does not stop the others. Budget: ~4-5 minutes.
 #   usage (device): bash scripts/gpu/moe_h200.sh [git sha measured]     (or GIT_SHA=...)
-#   env: OUT, MOE_PROVIDERS (default all), MOE_BENCH_LIMIT (s, default 290), MOE_TIME_BUDGET (s, 230),
+#   env: OUT, MOE_PROVIDERS (default all), MOE_BENCH_LIMIT (s, default 280), MOE_TIME_BUDGET (s, 220),
 #        MOE_PROFILE=1 (adds ncu of the v1 sequence, ~2 x 150 s more)
 # Carry: build/ (code objects from `netra kernels build`) and .sglang_peer/ (the SGLang 0.5.23
 # wheel's kernel files: `python -m netra.bench.peers.sglang_moe .sglang_peer`).
@@ -40,7 +40,7 @@ step() {  # step NAME LIMIT_S COMMAND...   (stdout+stderr -> $LOGS/NAME.txt; rc 
 head -3 "$OUT/gpu.txt"
 
 # 1. code objects vs kernels/lock.json, registers/spills/smem and the MMA/load mix per MoE kernel
-step lock_sass 60 bash -c '
+step lock_sass 40 bash -c '
 python3 - <<PY
 from pathlib import Path
 from netra.build import verify_lock
@@ -56,13 +56,13 @@ done'
 grep -E "lock problems" "$LOGS/lock_sass.txt"
 
 # 2. compute-sanitizer memcheck: small layer calls (1 and 9 tokens, routed / shared / full routing)
-step sanitize 75 compute-sanitizer --tool memcheck --error-exitcode 3 \
+step sanitize 60 compute-sanitizer --tool memcheck --error-exitcode 3 \
   python3 -m netra.bench.kernels_moe --mode sanitize --providers "$PROVIDERS" --out "$OUT"
 grep -E "ERROR SUMMARY|FAILED" "$LOGS/sanitize.txt" | head -5
 
 # 3. checks + every provider, one process, interleaved (its own wall-clock budget inside)
-step bench "${MOE_BENCH_LIMIT:-290}" python3 -m netra.bench.kernels_moe --mode run --providers "$PROVIDERS" \
-  --sglang-root .sglang_peer --out "$OUT" --git-sha "$SHA" --time-budget-s "${MOE_TIME_BUDGET:-230}"
+step bench "${MOE_BENCH_LIMIT:-280}" python3 -m netra.bench.kernels_moe --mode run --providers "$PROVIDERS" \
+  --sglang-root .sglang_peer --out "$OUT" --git-sha "$SHA" --time-budget-s "${MOE_TIME_BUDGET:-220}"
 [[ -f "$OUT/bench_log.txt" ]] && mv "$OUT/bench_log.txt" "$LOGS/"
 
 # (optional) MOE_PROFILE=1: ncu on the v1 sequence at 1 and 128 tokens (scripts/gpu/moe_profile.py)
@@ -76,14 +76,14 @@ fi
 
 # 4. the records, from this run's bench.json (copy $OUT/records/* to results/sm90/ after review)
 if [[ -f "$OUT/bench.json" ]]; then
-  step report 60 python3 -m netra.bench.kernels_moe --mode report --from "$OUT" --out "$LOGS/records" --git-sha "$SHA"
+  step report 30 python3 -m netra.bench.kernels_moe --mode report --from "$OUT" --out "$LOGS/records" --git-sha "$SHA"
   tail -6 "$LOGS/report.txt"
 fi
 tar -czf "$OUT/moe_logs.tar.gz" -C "$OUT" moe_logs && rm -rf "$LOGS"
 ls -la "$OUT"
 # 5. the table, last
 if [[ -f "$OUT/bench.json" ]]; then
-  timeout 60 python3 -m netra.bench.kernels_moe --mode summary --from "$OUT" --out "$OUT" | tee "$OUT/summary.txt"
+  timeout 30 python3 -m netra.bench.kernels_moe --mode summary --from "$OUT" --out "$OUT" | tee "$OUT/summary.txt"
 else
   echo "no bench.json: see moe_logs.tar.gz (bench.txt)" | tee "$OUT/summary.txt"
 fi
