@@ -229,12 +229,12 @@ CONTRACTS = {
     "gate_up": "moe_gate_up_e256",
     "down": "moe_down_e256",
 }
-# v3 (weight streaming, kernels/sm90/moe/expert_stream.cu): the routing kernels and moe_act_quant are
-# v1's; the GEMMs are persistent (grid = SM count) with PDL.
+# v3 (weight streaming, kernels/sm90/moe/expert_stream.cu): the routing kernels are v1's source built
+# for PDL, moe_act_quant is v1's; the GEMMs are persistent (grid = SM count) with PDL.
 CONTRACTS_V3 = {
     "act_quant": "moe_act_quant_w512",
-    "route": "moe_route_e256_k8",
-    "align": "moe_align_e256_k8",
+    "route": "moe_route_v3_e256_k8",      # v1 source built with -DMOE_PDL=1 (PDL launch, early trigger)
+    "align": "moe_align_v3_e256_k8",
     "gate_up": "moe_gate_up_v3_e256",
     "down": "moe_down_v3_e256",           # SiLU*up + quantization fused into the prologue
 }

@@ -148,6 +148,10 @@ def test_v3_launch_structs_and_contracts() -> None:
     assert cat.by_name(names[2]).kernel["flags"] == ["-DMOE_FUSE_ACT=0"]
     assert cat.by_name(names[1]).op != cat.by_name(names[2]).op
     assert cat.by_name(names[1]).workspace["bytes"] == 32 * moe_fp8.MAX_TOKENS * 4
+    for key in ("route", "align"):  # v1's source built for PDL: same struct, own code object
+        c, c1 = cat.by_name(moe_fp8.CONTRACTS_V3[key]), cat.by_name(moe_fp8.CONTRACTS[key])
+        assert c.kernel["params_layout"] == c1.kernel["params_layout"] and c.kernel["source"] == c1.kernel["source"]
+        assert c.kernel["flags"] == ["-DMOE_PDL=1"] and c.launch["pdl"] is True and c.maturity == "experiment"
 
 
 def test_v3_constructor_refuses_bad_variants() -> None:

@@ -207,9 +207,22 @@ __device__ void topk_token(const RouteParams& p, int t) {
   }
 }
 
+// MOE_PDL=1 (the v3 sequence's builds, launched with programmatic stream serialization): wait for
+// the previous kernel first (everything this kernel reads may come from it), then let the
+// dependent GEMM's CTAs be scheduled at once (they wait for this grid's completion in their own
+// griddepcontrol.wait; triggering after the wait keeps the two-kernels-back argument of
+// expert_stream.cu valid). MOE_PDL=0 (v1 builds): no instruction at all.
+__device__ __forceinline__ void pdl_enter() {
+#if defined(MOE_PDL) && MOE_PDL
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(256) moe_route(const RouteParams p) {
+  pdl_enter();
   __shared__ float xs[4][HIDDEN];  // 32 KB: the tile's 4 token rows in FP32
   __shared__ int last;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
@@ -301,6 +314,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_route(const RouteParams p)
 // top-k ids and weights). Grid 1 + ceil(M/4): CTA 0 builds the metadata (no shared route unless
 // shared_w is given); CTA 1 + i quantizes tokens [4i, 4i+4) of x for the gate_up GEMM.
 extern "C" __global__ void __launch_bounds__(256) moe_align(const RouteParams p) {
+  pdl_enter();
   if (blockIdx.x == 0) {
     build_meta(p, p.topk_ids_in, p.topk_w_in, p.shared_w != nullptr);
   } else {
