@@ -138,6 +138,9 @@ __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, unsigned by
       "l"(src), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
 }
+// Release (before the arrival atomic) / acquire (after the last arrival) at GPU scope: the PTX
+// memory model's fence + relaxed-atomic pattern, lighter than __threadfence()'s fence.sc.
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
@@ -441,7 +444,7 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3(const Ge
         }
       }
       // Top-k arrivals: one per (route, 64-column tile). Every lane fences its own y stores first.
-      __threadfence();
+      fence_acq_rel_gpu();
       __syncwarp();
       bool last = false;
       int tok = 0;
@@ -451,7 +454,7 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3(const Ge
         last = prev == (unsigned)p.routes_per_token - 1u;
       }
       unsigned mask = __ballot_sync(0xffffffffu, last);
-      if (mask) __threadfence();
+      if (mask) fence_acq_rel_gpu();
       while (mask) {
         const int src = __ffs(mask) - 1;
         mask &= mask - 1;
