@@ -5,9 +5,10 @@
     python3 scripts/gpu/moe_v3_check.py --step check|time|sanitize --out DIR   # one step
 
 Steps (one failing step does not stop the others; each writes DIR/<step>.log, and DIR/<step>.json
-except sanitize: at most 7 files):
+except sanitize; in the default mode the logs end up in DIR/logs.tar.gz: at most 5 files):
   sass      opcode counts of the v3 code objects (cuobjdump -sass): HMMA, UBLKCP (bulk copies), SYNCS
             (mbarriers), LDL/STL (local memory, must be 0).
+  smoke     one v3 layer per build at 1 and 128 tokens (short timeout; on failure only sanitize follows).
   check     v3 fused and unfused layer vs moe_routed_ref (1..128 tokens, shared on/off, skewed loads:
             every token on the same 8 experts at 16 and 128 tokens), outputs and intermediates
             poisoned before every run, run-to-run and eager == graph replay bitwise, the fused
@@ -37,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 BATCHES = (1, 8, 16, 32, 64, 128)
 ROT = 8
-STEP_TIMEOUT = {"sass": 60, "check": 150, "time": 200, "sanitize": 150}
+STEP_TIMEOUT = {"sass": 60, "smoke": 60, "check": 150, "time": 200, "sanitize": 150}
 SASS_OPS = ("HMMA", "UBLKCP", "SYNCS", "LDL", "STL", "MEMBAR", "FENCE", "ATOMG", "ACQBULK", "LDS", "LDG")
 RTOL, COS = 1e-2, 0.9999
 
@@ -77,6 +78,35 @@ def routing(m: int, skewed: bool, seed: int) -> tuple[Any, Any, Any, Any]:
     if skewed:  # adversarial load: every token on the same 8 experts (one slot of m routes each)
         ids = torch.arange(0, 8, dtype=torch.int32, device="cuda").repeat(m, 1).contiguous()
     return x, ids, wts, sw
+
+
+def step_smoke(out_dir: Path) -> dict[str, Any]:
+    """One v3 layer per build at 1 and 128 tokens (with the shared route) vs the reference: a hang or a
+    trap shows here within the step's short timeout, and the long steps are then skipped."""
+    import torch
+
+    from netra.bench.kernels_moe import layer_error, make_weights
+    from netra.ops.moe_fp8 import MoeSm90, moe_routed_ref
+
+    w = make_weights()
+    res: dict[str, Any] = {"cases": [], "ok": True}
+    builds: tuple[dict[str, Any], ...] = ({"variant": "v3"}, {"variant": "v3", "fuse_act": False})
+    for kw in builds:
+        ours = MoeSm90(0, **kw)
+        for m in (1, 128):
+            x, ids, wts, sw = routing(m, False, seed=77 + m)
+            poison(ours)
+            ours.align(x, ids, wts, sw)
+            got = ours.experts(x, w["w13"], w["s13"], w["w2"], w["s2"], True).clone()
+            torch.cuda.synchronize()
+            err: dict[str, Any] = layer_error(got, moe_routed_ref(x, ids, wts, w["w13"], w["s13"], w["w2"],
+                                                                  w["s2"], sw))
+            err.update({"build": kw, "tokens": m, "nan": bool(torch.isnan(got).any())})
+            err["ok"] = err["rel_l2"] <= RTOL and err["cosine"] >= COS and not err["nan"]
+            res["ok"] &= err["ok"]
+            res["cases"].append(err)
+            print(json.dumps(err), flush=True)
+    return res
 
 
 def step_check(out_dir: Path) -> dict[str, Any]:
@@ -307,19 +337,32 @@ def table(out_dir: Path, steps: list[dict[str, Any]]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")) / "v3")
-    ap.add_argument("--step", choices=("all", "sass", "check", "time", "sanitize", "sanitize-inner"), default="all")
+    ap.add_argument("--step", choices=("all", "sass", "smoke", "check", "time", "sanitize", "sanitize-inner"),
+                    default="all")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.step == "all":
-        steps = [run_step(s, args.out) for s in ("sass", "check", "time", "sanitize")]
-        for s in ("sass", "check", "time", "sanitize"):  # tails of the logs, then the table last
-            log = args.out / f"{s}.log"
+        steps = [run_step(s, args.out) for s in ("sass", "smoke")]
+        if steps[-1]["rc"] == 0:
+            steps += [run_step(s, args.out) for s in ("check", "time", "sanitize")]
+        else:  # broken or hung: the sanitizer is the useful diagnosis, timings would be meaningless
+            print(f"smoke failed (rc {steps[-1]['rc']}): skipping check and time", flush=True)
+            steps.append(run_step("sanitize", args.out))
+        logs = [args.out / f"{s}.log" for s in ("sass", "smoke", "check", "time", "sanitize")]
+        for log in logs:  # log tails, then the table last
             if log.exists():
-                print(f"--- {s}.log (tail)")
+                print(f"--- {log.name} (tail)")
                 print("\n".join(log.read_text(errors="replace").splitlines()[-12:]))
+        import tarfile
+
+        with tarfile.open(args.out / "logs.tar.gz", "w:gz") as tar:  # few files come back: one for all logs
+            for log in logs:
+                if log.exists():
+                    tar.add(log, arcname=log.name)
+                    log.unlink()
         table(args.out, steps)
         return 0 if all(s["rc"] == 0 for s in steps) else 1
-    fn = {"sass": step_sass, "check": step_check, "time": step_time}.get(args.step)
+    fn = {"sass": step_sass, "smoke": step_smoke, "check": step_check, "time": step_time}.get(args.step)
     if args.step == "sanitize-inner":
         step_sanitize_inner()
         print("sanitize-inner: done")
