@@ -768,9 +768,9 @@ def layer_gates(rows: list[dict[str, Any]], judged: str | None, layer_ok: bool) 
     gates = {
         "never_slower": {"value": min(ratios) if all(r is not None for r in ratios) else None, "need": 1.0,
                          "pass": all(r is not None and r >= 1.0 for r in ratios)},
-        "1_token_ratio": gate(per["1"]["ratio_sglang_over_netra"], 2.0),
-        "8_tokens_ratio": gate(per["8"]["ratio_sglang_over_netra"], 1.2),
-        "128_tokens_floor_fraction": gate(per["128"]["floor_fraction"], 0.95),
+        "1_token_ratio": gate(per.get("1", {}).get("ratio_sglang_over_netra"), 2.0),
+        "8_tokens_ratio": gate(per.get("8", {}).get("ratio_sglang_over_netra"), 1.2),
+        "128_tokens_floor_fraction": gate(per.get("128", {}).get("floor_fraction"), 0.95),
         "layer_within_tolerance": {"value": layer_ok, "need": True, "pass": bool(layer_ok)},
     }
     return {"judged": judged, "per_batch": per, "gates": gates, "pass": all(g["pass"] for g in gates.values())}
@@ -926,36 +926,55 @@ def layer_markdown(rec: dict[str, Any], st: dict[str, Any], ag: dict[str, Any]) 
     return "\n".join(lines) + "\n"
 
 
+def _short(name: str) -> str:
+    return name.replace("netra-", "").replace(SHARED_SUFFIX, "+sh").replace("sglang-shared-mlp", "sg-sh-mlp")
+
+
 def print_summary(doc: dict[str, Any]) -> None:
-    """The short table printed last by the device script."""
+    """The short table printed last by the device script (<= ~25 lines)."""
     rows = doc["rows"]
     print(f"copy bandwidth {doc.get('copy_bw_Bps', 0) / 1e12:.2f} TB/s (after {doc.get('copy_bw_after_Bps', 0) / 1e12:.2f})"
           f"; skipped: {doc.get('providers_skipped')}; elapsed {doc.get('elapsed_s')} s")
     events = doc.get("budget_events", [])
-    for ev in events[:4]:
-        print("  !", ev[:200])
-    if len(events) > 4:
-        print(f"  ! ... {len(events) - 4} more in bench.json budget_events")
-    names = sorted({r["provider"] for r in rows if r.get("section") == "layer" and r["mode"] == "graph"})
-    print("layer graph µs   " + " ".join(f"{n[:18]:>18s}" for n in names))
-    for m in BATCHES:
-        print(f"  m={m:3d} d={doc.get('distinct_experts', {}).get(str(m), 0):5.1f} "
-              + " ".join(f"{_f(median_of(rows, 'layer', n, m)):>18s}" for n in names))
-    for sec, ms in (("act_quant", AQ_BATCHES), ("route", BATCHES)):
-        names = sorted({r["provider"] for r in rows if r.get("section") == sec and r["mode"] == "graph"})
-        for m in ms:
-            print(f"{sec:9s} m={m:3d} " + "  ".join(f"{n} {_f(median_of(rows, sec, n, m))}" for n in names))
+    for ev in events[:3]:
+        print("  !", ev[:160])
+    if len(events) > 3:
+        print(f"  ! ... {len(events) - 3} more in bench.json budget_events")
     judged = judged_provider(rows)
     layer_ok = bool(doc.get("checks", {}).get(judged or "", {}).get("layer", {}).get("within_tolerance"))
     lg = layer_gates(rows, judged, layer_ok)
-    print(f"gates ({judged}): " + ", ".join(f"{k}={'PASS' if v['pass'] else 'FAIL'}({_f(v['value']) if not isinstance(v['value'], bool) else v['value']})"
-                                            for k, v in lg["gates"].items()))
+    names = sorted({r["provider"] for r in rows if r.get("section") == "layer" and r["mode"] == "graph"})
+    print(f"layer graph µs (judged {judged})  " + " ".join(f"{_short(n)[:12]:>12s}" for n in names)
+          + "  sg/judged  floor")
+    for m in BATCHES:
+        pb = lg["per_batch"].get(str(m), {})
+        print(f"  m={m:3d} distinct={doc.get('distinct_experts', {}).get(str(m), 0):5.1f}  "
+              + " ".join(f"{_f(median_of(rows, 'layer', n, m)):>12s}" for n in names)
+              + f"  {_f(pb.get('ratio_sglang_over_netra')):>9s}  {_f(pb.get('floor_fraction')):>5s}")
+    for sec, ms in (("act_quant", AQ_BATCHES), ("route", BATCHES)):
+        for n in sorted({r["provider"] for r in rows if r.get("section") == sec and r["mode"] == "graph"}):
+            print(f"{sec} µs {n}: " + "  ".join(f"{m}:{_f(median_of(rows, sec, n, m))}" for m in ms))
+    print(f"gates ({judged}): " + ", ".join(
+        f"{k}={'PASS' if v['pass'] else 'FAIL'}({v['value'] if isinstance(v['value'], bool) else _f(v['value'])})"
+        for k, v in lg["gates"].items()))
     ag = act_quant_gates(rows, doc.get("checks", {}))
-    print(f"act+quant gate: {'PASS' if ag['pass'] else 'FAIL'} standalone {ag['standalone_vs_sglang_pair']} "
-          f"saving {ag['layer_saving_us_unfused_minus_fused']}")
-    for c in doc.get("peer_checks", []):
-        if c["rel_l2"] > RTOL_LAYER or c["cosine"] < COS_LAYER:
-            print(f"  ! {c['provider']} m={c['tokens']} off the reference: rel_l2 {c['rel_l2']:.2e} cos {c['cosine']:.6f}")
+    print(f"act+quant gate {'PASS' if ag['pass'] else 'FAIL'}: standalone x "
+          + str({k: _f(v) for k, v in ag["standalone_vs_sglang_pair"].items()})
+          + " saving µs " + str({k: _f(v) for k, v in ag["layer_saving_us_unfused_minus_fused"].items()}))
+    st = shared_table(rows)
+    print("shared µs (ours: with - without the 9th route; sg-mlp: SGLang's MLP)  " + "  ".join(
+        f"{m}: " + " ".join(f"{_short(k.removesuffix('_shared_delta_us'))}={_f(v, '{:.1f}')}"
+                            for k, v in e.items() if k.endswith("_shared_delta_us"))
+        + f" sg-mlp={_f(e['sglang_shared_mlp_us'], '{:.1f}')}" for m, e in st.items()))
+    bad = [c for c in doc.get("peer_checks", []) if not (c["rel_l2"] <= RTOL_LAYER and c["cosine"] >= COS_LAYER)]
+    for c in bad[:3]:
+        print(f"  ! {c['provider']} m={c['tokens']} off the reference: rel_l2 {c['rel_l2']:.2e} cos {c['cosine']:.6f}")
+    if len(bad) > 3:
+        print(f"  ! ... {len(bad) - 3} more off the reference (bench.json peer_checks)")
+    bad_checks = [f"{n}.{k}" for n, cs in doc.get("checks", {}).items() for k, v in cs.items()
+                  if "error" in v or v.get("within_tolerance") is False or v.get("bitwise_equal") is False
+                  or v.get("ids_exact") is False or v.get("meta_mismatches", 0)]
+    print("oracle checks: " + ("all clean" if not bad_checks else "PROBLEMS " + ", ".join(bad_checks)))
 
 
 def sanitize(providers: str) -> int:

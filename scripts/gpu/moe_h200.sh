@@ -81,10 +81,10 @@ if [[ -f "$OUT/bench.json" ]]; then
 fi
 tar -czf "$OUT/moe_logs.tar.gz" -C "$OUT" moe_logs && rm -rf "$LOGS"
 ls -la "$OUT"
+cat "$OUT/steps.txt"
 # 5. the table, last
 if [[ -f "$OUT/bench.json" ]]; then
   timeout 30 python3 -m netra.bench.kernels_moe --mode summary --from "$OUT" --out "$OUT" | tee "$OUT/summary.txt"
 else
   echo "no bench.json: see moe_logs.tar.gz (bench.txt)" | tee "$OUT/summary.txt"
 fi
-cat "$OUT/steps.txt"
