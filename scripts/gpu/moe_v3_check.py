@@ -169,6 +169,22 @@ def step_check(out_dir: Path) -> dict[str, Any]:
             res["ok"] &= row["ok"]
             res["cases"].append(row)
             print(json.dumps(row), flush=True)
+    # the v3 builds of moe_route / moe_align (PDL entry) with v1's own exactness checks
+    try:
+        from netra.bench.kernels_moe import check_align, check_route
+
+        rt = check_route(provs["v3"], w)
+        al = check_align(provs["v3"])
+        res["route_v3"], res["align_v3"] = rt, al
+        res["route_align_ok"] = (rt["id_mismatch_tokens"] == 0 and rt["meta_mismatches"] == 0
+                                 and rt["xq_mismatches"] == 0 and rt["logit_over_1ulp"] == 0
+                                 and al["meta_mismatches"] == 0 and al["xq_mismatches"] == 0)
+    except Exception as exc:
+        res["route_align_ok"] = False
+        res["route_align_error"] = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
+    res["ok"] &= res["route_align_ok"]
+    print("route/align v3 exact:", res["route_align_ok"], flush=True)
     return res
 
 
@@ -319,7 +335,7 @@ def table(out_dir: Path, steps: list[dict[str, Any]]) -> None:
         worst = max((c["rel_l2"] for c in doc["cases"] if "rel_l2" in c), default=float("nan"))
         hmis = sum(c.get("h_mismatch_vs_kernel", 0) + c.get("h_mismatch_vs_ref", 0) for c in doc["cases"])
         print(f"check: {len(doc['cases'])} cases, {len(bad)} failing, worst rel_l2 {worst:.2e}, "
-              f"fused-h mismatches {hmis}")
+              f"fused-h mismatches {hmis}, route/align v3 exact {doc.get('route_align_ok')}")
         for c in bad[:6]:
             print("  FAIL", {k: c.get(k) for k in ("provider", "tokens", "shared", "skewed", "rel_l2", "cosine",
                                                   "nan", "run_to_run_bitwise", "eager_equals_replay", "error")})

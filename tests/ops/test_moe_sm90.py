@@ -90,6 +90,7 @@ def test_v3_layer_fused_and_unfused(tmp_path: Any) -> None:
     assert {c["provider"] for c in res["cases"]} == {"v3", "v3-unfused"}
     assert all(c["h_mismatch_vs_kernel"] == 0 and c["h_mismatch_vs_ref"] == 0
                for c in res["cases"] if c["provider"] == "v3")
+    assert res["route_align_ok"], (res.get("route_v3"), res.get("align_v3"), res.get("route_align_error"))
 
 
 def test_v3_bad_shapes_are_refused() -> None:
