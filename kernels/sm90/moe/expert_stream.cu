@@ -55,14 +55,22 @@
 // bulk copies may complete out of order).
 #define GU_NCW 6                   // gate_up: 6 consumer warps, one stage each
 #define GU_STAGES 6                // 192 KB of weights in flight per SM
+#ifndef DN_NCW
 #define DN_NCW 4                   // down: 4 consumer warps (+ their fused-h buffers)
+#endif
+#ifndef DN_STAGES
 #define DN_STAGES 4                // 128 KB
+#endif
 #define GU_THREADS (32 * (GU_NCW + 1))   // + one producer warp
 #define DN_THREADS (32 * (DN_NCW + 1))
 static_assert(GU_STAGES % GU_NCW == 0 && DN_STAGES % DN_NCW == 0, "a stage must map to one consumer warp");
 #define GU_ITEMS_PER_SLOT 64       // 1024 rows / 16
 #define DN_ITEMS_PER_SLOT 32       // 2048 rows / 64
-#define HCHUNK 16                  // tokens per fused-h chunk
+#ifndef HCHUNK
+#define HCHUNK 16                  // tokens per fused-h chunk (8 or 16: one or two 8-token MMA tiles)
+#endif
+#define HTILES (HCHUNK / 8)
+static_assert(HCHUNK == 8 || HCHUNK == 16, "HCHUNK is one or two MMA token tiles");
 #define HROW 528                   // h row stride in shared memory (512 + 16: no bank conflicts)
 #define HBUF_BYTES (HCHUNK * HROW + HCHUNK * 4 * 4)
 
@@ -398,19 +406,19 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3(const Ge
         waited = true;
       }
       const uint8_t* tile = smem + s * ITEM_BYTES + g * INTER + t * 32;
-      float acc[4][2][4];
+      float acc[4][HTILES][4];
 #pragma unroll
       for (int q = 0; q < 4; ++q)
 #pragma unroll
-        for (int i = 0; i < 2; ++i)
+        for (int i = 0; i < HTILES; ++i)
 #pragma unroll
           for (int z = 0; z < 4; ++z) acc[q][i][z] = 0.0f;
 #pragma unroll
       for (int kb = 0; kb < 4; ++kb) {
-        uint32_t b[2][8];
-        float st[2];
+        uint32_t b[HTILES][8];
+        float st[HTILES];
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
+        for (int i = 0; i < HTILES; ++i) {
           const int lc = i * 8 + g;  // column inside the chunk
           const bool valid = lc < rows;
 #if MOE_FUSE_ACT
@@ -427,7 +435,7 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3(const Ge
           uint4 a[4];
           load_a_smem(a, tile + q * 16 * INTER + kb * 128, INTER);
 #pragma unroll
-          for (int i = 0; i < 2; ++i)
+          for (int i = 0; i < HTILES; ++i)
             if (i * 8 < rows) kblock_mma(acc[q][i], a, b[i], wsk[kb], st[i], t);  // warp-uniform
         }
       }
@@ -437,7 +445,7 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3(const Ge
       }
       // y rows (route dst) x 64 columns; each route's contribution weighted in FP32, rounded to BF16.
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
+      for (int i = 0; i < HTILES; ++i) {
 #pragma unroll
         for (int cz = 0; cz < 2; ++cz) {
           const int lc = i * 8 + 2 * t + cz;
