@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 BATCHES = (1, 8, 16, 32, 64, 128)
 ROT = 8
-STEP_TIMEOUT = {"sass": 60, "smoke": 60, "check": 150, "time": 200, "sanitize": 150}
+STEP_TIMEOUT = {"sass": 30, "smoke": 60, "check": 150, "time": 180, "sanitize": 120}  # sum 540 s
 SASS_OPS = ("HMMA", "UBLKCP", "SYNCS", "LDL", "STL", "MEMBAR", "FENCE", "ATOMG", "ACQBULK", "LDS", "LDG")
 RTOL, COS = 1e-2, 0.9999
 
