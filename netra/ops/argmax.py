@@ -230,14 +230,34 @@ def _launch_cluster(tactic: Any, b: dict[str, Any], x: Any, out: Any, rows: int,
             raise rt.RuntimeBridgeError(f"cuLaunchKernelEx {tactic.contract.name} (cluster {cl}): {int(err)}")
 
 
+CHUNKED_EXPLORATION_SYMBOLS = ("netra_argmax_u16_sm90", "netra_argmax_probe_sm90")
+
+
+def chunked_variant(tactic: Any, symbol: str, pdl: bool) -> tuple[Any, Any]:
+    """``(function, launch config)`` of another entry point in the chunked tactic's code object
+    (benchmark explorations: 16 loads per thread, the fold-free probe), resolved once, eagerly."""
+    from netra import runtime as rt
+
+    b = tactic.binding if "params" in tactic.binding else _bind(tactic)
+    cache = b.setdefault("variants", {})
+    key = (symbol, pdl)
+    if key not in cache:
+        if symbol not in CHUNKED_EXPLORATION_SYMBOLS:
+            raise ValueError(f"unknown argmax exploration symbol {symbol!r}")
+        fn = rt.check(rt.driver().cuModuleGetFunction(tactic.module, symbol.encode()), f"cuModuleGetFunction {symbol}")
+        cache[key] = (fn, rt._launch_config(tactic.block, tactic.smem_bytes, pdl=pdl))
+    return cache[key]
+
+
 def launch(tactic: Any, x: Any, out: Any, target_blocks: int | None = None, pdl: bool | None = None,
-           cluster: int | None = None, probe: bool = False) -> Any:
+           cluster: int | None = None, probe: bool = False, symbol: str | None = None) -> Any:
     """Launch the tactic on ``x`` into ``out`` on the current stream (no allocation, no sync).
 
     Benchmark explorations only: ``target_blocks`` overrides the chunked tactic's launch shape;
     ``pdl`` True/False forces programmatic dependent launch on or off (None: as the contract says);
     ``cluster`` runs the cluster tactic with another cluster size and ``probe`` as the read-only
-    floor probe (its variants' configs come from `cluster_config`, called before capture).
+    floor probe (its variants' configs come from `cluster_config`, called before capture);
+    ``symbol`` runs another entry point of the chunked tactic's code object (`chunked_variant`).
     """
     import torch
 
@@ -260,7 +280,16 @@ def launch(tactic: Any, x: Any, out: Any, target_blocks: int | None = None, pdl:
         p.out = out.data_ptr()
         p.rows = rows
         p.chunks = chunks
-        if pdl:
+        if symbol is not None:  # an exploration entry point (`chunked_variant`, prepared before capture)
+            from netra import runtime as rt
+
+            fn, cfg = b["variants"][(symbol, bool(pdl))]
+            cfg.gridDimX = grid
+            cfg.hStream = stream
+            (err,) = rt._state["cu"].cuLaunchKernelEx(cfg, fn, tactic._param_ptrs_addr, 0)
+            if int(err) != 0:
+                raise rt.RuntimeBridgeError(f"cuLaunchKernelEx {symbol}: {int(err)}")
+        elif pdl:
             tactic.launch_pdl(grid, stream)
         else:
             tactic.launch(grid, stream)

@@ -72,7 +72,7 @@ timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/test_argma
   | tee "$OUT/pytest_gpu.log" | tail -6
 step "bench"
 timeout 240 python3 -m netra.bench.kernels --family argmax --git-sha "$SHA" --out "$OUT" --stem argmax_h200 \
-  --rows 1,2,4,8,16,128,256 --cluster-sweep 4,16 --samples 60 "$@" > "$OUT/bench.log" 2>&1
+  --rows 1,2,4,8,16,128,256 --pdl --samples 60 "$@" > "$OUT/bench.log" 2>&1
 echo "bench rc=$?" >> "$OUT/bench.log"
 step "done"
 echo "== sanitizer =="

@@ -78,3 +78,9 @@ def test_promotion_by_contract_judges_each_tactic_on_its_own_shapes() -> None:
     assert record["targets"]["float32[16] speedup >= 3.0"] == {"value": 3.1, "pass": True}
     kb.judge(record := {"rows": [], "speedups": speedups, "checks": {**checks, "mismatches": 2}}, 248320)
     assert not any(e["pass"] for e in record["promotion_by_contract"].values())
+    # Faster than torch everywhere but beaten by the other contract's tactic at one shape: not promoted.
+    speedups["float32[2,248320]"]["netra:chunked_vs_torch.argmax (exploration)"] = 2.5
+    kb.judge(record := {"rows": [], "speedups": speedups, "checks": checks}, 248320)
+    e = record["promotion_by_contract"]["argmax_f32_cluster_v248320"]
+    assert e["pass"] is False and e["beaten_by"] == {"float32[2,248320]": {"netra:chunked": 2.5}}
+    assert record["promotion_by_contract"]["argmax_f32_v248320"]["pass"] is True
