@@ -60,9 +60,16 @@ for rows in (2, 5, 1):
     torch.cuda.synchronize()
     print("rows", rows, t.contract.name, "exact", ok)
 PY
+# Each exploration entry point on its own (eager, synchronised, own process) under memcheck.
+for v in contract pdl u16 u16pdl probe; do
+  timeout 60 compute-sanitizer --tool memcheck --show-backtrace no --print-limit 4 \
+    python3 scripts/gpu/argmax_variants.py "$v" 2>&1 | grep -vE "^=========\s*$" | tail -12
+  echo "variant $v rc=${PIPESTATUS[0]}"
+done > "$OUT/variants.log" 2>&1
+grep -E "WRONG|Invalid|ERROR SUMMARY|rc=" "$OUT/variants.log"
 for tool in memcheck racecheck; do
   step "compute-sanitizer $tool"
-  timeout 60 compute-sanitizer --tool "$tool" --print-limit 20 python3 /tmp/argmax_small.py 2>&1 | tail -25
+  timeout 60 compute-sanitizer --tool "$tool" --show-backtrace no --print-limit 6 python3 /tmp/argmax_small.py 2>&1 | tail -25
   echo "rc=${PIPESTATUS[0]}"
 done > "$OUT/sanitizer.log" 2>&1
 grep -E "ERROR SUMMARY|RACECHECK SUMMARY|rc=|exact" "$OUT/sanitizer.log"
