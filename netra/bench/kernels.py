@@ -40,6 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pdl", action="store_true",
                    help="also time the tactic launched with programmatic dependent launch (exploration row)")
     p.add_argument("--skip-checks", action="store_true", help="skip the correctness checks (not for records)")
+    p.add_argument("--explore", default="",
+                   help="comma-separated exploration row names to run (default: all that apply)")
     p.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "sm90", help="record directory")
     p.add_argument("--stem", default="", help="record file stem (default argmax_<date>)")
     p.add_argument("--git-sha", default="", help="commit measured, when the tree has no .git (device copies)")
@@ -160,6 +162,8 @@ def bench_argmax(args: argparse.Namespace, torch: Any, copy_bps: float) -> tuple
 
             def explore(name: str, fn: Any, contract: str, check: bool = True, ctx: dict[str, Any] = ctx) -> None:
                 """An exploration provider: a failure is recorded, not fatal to the record."""
+                if args.explore and name not in args.explore.split(","):
+                    return
                 o_list = [torch.full_like(o, -7) for o in ctx["outs"]]
                 try:
                     ctx["providers"].append(GraphProvider(name, fn, ctx["inputs"], o_list, torch))

@@ -77,9 +77,22 @@ grep -E "ERROR SUMMARY|RACECHECK SUMMARY|rc=|exact" "$OUT/sanitizer.log"
 step "pytest gpu"
 timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/test_argmax.py tests/kernels 2>&1 \
   | tee "$OUT/pytest_gpu.log" | tail -6
+# Each exploration row alone in a short graph-replay run (own process): one whose graph faults
+# cannot take the others down; the full run below keeps only those that passed.
+ok_rows=""
+for e in netra:chunked+pdl netra:chunked-u16 netra:chunked-u16+pdl probe:nofold; do
+  if timeout 60 python3 -m netra.bench.kernels --family argmax --rows 1,16 --dtypes float32 --samples 3 \
+      --skip-checks --no-record --pdl --explore "$e" > "$OUT/explore_$(echo "$e" | tr ':+' '__').log" 2>&1; then
+    ok_rows="$ok_rows${ok_rows:+,}$e"; echo "explore $e: ok"
+  else
+    echo "explore $e: FAILED"; tail -3 "$OUT/explore_$(echo "$e" | tr ':+' '__').log"
+  fi
+done 2>&1 | tee "$OUT/explore.txt"
+ok_rows=$(grep -oP "^explore \K\S+(?=: ok)" "$OUT/explore.txt" | paste -sd,)
+cat "$OUT"/explore_*.log > "$OUT/explore_logs.txt" 2>/dev/null; rm -f "$OUT"/explore_*.log
 step "bench"
 timeout 240 python3 -m netra.bench.kernels --family argmax --git-sha "$SHA" --out "$OUT" --stem argmax_h200 \
-  --rows 1,2,4,8,16,128,256 --pdl --samples 60 "$@" > "$OUT/bench.log" 2>&1
+  --rows 1,2,4,8,16,128,256 --pdl --explore "${ok_rows:-none}" --samples 60 "$@" > "$OUT/bench.log" 2>&1
 echo "bench rc=$?" >> "$OUT/bench.log"
 step "done"
 echo "== sanitizer =="
