@@ -77,6 +77,9 @@ class GraphProvider:
 
     def __init__(self, name: str, fn: Any, inputs: list[Any], outs: list[Any], torch: Any, min_calls: int = 32):
         self.name = name
+        # The graph reads and writes these tensors on every replay: hold them for its lifetime
+        # (an exploration's outputs are otherwise local to its caller and would be freed).
+        self.inputs, self.outs = inputs, outs
         reps = max(1, -(-min_calls // len(inputs)))
         self.calls = reps * len(inputs)
         for x, o in zip(inputs, outs, strict=True):  # warm-up, and eager decisions before capture

@@ -15,12 +15,8 @@ shift || true
 export PYTHONPATH=. PYTHONUNBUFFERED=1 NETRA_TEST_REPORT_DIR="$OUT"
 T0=$(date +%s)
 step() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-# Other families' work in progress travels too; this run measures argmax only, so set the rest
-# aside in this copy (the catalog would otherwise validate half-written contracts).
-mkdir -p /tmp/netra-aside
-for d in kernels/*/*/; do
-  case "$d" in kernels/sm90/argmax/) ;; *) mv "$d" "/tmp/netra-aside/$(echo "$d" | tr / _)" ;; esac
-done
+# (All families' contracts are committed and valid now: nothing is set aside, so scripts run after
+# this one in the same copy see every family.)
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
   python3 -c "import torch, cuda.bindings; print('torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__)"
@@ -77,6 +73,13 @@ grep -E "ERROR SUMMARY|RACECHECK SUMMARY|rc=|exact" "$OUT/sanitizer.log"
 step "pytest gpu"
 timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/test_argmax.py tests/kernels 2>&1 \
   | tee "$OUT/pytest_gpu.log" | tail -6
+# Each launch variant in a graph, alone, under memcheck (names the faulting kernel, if any).
+for v in contract pdl u16 u16pdl probe; do
+  timeout 60 compute-sanitizer --tool memcheck --show-backtrace device --print-limit 2 \
+    python3 scripts/gpu/argmax_graph_diag.py "$v" 1 2>&1 | grep -vE "^=========\s*$|cuGetProcAddress" | tail -14
+  echo "graph-diag $v rc=${PIPESTATUS[0]}"
+done > "$OUT/graph_diag.txt" 2>&1
+grep -E "graph |rc=|Invalid|illegal" "$OUT/graph_diag.txt"
 # Each exploration row alone in a short graph-replay run (own process): one whose graph faults
 # cannot take the others down; the full run below keeps only those that passed.
 ok_rows=""
