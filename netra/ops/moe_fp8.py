@@ -345,8 +345,8 @@ class MoeSm90:
         if debug_h:
             self.dbg_hq = torch.zeros(r, INTER, dtype=torch.float8_e4m3fn, device=dev)
             self.dbg_hs = torch.zeros(r, INTER // GROUP, dtype=f32, device=dev)
-        for p in (self._rt, self._al):
-            self._fill_meta(p)
+        # No _fill_meta here: load_tactic caches one Tactic (and its params buffer) per (contract,
+        # device), shared by every MoeSm90 on the device; route()/align() fill all pointers per call.
 
     def _allow_dynamic_smem(self) -> None:
         """The GEMMs stage weights in dynamic shared memory (up to 64 KB): above 48 KB a kernel must be
@@ -400,6 +400,7 @@ class MoeSm90:
             p.shared_w = self.shared_w.data_ptr()
             p.counters = t.workspace.data_ptr()
             p.M = m
+            self._fill_meta(p)  # every call: the params buffer is shared with other instances
             t.launch(((m + 3) // 4) * 17, self._stream())
 
     def align(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
@@ -419,7 +420,9 @@ class MoeSm90:
         with t.lock:
             p.x, p.topk_ids_in, p.topk_w_in = x.data_ptr(), topk_ids.data_ptr(), topk_w.data_ptr()
             p.shared_w = shared_w.data_ptr() if shared_w is not None else None
+            p.counters = t.workspace.data_ptr()
             p.M = m
+            self._fill_meta(p)  # every call: the params buffer is shared with other instances
             t.launch(1 + (m + 3) // 4, self._stream())
 
     def experts(self, x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,

@@ -207,3 +207,59 @@ def test_records_from_the_committed_h200_runs(tmp_path: object) -> None:
     assert docs["moe_route"]["verdict"] == "accepted"
     aq = docs["moe_act_quant"]
     assert aq["checks"]["bitwise_equal"] and aq["verdict"] == "rejected"  # < 1.5x at 1 and 16 tokens
+
+
+def test_route_align_fill_their_pointers_on_every_call() -> None:
+    """load_tactic shares one params buffer per (contract, device) between MoeSm90 instances: align /
+    route must point it at THIS instance's buffers at every launch (run5's v3 NaN: a second instance
+    re-pointed the shared buffer at construction and the first one's GEMMs read empty metadata)."""
+    import ctypes
+    import threading
+
+    from netra.ops import moe_fp8
+
+    class _Buf:
+        def __init__(self, base: int, shape: tuple[int, ...] = (4,)) -> None:
+            self.base, self.shape = base, shape
+
+        def data_ptr(self) -> int:
+            return self.base
+
+    class _Tactic:
+        def __init__(self) -> None:
+            self.params = ctypes.create_string_buffer(ctypes.sizeof(moe_fp8._RouteParams))
+            self.lock = threading.Lock()
+            self.workspace = _Buf(0x9000)
+            self.seen: list[tuple[int, int, int]] = []
+
+        def launch(self, grid: int, stream: int) -> None:
+            p = moe_fp8._RouteParams.from_buffer(self.params)
+            self.seen.append((p.num_slots, p.route_token, p.xq))
+
+    shared = {"route": _Tactic(), "align": _Tactic()}
+    names = ("topk_ids", "topk_w", "logits", "shared_logit", "num_slots", "slot_expert", "slot_start",
+             "route_token", "route_dst", "route_w", "xq", "xs", "shared_w")
+
+    def make(base: int) -> moe_fp8.MoeSm90:
+        o = object.__new__(moe_fp8.MoeSm90)
+        o.t = shared
+        for i, n in enumerate(names):
+            setattr(o, n, _Buf(base + 16 * i))
+        o._rt = moe_fp8._RouteParams.from_buffer(shared["route"].params)
+        o._al = moe_fp8._RouteParams.from_buffer(shared["align"].params)
+        o._stream = lambda: 0  # type: ignore[method-assign]
+        o._check_x = lambda x: 2  # type: ignore[method-assign]
+        return o
+
+    a, b = make(0x10000), make(0x20000)
+    x = _Buf(0x1, (2, moe_fp8.HIDDEN))
+    ids = torch.zeros(2, moe_fp8.TOPK, dtype=torch.int32)
+    wts = torch.zeros(2, moe_fp8.TOPK, dtype=torch.float32)
+    for o in (a, b, a):
+        o.align(x, ids, wts)  # type: ignore[arg-type]
+        o.route(x, x, None)  # type: ignore[arg-type]
+    for key in ("align", "route"):
+        seen = shared[key].seen
+        assert [s[0] for s in seen] == [a.num_slots.data_ptr(), b.num_slots.data_ptr(), a.num_slots.data_ptr()]
+        assert [s[1] for s in seen] == [a.route_token.data_ptr(), b.route_token.data_ptr(), a.route_token.data_ptr()]
+        assert [s[2] for s in seen] == [a.xq.data_ptr(), b.xq.data_ptr(), a.xq.data_ptr()]
