@@ -242,7 +242,7 @@ def test_route_align_fill_their_pointers_on_every_call() -> None:
 
     def make(base: int) -> moe_fp8.MoeSm90:
         o = object.__new__(moe_fp8.MoeSm90)
-        o.t = shared
+        o.t = shared  # type: ignore[assignment]
         for i, n in enumerate(names):
             setattr(o, n, _Buf(base + 16 * i))
         o._rt = moe_fp8._RouteParams.from_buffer(shared["route"].params)
