@@ -173,7 +173,11 @@ def _launch_config(block: int, smem_bytes: int, *, cluster: int = 1, pdl: bool =
     cfg.sharedMemBytes = smem_bytes
     cfg.attrs = attrs
     cfg.numAttrs = len(attrs)
+    _KEEPALIVE.append(attrs)  # the attribute objects live as long as any config that points at them
     return cfg
+
+
+_KEEPALIVE: list[Any] = []
 
 
 def load_tactic(contract: Contract, device: int) -> Tactic:
