@@ -239,6 +239,13 @@ CONTRACTS_V3 = {
     "down": "moe_down_v3_e256",           # SiLU*up + quantization fused into the prologue
 }
 DOWN_V3_UNFUSED = "moe_down_v3_nofuse_e256"  # reads moe_act_quant's output (the A/B build)
+# v3 tuning builds of the same source (round 2 A/B, fused only): "p" = pipelined gate_up + down,
+# "p6" = pipelined gate_up + down with 6 consumer warps / 6 stages / 8-token h chunks.
+V3_TUNES: dict[str, dict[str, str]] = {
+    "": {},
+    "p": {"gate_up": "moe_gate_up_v3p_e256", "down": "moe_down_v3p_e256"},
+    "p6": {"gate_up": "moe_gate_up_v3p_e256", "down": "moe_down_v3w6_e256"},
+}
 VARIANTS = ("v1", "v3")
 GU_CTAS_PER_SLOT = 32
 DOWN_CTAS_PER_SLOT = 32
@@ -284,7 +291,7 @@ class MoeSm90:
     SiLU*up + quantization run in the down kernel's prologue (3 launches per layer), with
     ``fuse_act=False`` ``moe_act_quant`` runs between them (4 launches; the A/B build).
     ``debug_h=True`` (v3 fused only, tests) makes the down kernel copy its h_q / h_s into
-    ``dbg_hq`` / ``dbg_hs``.
+    ``dbg_hq`` / ``dbg_hs``. ``tune`` (v3 fused only) picks tuning builds of the GEMMs (``V3_TUNES``).
 
     ``prepare`` loads every code object and allocates every buffer (for up to 128 tokens) before any
     graph capture; the ``run_*`` methods then only fill launch structs and launch on the current
@@ -292,7 +299,8 @@ class MoeSm90:
     layer is captured into the caller's CUDA graph as three kernel nodes.
     """
 
-    def __init__(self, device: int = 0, variant: str = "v1", fuse_act: bool = True, debug_h: bool = False) -> None:
+    def __init__(self, device: int = 0, variant: str = "v1", fuse_act: bool = True, debug_h: bool = False,
+                 tune: str = "") -> None:
         import torch
 
         from netra.catalog import Catalog
@@ -304,6 +312,8 @@ class MoeSm90:
             raise ValueError("fuse_act / debug_h apply to variant='v3' only (v1 always runs moe_act_quant)")
         if debug_h and not fuse_act:
             raise ValueError("debug_h needs the fused down kernel (fuse_act=True)")
+        if tune not in V3_TUNES or (tune and (variant != "v3" or not fuse_act)):
+            raise ValueError(f"tune must be one of {sorted(V3_TUNES)} (non-empty: variant='v3', fused), got {tune!r}")
         self.device = device
         self.variant = variant
         self.fuse_act = variant == "v3" and fuse_act
@@ -311,6 +321,8 @@ class MoeSm90:
         names = dict(CONTRACTS if variant == "v1" else CONTRACTS_V3)
         if variant == "v3" and not fuse_act:
             names["down"] = DOWN_V3_UNFUSED
+        names.update(V3_TUNES[tune])
+        self.tune = tune
         self.t = {k: load_tactic(cat.by_name(v), device) for k, v in names.items()}
         self.num_sms = int(torch.cuda.get_device_properties(device).multi_processor_count)
         dev = f"cuda:{device}"

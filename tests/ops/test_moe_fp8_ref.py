@@ -263,3 +263,38 @@ def test_route_align_fill_their_pointers_on_every_call() -> None:
         assert [s[0] for s in seen] == [a.num_slots.data_ptr(), b.num_slots.data_ptr(), a.num_slots.data_ptr()]
         assert [s[1] for s in seen] == [a.route_token.data_ptr(), b.route_token.data_ptr(), a.route_token.data_ptr()]
         assert [s[2] for s in seen] == [a.xq.data_ptr(), b.xq.data_ptr(), a.xq.data_ptr()]
+
+
+def test_v3_tuning_builds() -> None:
+    """Tuning builds: same source/struct/PDL as the base v3 contracts, own flags, distinct ops, smem as the
+    -D geometry needs; bad tune arguments are refused before any GPU work."""
+    import ctypes
+
+    from netra.catalog import Catalog
+    from netra.ops import moe_fp8
+    from netra.ops.moe_fp8 import MoeSm90
+
+    cat = Catalog.load()
+    base = {"gate_up": cat.by_name(moe_fp8.CONTRACTS_V3["gate_up"]), "down": cat.by_name(moe_fp8.CONTRACTS_V3["down"])}
+    ops = {c.op for c in base.values()}
+    hbuf = lambda hc: hc * 528 + hc * 16  # noqa: E731
+    want = {"moe_gate_up_v3p_e256": (224, 6 * (32768 + 16), ["-DGU_PIPE=1"]),
+            "moe_down_v3p_e256": (160, 4 * (32768 + 16) + 4 * hbuf(16), ["-DDN_PIPE=1"]),
+            "moe_down_v3w6_e256": (224, 6 * (32768 + 16) + 6 * hbuf(8),
+                                   ["-DDN_PIPE=1", "-DDN_NCW=6", "-DDN_STAGES=6", "-DHCHUNK=8"])}
+    for tune in ("p", "p6"):
+        for key, name in moe_fp8.V3_TUNES[tune].items():
+            c = cat.by_name(name)
+            b = base[key]
+            assert c.kernel["source"] == b.kernel["source"] and c.kernel["symbol"] == b.kernel["symbol"]
+            assert c.kernel["params_layout"] == b.kernel["params_layout"]
+            assert ctypes.sizeof(moe_fp8._GemmParamsV3) == c.kernel["params_layout"]["size"]
+            assert c.launch["pdl"] is True and c.maturity == "experiment"
+            assert (c.launch["block"], c.launch["smem_bytes"], c.kernel["flags"]) == want[name], name
+            assert c.launch["smem_bytes"] <= 227 * 1024
+            ops.add(c.op)
+    assert len(ops) == 5  # base gate_up + down, v3p gate_up, two tuned downs
+    for kwargs in ({"variant": "v3", "tune": "x"}, {"variant": "v1", "tune": "p"},
+                   {"variant": "v3", "fuse_act": False, "tune": "p"}):
+        with pytest.raises(ValueError):
+            MoeSm90(0, **kwargs)  # type: ignore[arg-type]

@@ -43,6 +43,12 @@
 #ifndef MOE_FUSE_ACT
 #define MOE_FUSE_ACT 1
 #endif
+#ifndef GU_PIPE
+#define GU_PIPE 0                  // 1: pipelined gate_up consumer (metadata one item ahead, B double-buffered)
+#endif
+#ifndef DN_PIPE
+#define DN_PIPE 0                  // 1: down loads all 4 K blocks' B before its MMAs; top-k sum loads unrolled
+#endif
 
 #define HID 2048
 #define INTER 512
@@ -250,6 +256,90 @@ extern "C" __global__ void __launch_bounds__(GU_THREADS, 1) moe_gate_up_v3(const
   }
 
   const int g = lane >> 2, t = lane & 3;
+#if GU_PIPE
+  // Pipelined consumer (tuning build -DGU_PIPE=1): the per-item metadata is fetched one item ahead
+  // (first level -- slot_expert / slot_start -- when the previous item starts, second level -- block
+  // scales, first token id -- once its weights landed), and the token (B) fragments are double-
+  // buffered over the 4 K quarters, so quarter kq+1's global loads are in flight while quarter kq's
+  // MMAs run (run7 ncu: 60% of gate_up's stall cycles waited on these L1-hit loads).
+  int nx_e = 0, nx_r0 = 0, nx_r1 = 0, nx_tok = 0;
+  float nx_wsl = 0.0f;
+  if (wid < n) {
+    const int slot = (begin + wid) / GU_ITEMS_PER_SLOT, rt = (begin + wid) % GU_ITEMS_PER_SLOT;
+    nx_e = __ldg(p.slot_expert + slot);
+    nx_r0 = __ldg(p.slot_start + slot);
+    nx_r1 = __ldg(p.slot_start + slot + 1);
+    nx_wsl = lane < 16 ? __ldg(p.w13_scale + ((size_t)nx_e * 8 + (rt * 16) / 128) * 16 + lane) : 0.0f;
+    nx_tok = g < nx_r1 - nx_r0 ? __ldg(p.route_token + nx_r0 + g) : 0;
+  }
+  for (int j = wid; j < n; j += GU_NCW) {
+    const int s = j % GU_STAGES;
+    const int rt = (begin + j) % GU_ITEMS_PER_SLOT;
+    const int r0 = nx_r0, cnt = nx_r1 - nx_r0, tok0 = nx_tok;
+    const float wsl = nx_wsl;
+    const int jn = j + GU_NCW;
+    const bool more = jn < n;
+    if (more) {  // first level of the next item
+      const int slot = (begin + jn) / GU_ITEMS_PER_SLOT;
+      nx_e = __ldg(p.slot_expert + slot);
+      nx_r0 = __ldg(p.slot_start + slot);
+      nx_r1 = __ldg(p.slot_start + slot + 1);
+    }
+    const int n0 = rt * 16;
+    mbar_wait(&full[s], (j / GU_STAGES) & 1);
+    if (more) {  // second level of the next item (its first level has landed during the wait)
+      const int rtn = (begin + jn) % GU_ITEMS_PER_SLOT;
+      nx_wsl = lane < 16 ? __ldg(p.w13_scale + ((size_t)nx_e * 8 + (rtn * 16) / 128) * 16 + lane) : 0.0f;
+      nx_tok = g < nx_r1 - nx_r0 ? __ldg(p.route_token + nx_r0 + g) : 0;
+    }
+    const uint8_t* tile = smem + s * ITEM_BYTES + g * HID + t * 32;
+    for (int c0 = 0; c0 < cnt; c0 += 8) {
+      const int col = c0 + g;
+      const bool valid = col < cnt;
+      const int tok = c0 == 0 ? tok0 : (valid ? __ldg(p.route_token + r0 + col) : 0);
+      const uint8_t* xrow = p.xq + (size_t)tok * HID + t * 32;
+      const float* xsr = p.xs + tok * (HID / 128);
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+      uint32_t b[2][4][8];
+      float st[2][4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        load_b(xrow + u * 128, valid, b[0][u]);
+        st[0][u] = valid ? xsr[u] : 0.0f;
+      }
+#pragma unroll
+      for (int kq = 0; kq < 4; ++kq) {
+        if (kq + 1 < 4) {
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            load_b(xrow + ((kq + 1) * 4 + u) * 128, valid, b[(kq + 1) & 1][u]);
+            st[(kq + 1) & 1][u] = valid ? xsr[(kq + 1) * 4 + u] : 0.0f;
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int kb = kq * 4 + u;
+          uint4 a[4];
+          load_a_smem(a, tile + kb * 128, HID);
+          kblock_mma(acc, a, b[kq & 1][u], __shfl_sync(0xffffffffu, wsl, kb), st[kq & 1][u], t);
+        }
+      }
+      if (c0 + 8 >= cnt) {  // last token tile: the stage has been read (MMA operands are in registers)
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[s]);
+      }
+#pragma unroll
+      for (int z = 0; z < 4; ++z) {
+        const int c = c0 + 2 * t + (z & 1), row = n0 + g + (z >> 1) * 8;
+        if (c < cnt) p.gu[(size_t)(r0 + c) * 1024 + row] = __float2bfloat16_rn(acc[z]);
+      }
+    }
+    if (cnt <= 0) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[s]);
+    }
+  }
+#else
   for (int j = wid; j < n; j += GU_NCW) {
     const int s = j % GU_STAGES;
     const int it = begin + j, slot = it / GU_ITEMS_PER_SLOT, rt = it % GU_ITEMS_PER_SLOT;
@@ -300,6 +390,7 @@ extern "C" __global__ void __launch_bounds__(GU_THREADS, 1) moe_gate_up_v3(const
       if (lane == 0) mbar_arrive(&empty[s]);
     }
   }
+#endif
 }
 
 // ================================================================================ down
@@ -368,6 +459,51 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3(const Ge
         // h for routes r0+c0 .. +rows: one half-warp per (row, group of 128), 8 values per lane,
         // exactly as moe_act_quant.
         const int hw = lane >> 4, sub = lane & 15;
+#if DN_PIPE
+        // 4 (row, group) pairs per half-warp per round: their gate|up loads are all in flight before
+        // any use (the loop trip count is warp-uniform: rows * 4 is even).
+        for (int idx0 = hw; idx0 < rows * 4; idx0 += 8) {
+          uint4 gvs[4], uvs[4];
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            const int idx = idx0 + 2 * u;
+            if (idx < rows * 4) {
+              const __nv_bfloat16* src = p.gu + (size_t)(r0 + c0 + (idx >> 2)) * 1024 + (idx & 3) * 128 + sub * 8;
+              gvs[u] = __ldcg(reinterpret_cast<const uint4*>(src));
+              uvs[u] = __ldcg(reinterpret_cast<const uint4*>(src + 512));
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            const int idx = idx0 + 2 * u;
+            if (idx >= rows * 4) break;
+            const int row = idx >> 2, grp = idx & 3, col = grp * 128 + sub * 8;
+            const size_t r = (size_t)(r0 + c0 + row);
+            const uint4 gv = gvs[u], uv = uvs[u];
+            float gf[8], uf[8], h[8];
+            moe::bf16x8_to_float(gv, gf);
+            moe::bf16x8_to_float(uv, uf);
+            float amax = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+              h[i] = __bfloat162float(__float2bfloat16_rn(moe::silu_mul(gf[i], uf[i])));
+              amax = fmaxf(amax, fabsf(h[i]));
+            }
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            const float sc = moe::group_scale(amax);
+            uint2 q;
+            q.x = moe::quant4(h[0], h[1], h[2], h[3], sc);
+            q.y = moe::quant4(h[4], h[5], h[6], h[7], sc);
+            *reinterpret_cast<uint2*>(hbuf + row * HROW + col) = q;
+            if (sub == 0) hsc[row * 4 + grp] = sc;
+            if (p.dbg_hq != nullptr) {
+              *reinterpret_cast<uint2*>(p.dbg_hq + r * 512 + col) = q;
+              if (sub == 0) p.dbg_hs[r * 4 + grp] = sc;
+            }
+          }
+        }
+#else
         for (int idx = hw; idx < rows * 4; idx += 2) {
           const int row = idx >> 2, grp = idx & 3, col = grp * 128 + sub * 8;
           const size_t r = (size_t)(r0 + c0 + row);
@@ -396,6 +532,7 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3(const Ge
             if (sub == 0) p.dbg_hs[r * 4 + grp] = sc;
           }
         }
+#endif
         __syncwarp();
         cached_slot = slot;
         cached_c0 = c0;
@@ -413,6 +550,37 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3(const Ge
         for (int i = 0; i < HTILES; ++i)
 #pragma unroll
           for (int z = 0; z < 4; ++z) acc[q][i][z] = 0.0f;
+#if DN_PIPE
+      uint32_t b[4][HTILES][8];  // all 4 K blocks' token fragments loaded before the first MMA
+      float st[4][HTILES];
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) {
+#pragma unroll
+        for (int i = 0; i < HTILES; ++i) {
+          const int lc = i * 8 + g;
+          const bool valid = lc < rows;
+#if MOE_FUSE_ACT
+          load_b(hbuf + lc * HROW + kb * 128 + t * 32, valid, b[kb][i]);
+          st[kb][i] = valid ? hsc[lc * 4 + kb] : 0.0f;
+#else
+          const size_t r = (size_t)(r0 + c0 + (valid ? lc : 0));
+          load_b(p.hq + r * INTER + kb * 128 + t * 32, valid, b[kb][i]);
+          st[kb][i] = valid ? p.hs[r * 4 + kb] : 0.0f;
+#endif
+        }
+      }
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          uint4 a[4];
+          load_a_smem(a, tile + q * 16 * INTER + kb * 128, INTER);
+#pragma unroll
+          for (int i = 0; i < HTILES; ++i)
+            if (i * 8 < rows) kblock_mma(acc[q][i], a, b[kb][i], wsk[kb], st[kb][i], t);  // warp-uniform
+        }
+      }
+#else
 #pragma unroll
       for (int kb = 0; kb < 4; ++kb) {
         uint32_t b[HTILES][8];
@@ -439,6 +607,7 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3(const Ge
             if (i * 8 < rows) kblock_mma(acc[q][i], a, b[i], wsk[kb], st[i], t);  // warp-uniform
         }
       }
+#endif
       if (c0 + HCHUNK >= cnt) {  // last chunk: the stage has been read; release it before the epilogue
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[s]);
@@ -479,12 +648,29 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3(const Ge
         const int tk = __shfl_sync(0xffffffffu, tok, src);
         const int col = nt * 64 + 2 * lane;
         float s0 = 0.0f, s1 = 0.0f;
+#if DN_PIPE
+        unsigned v[ROUTE_STRIDE];  // all routes' loads in flight, then summed in rank order (same result)
+#pragma unroll
+        for (int k = 0; k < ROUTE_STRIDE; ++k)
+          v[k] = k < p.routes_per_token
+                     ? __ldcg(reinterpret_cast<const unsigned*>(p.y + (size_t)(tk * ROUTE_STRIDE + k) * HID + col))
+                     : 0u;
+#pragma unroll
+        for (int k = 0; k < ROUTE_STRIDE; ++k) {
+          if (k < p.routes_per_token) {
+            const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v[k]));
+            s0 += f.x;
+            s1 += f.y;
+          }
+        }
+#else
         for (int k = 0; k < p.routes_per_token; ++k) {
           const unsigned v = __ldcg(reinterpret_cast<const unsigned*>(p.y + (size_t)(tk * ROUTE_STRIDE + k) * HID + col));
           const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
           s0 += f.x;
           s1 += f.y;
         }
+#endif
         *reinterpret_cast<__nv_bfloat162*>(p.out + (size_t)tk * HID + col) = __floats2bfloat162_rn(s0, s1);
         if (lane == src) p.counters[nt * MAX_TOKENS + tk] = 0u;
       }
