@@ -18,7 +18,12 @@ except sanitize; in the default mode the logs end up in DIR/logs.tar.gz: at most
             tokens (routed only; each graph holds ROT calls on different routings so weights come
             from HBM), plus v3 split points (align only, align+gate_up) and the bytes floor at
             the copy bandwidth measured in the same process.
-  sanitize  compute-sanitizer --tool memcheck on one small v3 layer call (fused and unfused).
+  ncu       ncu (serialised kernels) of v3 / v3p / v3p6 at 1 and 128 tokens; DIR/ncu_summary.txt.
+  sanitize  compute-sanitizer --tool memcheck on small v3 layer calls (every build in V3_BUILDS).
+
+Round 2: the providers are V3_BUILDS (v3, v3-unfused, and the tuning builds v3p / v3p6); run5's
+"v3 NaN" was the shared params buffer of route/align (fixed in netra/ops/moe_fp8.py), which the
+check step now exercises on purpose (several instances alive, route/align checked on the first).
 """
 
 from __future__ import annotations
@@ -37,8 +42,17 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root (PYTHONPATH=. too)
 
 BATCHES = (1, 8, 16, 32, 64, 128)
+# provider -> MoeSm90 kwargs (v3 variants; v1 is only the timing/difference baseline)
+V3_BUILDS: dict[str, dict[str, Any]] = {
+    "v3": {"variant": "v3"},
+    "v3-unfused": {"variant": "v3", "fuse_act": False},
+    "v3p": {"variant": "v3", "tune": "p"},    # pipelined gate_up + down (round 2)
+    "v3p6": {"variant": "v3", "tune": "p6"},  # pipelined gate_up + 6-warp pipelined down (round 2)
+}
+SPLITS = ("v3", "v3p6")  # providers whose split points (align, align+gate_up) are timed
 ROT = 8
-STEP_TIMEOUT = {"sass": 30, "smoke": 60, "check": 150, "time": 180, "sanitize": 120}  # sum 540 s
+STEP_TIMEOUT = {"sass": 20, "smoke": 45, "check": 75, "time": 75, "ncu": 90, "sanitize": 45}  # sum 350 s
+# (run5 took 6-7 s per step; the limits only bound a hang)
 SASS_OPS = ("HMMA", "UBLKCP", "SYNCS", "LDL", "STL", "MEMBAR", "FENCE", "ATOMG", "ACQBULK", "LDS", "LDG")
 RTOL, COS = 1e-2, 0.9999
 
@@ -90,8 +104,7 @@ def step_smoke(out_dir: Path) -> dict[str, Any]:
 
     w = make_weights()
     res: dict[str, Any] = {"cases": [], "ok": True}
-    builds: tuple[dict[str, Any], ...] = ({"variant": "v3"}, {"variant": "v3", "fuse_act": False})
-    for kw in builds:
+    for kw in V3_BUILDS.values():
         ours = MoeSm90(0, **kw)
         for m in (1, 128):
             x, ids, wts, sw = routing(m, False, seed=77 + m)
@@ -116,7 +129,9 @@ def step_check(out_dir: Path) -> dict[str, Any]:
     from netra.ops.moe_fp8 import MoeSm90, act_quant_ref, moe_routed_ref
 
     w = make_weights()
-    provs = {"v3": MoeSm90(0, variant="v3", debug_h=True), "v3-unfused": MoeSm90(0, variant="v3", fuse_act=False)}
+    # several instances on purpose: they share each contract's params buffer (run5's bug), so every
+    # call must fill its own pointers
+    provs = {name: MoeSm90(0, **{**kw, "debug_h": bool(kw.get("fuse_act", True))}) for name, kw in V3_BUILDS.items()}
     v1 = MoeSm90(0, variant="v1")
     res: dict[str, Any] = {"cases": [], "ok": True}
     for m, shared, skewed in cases():
@@ -137,7 +152,7 @@ def step_check(out_dir: Path) -> dict[str, Any]:
                 poison(ours)
                 a = run().clone()
                 torch.cuda.synchronize()
-                if name == "v3":  # fused h vs moe_act_quant and the reference, same gate|up cache
+                if ours.dbg_hq is not None:  # fused h vs moe_act_quant and the reference, same gate|up cache
                     gu = ours.gu[:routes].clone()
                     assert ours.dbg_hq is not None and ours.dbg_hs is not None
                     hq, hs = ours.dbg_hq[:routes].clone(), ours.dbg_hs[:routes].clone()
@@ -173,7 +188,7 @@ def step_check(out_dir: Path) -> dict[str, Any]:
     try:
         from netra.bench.kernels_moe import check_align, check_route
 
-        rt = check_route(provs["v3"], w)
+        rt = check_route(provs["v3"], w)  # the first instance, after the others ran (shared params)
         al = check_align(provs["v3"])
         res["route_v3"], res["align_v3"] = rt, al
         res["route_align_ok"] = (rt["id_mismatch_tokens"] == 0 and rt["meta_mismatches"] == 0
@@ -203,8 +218,7 @@ def step_time(out_dir: Path, reps: int = 40) -> dict[str, Any]:
 
     w = make_weights()
     bw = copy_bandwidth()
-    provs = {"v1": MoeSm90(0, variant="v1"), "v3": MoeSm90(0, variant="v3"),
-             "v3-unfused": MoeSm90(0, variant="v3", fuse_act=False)}
+    provs = {"v1": MoeSm90(0, variant="v1"), **{name: MoeSm90(0, **kw) for name, kw in V3_BUILDS.items()}}
     rows: list[dict[str, Any]] = []
     for m in BATCHES:
         inputs = [routing(m, False, seed=1000 + 17 * m + i) for i in range(ROT)]
@@ -222,8 +236,9 @@ def step_time(out_dir: Path, reps: int = 40) -> dict[str, Any]:
             return run
 
         fns = {name: make(o, "all") for name, o in provs.items()}
-        fns["v3:align"] = make(provs["v3"], "align")
-        fns["v3:align+gate_up"] = make(provs["v3"], "gate_up")
+        for name in SPLITS:
+            fns[f"{name}:align"] = make(provs[name], "align")
+            fns[f"{name}:align+gate_up"] = make(provs[name], "gate_up")
         graphs = {}
         for name, fn in fns.items():
             s = torch.cuda.Stream()
@@ -271,7 +286,7 @@ def step_sanitize_inner() -> dict[str, Any]:
          "s13": torch.ones(e, 8, 16, device="cuda"),
          "w2": torch.zeros(e, HIDDEN, INTER, dtype=torch.uint8, device="cuda").view(f8),
          "s2": torch.ones(e, 16, 4, device="cuda")}
-    for kw in ({"variant": "v3"}, {"variant": "v3", "fuse_act": False}):
+    for kw in V3_BUILDS.values():
         ours = MoeSm90(0, **kw)
         for m, shared, skewed in ((3, True, False), (20, False, True)):
             x, ids, wts, sw = routing(m, skewed, seed=9)
@@ -279,6 +294,59 @@ def step_sanitize_inner() -> dict[str, Any]:
             ours.experts(x, w["w13"], w["s13"], w["w2"], w["s2"], shared)
     torch.cuda.synchronize()
     return {"done": True}
+
+
+NCU_PROVIDERS = ("v3", "v3p", "v3p6")
+
+
+def step_profile_inner() -> None:
+    """Runs under ncu (--profile-from-start off): warm every provider, then one profiled layer call per
+    (provider, tokens) between cudaProfilerStart/Stop. Routed only, as the timing step."""
+    import torch
+
+    from netra.bench.kernels_moe import make_weights
+    from netra.ops.moe_fp8 import MoeSm90
+
+    w = make_weights()
+    provs = {name: MoeSm90(0, **V3_BUILDS[name]) for name in NCU_PROVIDERS}
+    for m in (1, 128):
+        x, ids, wts, _ = routing(m, False, seed=5)
+        for name, ours in provs.items():
+            for prof in (False, True):
+                if prof:
+                    torch.cuda.synchronize()
+                    torch.cuda.profiler.start()
+                ours.align(x, ids, wts, None)
+                ours.experts(x, w["w13"], w["s13"], w["w2"], w["s2"], False)
+                if prof:
+                    torch.cuda.synchronize()
+                    torch.cuda.profiler.stop()
+            print(f"profiled {name} m={m}", flush=True)
+
+
+def ncu_summary(log: Path) -> list[str]:
+    """One line per profiled kernel: name, duration, DRAM %, issued warp/scheduler, occupancy."""
+    import re
+
+    rows: list[str] = []
+    cur: dict[str, str] = {}
+    keys = {"Duration": "us", "DRAM Throughput": "dram%", "Issued Warp Per Scheduler": "issue",
+            "Achieved Occupancy": "occ%", "Warp Cycles Per Issued Instruction": "cyc/issue"}
+    for line in log.read_text(errors="replace").splitlines():
+        m = re.match(r"^  (moe_\w+) \(", line)
+        if m:
+            if cur:
+                rows.append(" ".join(f"{k}={v}" for k, v in cur.items()))
+            cur = {"kernel": m.group(1)}
+            continue
+        for k, short in keys.items():
+            mm = re.match(r"^\s+" + re.escape(k) + r"\s+\S+\s+([\d.,]+)\s*$", line) or \
+                re.match(r"^\s+" + re.escape(k) + r"\s+([\d.,]+)\s*$", line)
+            if cur and mm and short not in cur:
+                cur[short] = mm.group(1)
+    if cur:
+        rows.append(" ".join(f"{k}={v}" for k, v in cur.items()))
+    return rows
 
 
 def step_sass(out_dir: Path) -> dict[str, Any]:
@@ -311,8 +379,14 @@ def run_step(step: str, out_dir: Path) -> dict[str, Any]:
     log = out_dir / f"{step}.log"
     here = Path(__file__).resolve()
     cmd = [sys.executable, str(here), "--step", step, "--out", str(out_dir)]
+    if step == "ncu":  # kernels serialised by ncu (no PDL overlap): per-kernel DRAM rate / stalls
+        cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--kernel-name", "regex:moe_",
+               "--section", "SpeedOfLight", "--section", "Occupancy", "--section", "LaunchStats",
+               "--section", "WarpStateStats", "--section", "SchedulerStats", "--section", "MemoryWorkloadAnalysis",
+               sys.executable, str(here), "--step", "profile-inner", "--out", str(out_dir)]
     if step == "sanitize":
-        cmd = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3",
+        # --report-api-errors no: run5's 34 "errors" were cuda-bindings probing cuGetProcAddress on the host
+        cmd = ["compute-sanitizer", "--tool", "memcheck", "--report-api-errors", "no", "--error-exitcode", "3",
                sys.executable, str(here), "--step", "sanitize-inner", "--out", str(out_dir)]
     t0 = time.time()
     with log.open("w") as fh:
@@ -339,32 +413,46 @@ def table(out_dir: Path, steps: list[dict[str, Any]]) -> None:
         for c in bad[:6]:
             print("  FAIL", {k: c.get(k) for k in ("provider", "tokens", "shared", "skewed", "rel_l2", "cosine",
                                                   "nan", "run_to_run_bitwise", "eager_equals_replay", "error")})
+    summ = out_dir / "ncu_summary.txt"
+    if summ.exists() and summ.read_text().strip():
+        print("ncu (kernels serialised; order: v3, v3p, v3p6 at m=1, then at m=128)")
+        for line in summ.read_text().splitlines():
+            print("  " + line)
     tim = out_dir / "time.json"
     if tim.exists():
         doc = json.loads(tim.read_text())
-        print("graph replay µs per layer call (routed only, median)")
-        print("tok | floor | v1 | v3 | v3-unf | v3/v1 | v3 floor frac | fusion saves | v3 align | v3 +gate_up")
+
+        def f(r: dict[str, Any], k: str) -> str:
+            v = r.get(k + "_us")
+            return f"{v:6.1f}" if isinstance(v, (int, float)) else "     -"
+
+        print("graph replay µs per layer call (routed only, median); split = align | align+gate_up")
+        print("tok | floor |   v1   |   v3   | v3-unf |  v3p   |  v3p6  | best/v1 | floor/best | v3 split    | v3p6 split")
         for r in doc["rows"]:
-            v1, v3, v3u = r.get("v1_us"), r.get("v3_us"), r.get("v3-unfused_us")
-            print(f"{r['tokens']:3d} | {r['floor_us']:5.1f} | {v1:6.1f} | {v3:6.1f} | {v3u:6.1f} | {v1 / v3:4.2f}x | "
-                  f"{r['floor_us'] / v3:4.2f} | {v3u - v3:5.1f} | {r['v3:align_us']:5.1f} | {r['v3:align+gate_up_us']:6.1f}")
+            best = min(r[k] for k in ("v3_us", "v3p_us", "v3p6_us") if isinstance(r.get(k), (int, float)))
+            print(f"{r['tokens']:3d} | {r['floor_us']:5.1f} | {f(r, 'v1')} | {f(r, 'v3')} | {f(r, 'v3-unfused')} | "
+                  f"{f(r, 'v3p')} | {f(r, 'v3p6')} | {r['v1_us'] / best:5.2f}x | {r['floor_us'] / best:5.2f} | "
+                  f"{f(r, 'v3:align')} {f(r, 'v3:align+gate_up')} | {f(r, 'v3p6:align')} {f(r, 'v3p6:align+gate_up')}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")) / "v3")
-    ap.add_argument("--step", choices=("all", "sass", "smoke", "check", "time", "sanitize", "sanitize-inner"),
+    ap.add_argument("--step", choices=("all", "sass", "smoke", "check", "time", "ncu", "sanitize", "sanitize-inner",
+                                       "profile-inner"),
                     default="all")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.step == "all":
         steps = [run_step(s, args.out) for s in ("sass", "smoke")]
         if steps[-1]["rc"] == 0:
-            steps += [run_step(s, args.out) for s in ("check", "time", "sanitize")]
+            steps += [run_step(s, args.out) for s in ("check", "time", "ncu", "sanitize")]
         else:  # broken or hung: the sanitizer is the useful diagnosis, timings would be meaningless
             print(f"smoke failed (rc {steps[-1]['rc']}): skipping check and time", flush=True)
             steps.append(run_step("sanitize", args.out))
-        logs = [args.out / f"{s}.log" for s in ("sass", "smoke", "check", "time", "sanitize")]
+        logs = [args.out / f"{s}.log" for s in ("sass", "smoke", "check", "time", "ncu", "sanitize")]
+        ncu_rows = ncu_summary(args.out / "ncu.log") if (args.out / "ncu.log").exists() else []
+        (args.out / "ncu_summary.txt").write_text("\n".join(ncu_rows) + "\n")
         for log in logs:  # log tails, then the table last
             if log.exists():
                 print(f"--- {log.name} (tail)")
@@ -379,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
         table(args.out, steps)
         return 0 if all(s["rc"] == 0 for s in steps) else 1
     fn = {"sass": step_sass, "smoke": step_smoke, "check": step_check, "time": step_time}.get(args.step)
+    if args.step == "profile-inner":
+        step_profile_inner()
+        return 0
     if args.step == "sanitize-inner":
         step_sanitize_inner()
         print("sanitize-inner: done")
