@@ -240,11 +240,14 @@ CONTRACTS_V3 = {
 }
 DOWN_V3_UNFUSED = "moe_down_v3_nofuse_e256"  # reads moe_act_quant's output (the A/B build)
 # v3 tuning builds of the same source (round 2 A/B, fused only): "p" = pipelined gate_up + down,
-# "p6" = pipelined gate_up + down with 6 consumer warps / 6 stages / 8-token h chunks.
+# "p6" = pipelined gate_up + down with 6 consumer warps / 6 stages / 8-token h chunks; "p6s" = p6 with
+# token-split work items.
 V3_TUNES: dict[str, dict[str, str]] = {
     "": {},
     "p": {"gate_up": "moe_gate_up_v3p_e256", "down": "moe_down_v3p_e256"},
     "p6": {"gate_up": "moe_gate_up_v3p_e256", "down": "moe_down_v3w6_e256"},
+    # + token-split items (slot, row tile, 8-token chunk): the shared expert / skewed slots spread over CTAs
+    "p6s": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3w6s_e256"},
 }
 VARIANTS = ("v1", "v3")
 GU_CTAS_PER_SLOT = 32

@@ -48,8 +48,11 @@ V3_BUILDS: dict[str, dict[str, Any]] = {
     "v3-unfused": {"variant": "v3", "fuse_act": False},
     "v3p": {"variant": "v3", "tune": "p"},    # pipelined gate_up + down (round 2)
     "v3p6": {"variant": "v3", "tune": "p6"},  # pipelined gate_up + 6-warp pipelined down (round 2)
+    "v3p6s": {"variant": "v3", "tune": "p6s"},  # v3p6 with token-split items (shared expert / skew)
 }
 SPLITS = ("v3", "v3p6")  # providers whose split points (align, align+gate_up) are timed
+SHARED_BATCHES = (16, 128)  # timed again with the shared expert as a 9th route
+SHARED_PROVIDERS = ("v1", "v3", "v3p6", "v3p6s")
 ROT = 8
 STEP_TIMEOUT = {"sass": 20, "smoke": 45, "check": 75, "time": 75, "ncu": 90, "sanitize": 45}  # sum 350 s
 # (run5 took 6-7 s per step; the limits only bound a hang)
@@ -203,10 +206,10 @@ def step_check(out_dir: Path) -> dict[str, Any]:
     return res
 
 
-def _floor_us(ids_list: list[Any], bw: float) -> tuple[float, float]:
+def _floor_us(ids_list: list[Any], bw: float, extra: int = 0) -> tuple[float, float]:
     from netra.bench.kernels_moe import EXPERT_BYTES
 
-    distinct = statistics.mean(len(set(ids.flatten().tolist())) for ids in ids_list)
+    distinct = statistics.mean(len(set(ids.flatten().tolist())) for ids in ids_list) + extra
     return distinct, distinct * EXPERT_BYTES / bw * 1e6
 
 
@@ -220,25 +223,30 @@ def step_time(out_dir: Path, reps: int = 40) -> dict[str, Any]:
     bw = copy_bandwidth()
     provs = {"v1": MoeSm90(0, variant="v1"), **{name: MoeSm90(0, **kw) for name, kw in V3_BUILDS.items()}}
     rows: list[dict[str, Any]] = []
-    for m in BATCHES:
+    # routed-only batches, then the shared expert as a 9th route (goal 4: one slot with every token)
+    for m, shared in [(m, False) for m in BATCHES] + [(m, True) for m in SHARED_BATCHES]:
         inputs = [routing(m, False, seed=1000 + 17 * m + i) for i in range(ROT)]
 
-        def make(ours: Any, upto: str, inputs: list[Any] = inputs, m: int = m) -> Any:
+        def make(ours: Any, upto: str, inputs: list[Any] = inputs, m: int = m, shared: bool = shared) -> Any:
             def run() -> None:
-                for x, ids, wts, _ in inputs:
-                    ours.align(x, ids, wts, None)
+                for x, ids, wts, sw in inputs:
+                    ours.align(x, ids, wts, sw if shared else None)
                     if upto == "align":
                         continue
                     if upto == "gate_up":
-                        ours._gemm("gate_up", ours._gu, ours.num_sms, m, False, w["w13"], w["s13"], w["w2"], w["s2"])
+                        ours._gemm("gate_up", ours._gu, ours.num_sms, m, shared, w["w13"], w["s13"], w["w2"],
+                                   w["s2"])
                         continue
-                    ours.experts(x, w["w13"], w["s13"], w["w2"], w["s2"], False)
+                    ours.experts(x, w["w13"], w["s13"], w["w2"], w["s2"], shared)
             return run
 
-        fns = {name: make(o, "all") for name, o in provs.items()}
-        for name in SPLITS:
-            fns[f"{name}:align"] = make(provs[name], "align")
-            fns[f"{name}:align+gate_up"] = make(provs[name], "gate_up")
+        if shared:
+            fns = {name: make(provs[name], "all") for name in SHARED_PROVIDERS}
+        else:
+            fns = {name: make(o, "all") for name, o in provs.items()}
+            for name in SPLITS:
+                fns[f"{name}:align"] = make(provs[name], "align")
+                fns[f"{name}:align+gate_up"] = make(provs[name], "gate_up")
         graphs = {}
         for name, fn in fns.items():
             s = torch.cuda.Stream()
@@ -264,8 +272,9 @@ def step_time(out_dir: Path, reps: int = 40) -> dict[str, Any]:
                 b.record()
                 b.synchronize()
                 times[name].append(a.elapsed_time(b) * 1000.0 / ROT)
-        distinct, floor = _floor_us([i[1] for i in inputs], bw)
-        row = {"tokens": m, "distinct_experts": distinct, "floor_us": floor, "copy_bw_TBps": bw / 1e12}
+        distinct, floor = _floor_us([i[1] for i in inputs], bw, extra=1 if shared else 0)
+        row = {"tokens": m, "shared": shared, "distinct_experts": distinct, "floor_us": floor,
+               "copy_bw_TBps": bw / 1e12}
         for name, ts in times.items():
             row[name + "_us"] = statistics.median(ts)
             row[name + "_p90_us"] = sorted(ts)[int(0.9 * (len(ts) - 1))]
@@ -296,7 +305,7 @@ def step_sanitize_inner() -> dict[str, Any]:
     return {"done": True}
 
 
-NCU_PROVIDERS = ("v3", "v3p", "v3p6")
+NCU_PROVIDERS = ("v3", "v3p", "v3p6", "v3p6s")
 
 
 def step_profile_inner() -> None:
@@ -415,7 +424,7 @@ def table(out_dir: Path, steps: list[dict[str, Any]]) -> None:
                                                   "nan", "run_to_run_bitwise", "eager_equals_replay", "error")})
     summ = out_dir / "ncu_summary.txt"
     if summ.exists() and summ.read_text().strip():
-        print("ncu (kernels serialised; order: v3, v3p, v3p6 at m=1, then at m=128)")
+        print(f"ncu (kernels serialised; order: {', '.join(NCU_PROVIDERS)} at m=1, then at m=128)")
         for line in summ.read_text().splitlines():
             print("  " + line)
     tim = out_dir / "time.json"
@@ -426,12 +435,14 @@ def table(out_dir: Path, steps: list[dict[str, Any]]) -> None:
             v = r.get(k + "_us")
             return f"{v:6.1f}" if isinstance(v, (int, float)) else "     -"
 
-        print("graph replay µs per layer call (routed only, median); split = align | align+gate_up")
-        print("tok | floor |   v1   |   v3   | v3-unf |  v3p   |  v3p6  | best/v1 | floor/best | v3 split    | v3p6 split")
+        print("graph replay µs per layer call (median; S = + shared expert); split = align | align+gate_up")
+        print("tok  | floor |   v1   |   v3   | v3-unf |  v3p   |  v3p6  | v3p6s  | best/v1 | floor/best | "
+              "v3 split    | v3p6 split")
         for r in doc["rows"]:
-            best = min(r[k] for k in ("v3_us", "v3p_us", "v3p6_us") if isinstance(r.get(k), (int, float)))
-            print(f"{r['tokens']:3d} | {r['floor_us']:5.1f} | {f(r, 'v1')} | {f(r, 'v3')} | {f(r, 'v3-unfused')} | "
-                  f"{f(r, 'v3p')} | {f(r, 'v3p6')} | {r['v1_us'] / best:5.2f}x | {r['floor_us'] / best:5.2f} | "
+            best = min(r[k] for k in ("v3_us", "v3p_us", "v3p6_us", "v3p6s_us") if isinstance(r.get(k), (int, float)))
+            tok = f"{r['tokens']:3d}" + ("S" if r.get("shared") else " ")
+            print(f"{tok} | {r['floor_us']:5.1f} | {f(r, 'v1')} | {f(r, 'v3')} | {f(r, 'v3-unfused')} | "
+                  f"{f(r, 'v3p')} | {f(r, 'v3p6')} | {f(r, 'v3p6s')} | {r['v1_us'] / best:5.2f}x | {r['floor_us'] / best:5.2f} | "
                   f"{f(r, 'v3:align')} {f(r, 'v3:align+gate_up')} | {f(r, 'v3p6:align')} {f(r, 'v3p6:align+gate_up')}")
 
 

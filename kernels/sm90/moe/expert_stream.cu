@@ -49,6 +49,13 @@
 #ifndef DN_PIPE
 #define DN_PIPE 0                  // 1: down loads all 4 K blocks' B before its MMAs; top-k sum loads unrolled
 #endif
+#ifndef TSPLIT
+#define TSPLIT 0                   // 1: an item is (slot, row tile, token chunk): a slot with many tokens (the
+#endif                             //    shared expert, skewed loads) spreads over many CTAs (needs GU_PIPE)
+#if TSPLIT && !GU_PIPE
+#error "TSPLIT is implemented in the pipelined gate_up consumer only (every build compiles both kernels: add -DGU_PIPE=1)"
+#endif
+#define MAX_SLOTS 257
 
 #define HID 2048
 #define INTER 512
@@ -216,6 +223,51 @@ __device__ __forceinline__ void item_range(int total, int& begin, int& end) {
   end = (int)(((long long)(blockIdx.x + 1) * total) / gridDim.x);
 }
 
+#if TSPLIT
+// Item map for token-split builds: slot s owns items [istart[s], istart[s+1]), per_slot row tiles per
+// token chunk of tch tokens (at least one chunk per slot), chunk-major inside a slot so that items a
+// warp takes (j, j + NCW, ...) mostly share their chunk (the fused-h cache). Every thread of the CTA
+// calls it (it holds __syncthreads). slot_start is read through L2: moe_down calls it before its
+// griddepcontrol.wait, on moe_align's metadata (two kernels back, see the header).
+__device__ int build_item_map(int* istart, const int* slot_start, int nslots, int per_slot, int tch) {
+  for (int s = threadIdx.x; s < nslots; s += blockDim.x) {
+    const int c = __ldcg(slot_start + s + 1) - __ldcg(slot_start + s);
+    istart[s + 1] = max(1, (c + tch - 1) / tch);
+  }
+  if (threadIdx.x == 0) istart[0] = 0;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    int carry = 0;
+    for (int b0 = 0; b0 < nslots; b0 += 32) {
+      const int i = b0 + lane;
+      int v = i < nslots ? istart[i + 1] : 0;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += u;
+      }
+      if (i < nslots) istart[i + 1] = (carry + v) * per_slot;
+      carry += __shfl_sync(0xffffffffu, v, 31);
+    }
+  }
+  __syncthreads();
+  return istart[nslots];
+}
+__device__ __forceinline__ void map_item(const int* istart, int nslots, int per_slot, int it, int& slot, int& rt,
+                                         int& chunk) {
+  int lo = 0, hi = nslots - 1;  // the last slot whose first item is <= it
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (istart[mid] <= it) lo = mid; else hi = mid - 1;
+  }
+  slot = lo;
+  const int rel = it - istart[lo];
+  chunk = rel / per_slot;
+  rt = rel % per_slot;
+}
+#endif
+
 }  // namespace
 
 // ================================================================================ gate_up
@@ -238,7 +290,12 @@ extern "C" __global__ void __launch_bounds__(GU_THREADS, 1) moe_gate_up_v3(const
   pdl_trigger();  // after the wait: see the header (moe_down relies on it)
   const int nslots = *p.num_slots;
   int begin, end;
+#if TSPLIT
+  __shared__ int istart[MAX_SLOTS + 1];
+  item_range(build_item_map(istart, p.slot_start, nslots, GU_ITEMS_PER_SLOT, 8), begin, end);
+#else
   item_range(nslots * GU_ITEMS_PER_SLOT, begin, end);
+#endif
   const int n = end - begin;
 
   if (wid == GU_NCW) {  // producer
@@ -246,7 +303,12 @@ extern "C" __global__ void __launch_bounds__(GU_THREADS, 1) moe_gate_up_v3(const
       for (int j = 0; j < n; ++j) {
         const int s = j % GU_STAGES;
         if (j >= GU_STAGES) mbar_wait(&empty[s], ((j / GU_STAGES) - 1) & 1);
+#if TSPLIT
+        int slot, rt, chunk;
+        map_item(istart, nslots, GU_ITEMS_PER_SLOT, begin + j, slot, rt, chunk);
+#else
         const int it = begin + j, slot = it / GU_ITEMS_PER_SLOT, rt = it % GU_ITEMS_PER_SLOT;
+#endif
         const int e = __ldg(p.slot_expert + slot);
         mbar_expect_tx(&full[s], ITEM_BYTES);
         bulk_g2s(smem + s * ITEM_BYTES, p.w13 + ((size_t)e * 1024 + rt * 16) * HID, ITEM_BYTES, &full[s]);
@@ -262,25 +324,43 @@ extern "C" __global__ void __launch_bounds__(GU_THREADS, 1) moe_gate_up_v3(const
   // scales, first token id -- once its weights landed), and the token (B) fragments are double-
   // buffered over the 4 K quarters, so quarter kq+1's global loads are in flight while quarter kq's
   // MMAs run (run7 ncu: 60% of gate_up's stall cycles waited on these L1-hit loads).
-  int nx_e = 0, nx_r0 = 0, nx_r1 = 0, nx_tok = 0;
+  // item -> (slot, row tile, first token of its chunk); without TSPLIT an item covers all the slot's tokens
+  auto locate = [&](int jj, int& slot, int& rt, int& cb) {
+#if TSPLIT
+    int chunk;
+    map_item(istart, nslots, GU_ITEMS_PER_SLOT, begin + jj, slot, rt, chunk);
+    cb = chunk * 8;
+#else
+    slot = (begin + jj) / GU_ITEMS_PER_SLOT;
+    rt = (begin + jj) % GU_ITEMS_PER_SLOT;
+    cb = 0;
+#endif
+  };
+  int nx_e = 0, nx_r0 = 0, nx_r1 = 0, nx_tok = 0, nx_rt = 0, nx_cb = 0;
   float nx_wsl = 0.0f;
   if (wid < n) {
-    const int slot = (begin + wid) / GU_ITEMS_PER_SLOT, rt = (begin + wid) % GU_ITEMS_PER_SLOT;
+    int slot;
+    locate(wid, slot, nx_rt, nx_cb);
     nx_e = __ldg(p.slot_expert + slot);
     nx_r0 = __ldg(p.slot_start + slot);
     nx_r1 = __ldg(p.slot_start + slot + 1);
-    nx_wsl = lane < 16 ? __ldg(p.w13_scale + ((size_t)nx_e * 8 + (rt * 16) / 128) * 16 + lane) : 0.0f;
-    nx_tok = g < nx_r1 - nx_r0 ? __ldg(p.route_token + nx_r0 + g) : 0;
+    nx_wsl = lane < 16 ? __ldg(p.w13_scale + ((size_t)nx_e * 8 + (nx_rt * 16) / 128) * 16 + lane) : 0.0f;
+    nx_tok = nx_cb + g < nx_r1 - nx_r0 ? __ldg(p.route_token + nx_r0 + nx_cb + g) : 0;
   }
   for (int j = wid; j < n; j += GU_NCW) {
     const int s = j % GU_STAGES;
-    const int rt = (begin + j) % GU_ITEMS_PER_SLOT;
-    const int r0 = nx_r0, cnt = nx_r1 - nx_r0, tok0 = nx_tok;
+    const int rt = nx_rt, r0 = nx_r0, cnt = nx_r1 - nx_r0, tok0 = nx_tok, cb = nx_cb;
+#if TSPLIT
+    const int cend = min(cnt, cb + 8);
+#else
+    const int cend = cnt;
+#endif
     const float wsl = nx_wsl;
     const int jn = j + GU_NCW;
     const bool more = jn < n;
     if (more) {  // first level of the next item
-      const int slot = (begin + jn) / GU_ITEMS_PER_SLOT;
+      int slot;
+      locate(jn, slot, nx_rt, nx_cb);
       nx_e = __ldg(p.slot_expert + slot);
       nx_r0 = __ldg(p.slot_start + slot);
       nx_r1 = __ldg(p.slot_start + slot + 1);
@@ -288,15 +368,14 @@ extern "C" __global__ void __launch_bounds__(GU_THREADS, 1) moe_gate_up_v3(const
     const int n0 = rt * 16;
     mbar_wait(&full[s], (j / GU_STAGES) & 1);
     if (more) {  // second level of the next item (its first level has landed during the wait)
-      const int rtn = (begin + jn) % GU_ITEMS_PER_SLOT;
-      nx_wsl = lane < 16 ? __ldg(p.w13_scale + ((size_t)nx_e * 8 + (rtn * 16) / 128) * 16 + lane) : 0.0f;
-      nx_tok = g < nx_r1 - nx_r0 ? __ldg(p.route_token + nx_r0 + g) : 0;
+      nx_wsl = lane < 16 ? __ldg(p.w13_scale + ((size_t)nx_e * 8 + (nx_rt * 16) / 128) * 16 + lane) : 0.0f;
+      nx_tok = nx_cb + g < nx_r1 - nx_r0 ? __ldg(p.route_token + nx_r0 + nx_cb + g) : 0;
     }
     const uint8_t* tile = smem + s * ITEM_BYTES + g * HID + t * 32;
-    for (int c0 = 0; c0 < cnt; c0 += 8) {
+    for (int c0 = cb; c0 < cend; c0 += 8) {
       const int col = c0 + g;
-      const bool valid = col < cnt;
-      const int tok = c0 == 0 ? tok0 : (valid ? __ldg(p.route_token + r0 + col) : 0);
+      const bool valid = col < cend;
+      const int tok = c0 == cb ? tok0 : (valid ? __ldg(p.route_token + r0 + col) : 0);
       const uint8_t* xrow = p.xq + (size_t)tok * HID + t * 32;
       const float* xsr = p.xs + tok * (HID / 128);
       float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -324,17 +403,17 @@ extern "C" __global__ void __launch_bounds__(GU_THREADS, 1) moe_gate_up_v3(const
           kblock_mma(acc, a, b[kq & 1][u], __shfl_sync(0xffffffffu, wsl, kb), st[kq & 1][u], t);
         }
       }
-      if (c0 + 8 >= cnt) {  // last token tile: the stage has been read (MMA operands are in registers)
+      if (c0 + 8 >= cend) {  // last token tile: the stage has been read (MMA operands are in registers)
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[s]);
       }
 #pragma unroll
       for (int z = 0; z < 4; ++z) {
         const int c = c0 + 2 * t + (z & 1), row = n0 + g + (z >> 1) * 8;
-        if (c < cnt) p.gu[(size_t)(r0 + c) * 1024 + row] = __float2bfloat16_rn(acc[z]);
+        if (c < cend) p.gu[(size_t)(r0 + c) * 1024 + row] = __float2bfloat16_rn(acc[z]);
       }
     }
-    if (cnt <= 0) {
+    if (cend <= cb) {  // empty item (cannot happen): keeps the ring in phase regardless
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty[s]);
     }
@@ -413,7 +492,12 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3(const Ge
   // (ld.global.cg), never through the non-coherent path, before the wait.
   const int nslots = __ldcg(p.num_slots);
   int begin, end;
+#if TSPLIT
+  __shared__ int istart[MAX_SLOTS + 1];
+  item_range(build_item_map(istart, p.slot_start, nslots, DN_ITEMS_PER_SLOT, HCHUNK), begin, end);
+#else
   item_range(nslots * DN_ITEMS_PER_SLOT, begin, end);
+#endif
   const int n = end - begin;
 
   if (wid == DN_NCW) {  // producer: streams w2 before waiting for moe_gate_up
@@ -421,7 +505,12 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3(const Ge
       for (int j = 0; j < n; ++j) {
         const int s = j % DN_STAGES;
         if (j >= DN_STAGES) mbar_wait(&empty[s], ((j / DN_STAGES) - 1) & 1);
+#if TSPLIT
+        int slot, nt, chunk;
+        map_item(istart, nslots, DN_ITEMS_PER_SLOT, begin + j, slot, nt, chunk);
+#else
         const int it = begin + j, slot = it / DN_ITEMS_PER_SLOT, nt = it % DN_ITEMS_PER_SLOT;
+#endif
         const int e = __ldcg(p.slot_expert + slot);
         mbar_expect_tx(&full[s], ITEM_BYTES);
         bulk_g2s(smem + s * ITEM_BYTES, p.w2 + ((size_t)e * HID + nt * 64) * INTER, ITEM_BYTES, &full[s]);
@@ -442,7 +531,12 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3(const Ge
 #endif
   for (int j = wid; j < n; j += DN_NCW) {
     const int s = j % DN_STAGES;
+#if TSPLIT
+    int slot, nt, chunk;
+    map_item(istart, nslots, DN_ITEMS_PER_SLOT, begin + j, slot, nt, chunk);
+#else
     const int it = begin + j, slot = it / DN_ITEMS_PER_SLOT, nt = it % DN_ITEMS_PER_SLOT;
+#endif
     const int e = __ldg(p.slot_expert + slot);
     const int r0 = __ldg(p.slot_start + slot), cnt = __ldg(p.slot_start + slot + 1) - r0;
     // block scales: 4 row tiles of 16 are in 128-row block (nt*64)/128; lane kb < 4 holds block kb
@@ -451,7 +545,12 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3(const Ge
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb) wsk[kb] = __shfl_sync(0xffffffffu, wsl, kb);
     bool waited = false;
+#if TSPLIT
+    const int cend = min(cnt, (chunk + 1) * HCHUNK);
+    for (int c0 = chunk * HCHUNK; c0 < cend; c0 += HCHUNK) {
+#else
     for (int c0 = 0; c0 < cnt; c0 += HCHUNK) {
+#endif
       const int rows = min(HCHUNK, cnt - c0);
 #if MOE_FUSE_ACT
       if (slot != cached_slot || c0 != cached_c0) {
@@ -608,7 +707,12 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3(const Ge
         }
       }
 #endif
-      if (c0 + HCHUNK >= cnt) {  // last chunk: the stage has been read; release it before the epilogue
+      // last chunk (of the item): the stage has been read; release it before the epilogue
+#if TSPLIT
+      if (c0 + HCHUNK >= cend) {
+#else
+      if (c0 + HCHUNK >= cnt) {
+#endif
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[s]);
       }
