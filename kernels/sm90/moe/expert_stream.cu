@@ -28,6 +28,16 @@
 //   unfused build the predecessor moe_act_quant is not a PDL kernel, so moe_down starts only once
 //   it completed (and moe_act_quant started only once moe_gate_up completed). Everything moe_down
 //   reads from moe_gate_up / moe_act_quant (gu, hq, hs) is read only after griddepcontrol.wait.
+// * Reads before griddepcontrol.wait, per kernel of the v3 sequence (everything else follows the wait;
+//   every launch_dependents follows its kernel's wait):
+//     moe_align_v3 / moe_route_v3 (route.cu, MOE_PDL=1): none (wait at entry).
+//     moe_gate_up_v3*: none (mbarrier init in shared memory only).
+//     moe_down_v3* producer: num_slots, slot_expert (ld.global.cg), and w2 (never written);
+//       TSPLIT builds: every thread also reads slot_start (ld.global.cg) to build the item map.
+//       All from moe_align/moe_route, two kernels back: safe by the argument above.
+//     moe_act_quant (unfused A/B only): not launched with PDL.
+//   (Round 1's "PDL race" in the H200 check was a host bug: the route/align params buffer is shared
+//   per contract between MoeSm90 instances and was filled once at construction; see moe_fp8.py.)
 // * moe_down with MOE_FUSE_ACT=1 (default) computes h = bf16(SiLU(gate)*up) and its E4M3 group
 //   quantization for the item's tokens into shared memory (the same moe_common.cuh helpers and
 //   lane mapping as moe_act_quant, IEEE divisions: bitwise equal), once per (warp, slot, 16-token
