@@ -306,6 +306,7 @@ def step_sanitize_inner() -> dict[str, Any]:
 
 
 NCU_PROVIDERS = ("v3", "v3p", "v3p6", "v3p6s")
+NCU_PLAN = ((128, NCU_PROVIDERS), (1, ("v3", "v3p6")))  # (tokens, providers) in profiling order
 
 
 def step_profile_inner() -> None:
@@ -318,9 +319,10 @@ def step_profile_inner() -> None:
 
     w = make_weights()
     provs = {name: MoeSm90(0, **V3_BUILDS[name]) for name in NCU_PROVIDERS}
-    for m in (1, 128):
+    for m, names in NCU_PLAN:  # 128 tokens first: the most useful rows survive a timeout
         x, ids, wts, _ = routing(m, False, seed=5)
-        for name, ours in provs.items():
+        for name in names:
+            ours = provs[name]
             for prof in (False, True):
                 if prof:
                     torch.cuda.synchronize()
@@ -389,7 +391,7 @@ def run_step(step: str, out_dir: Path) -> dict[str, Any]:
     here = Path(__file__).resolve()
     cmd = [sys.executable, str(here), "--step", step, "--out", str(out_dir)]
     if step == "ncu":  # kernels serialised by ncu (no PDL overlap): per-kernel DRAM rate / stalls
-        cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--kernel-name", "regex:moe_",
+        cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--kernel-name", "regex:moe_(gate_up|down)",
                "--section", "SpeedOfLight", "--section", "Occupancy", "--section", "LaunchStats",
                "--section", "WarpStateStats", "--section", "SchedulerStats", "--section", "MemoryWorkloadAnalysis",
                sys.executable, str(here), "--step", "profile-inner", "--out", str(out_dir)]
@@ -424,7 +426,8 @@ def table(out_dir: Path, steps: list[dict[str, Any]]) -> None:
                                                   "nan", "run_to_run_bitwise", "eager_equals_replay", "error")})
     summ = out_dir / "ncu_summary.txt"
     if summ.exists() and summ.read_text().strip():
-        print(f"ncu (kernels serialised; order: {', '.join(NCU_PROVIDERS)} at m=1, then at m=128)")
+        plan = "; ".join(f"m={m}: {', '.join(n)}" for m, n in NCU_PLAN)
+        print(f"ncu gate_up/down (kernels serialised; order {plan})")
         for line in summ.read_text().splitlines():
             print("  " + line)
     tim = out_dir / "time.json"
@@ -463,6 +466,8 @@ def main(argv: list[str] | None = None) -> int:
             steps.append(run_step("sanitize", args.out))
         logs = [args.out / f"{s}.log" for s in ("sass", "smoke", "check", "time", "ncu", "sanitize")]
         ncu_rows = ncu_summary(args.out / "ncu.log") if (args.out / "ncu.log").exists() else []
+        labels = [f"{name}@m{m}" for m, names in NCU_PLAN for name in names for _ in range(2)]  # gate_up, down
+        ncu_rows = [f"{lab:12s} {row}" for lab, row in zip(labels, ncu_rows)] + ncu_rows[len(labels):]
         (args.out / "ncu_summary.txt").write_text("\n".join(ncu_rows) + "\n")
         for log in logs:  # log tails, then the table last
             if log.exists():
