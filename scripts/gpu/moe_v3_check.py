@@ -467,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         logs = [args.out / f"{s}.log" for s in ("sass", "smoke", "check", "time", "ncu", "sanitize")]
         ncu_rows = ncu_summary(args.out / "ncu.log") if (args.out / "ncu.log").exists() else []
         labels = [f"{name}@m{m}" for m, names in NCU_PLAN for name in names for _ in range(2)]  # gate_up, down
-        ncu_rows = [f"{lab:12s} {row}" for lab, row in zip(labels, ncu_rows)] + ncu_rows[len(labels):]
+        ncu_rows = [f"{lab:12s} {row}" for lab, row in zip(labels, ncu_rows, strict=False)] + ncu_rows[len(labels):]
         (args.out / "ncu_summary.txt").write_text("\n".join(ncu_rows) + "\n")
         for log in logs:  # log tails, then the table last
             if log.exists():
