@@ -53,8 +53,16 @@ V3_BUILDS: dict[str, dict[str, Any]] = {
 SPLITS = ("v3", "v3p6")  # providers whose split points (align, align+gate_up) are timed
 SHARED_BATCHES = (16, 128)  # timed again with the shared expert as a 9th route
 SHARED_PROVIDERS = ("v1", "v3", "v3p6", "v3p6s")
+_ACTIVE: list[str] | None = None  # --builds: the V3_BUILDS this process uses (None: all)
+
+
+def builds() -> dict[str, dict[str, Any]]:
+    """The active V3_BUILDS, in --builds order (in the default mode: the builds whose smoke passed)."""
+    names = list(V3_BUILDS) if _ACTIVE is None else [n for n in _ACTIVE if n in V3_BUILDS]
+    return {n: V3_BUILDS[n] for n in names}
 ROT = 8
-STEP_TIMEOUT = {"sass": 20, "smoke": 45, "check": 75, "time": 75, "ncu": 90, "sanitize": 45}  # sum 350 s
+# smoke runs once per build (5 x 30 s); worst case 440 s, typical ~3 min
+STEP_TIMEOUT = {"sass": 20, "smoke": 30, "check": 60, "time": 75, "ncu": 90, "sanitize": 45}
 # (run5 took 6-7 s per step; the limits only bound a hang)
 SASS_OPS = ("HMMA", "UBLKCP", "SYNCS", "LDL", "STL", "MEMBAR", "FENCE", "ATOMG", "ACQBULK", "LDS", "LDG")
 RTOL, COS = 1e-2, 0.9999
@@ -107,7 +115,7 @@ def step_smoke(out_dir: Path) -> dict[str, Any]:
 
     w = make_weights()
     res: dict[str, Any] = {"cases": [], "ok": True}
-    for kw in V3_BUILDS.values():
+    for kw in builds().values():
         ours = MoeSm90(0, **kw)
         for m in (1, 128):
             x, ids, wts, sw = routing(m, False, seed=77 + m)
@@ -134,7 +142,7 @@ def step_check(out_dir: Path) -> dict[str, Any]:
     w = make_weights()
     # several instances on purpose: they share each contract's params buffer (run5's bug), so every
     # call must fill its own pointers
-    provs = {name: MoeSm90(0, **{**kw, "debug_h": bool(kw.get("fuse_act", True))}) for name, kw in V3_BUILDS.items()}
+    provs = {name: MoeSm90(0, **{**kw, "debug_h": bool(kw.get("fuse_act", True))}) for name, kw in builds().items()}
     v1 = MoeSm90(0, variant="v1")
     res: dict[str, Any] = {"cases": [], "ok": True}
     for m, shared, skewed in cases():
@@ -191,8 +199,9 @@ def step_check(out_dir: Path) -> dict[str, Any]:
     try:
         from netra.bench.kernels_moe import check_align, check_route
 
-        rt = check_route(provs["v3"], w)  # the first instance, after the others ran (shared params)
-        al = check_align(provs["v3"])
+        first = next(iter(provs.values()))  # the first instance, after the others ran (shared params)
+        rt = check_route(first, w)
+        al = check_align(first)
         res["route_v3"], res["align_v3"] = rt, al
         res["route_align_ok"] = (rt["id_mismatch_tokens"] == 0 and rt["meta_mismatches"] == 0
                                  and rt["xq_mismatches"] == 0 and rt["logit_over_1ulp"] == 0
@@ -221,7 +230,7 @@ def step_time(out_dir: Path, reps: int = 40) -> dict[str, Any]:
 
     w = make_weights()
     bw = copy_bandwidth()
-    provs = {"v1": MoeSm90(0, variant="v1"), **{name: MoeSm90(0, **kw) for name, kw in V3_BUILDS.items()}}
+    provs = {"v1": MoeSm90(0, variant="v1"), **{name: MoeSm90(0, **kw) for name, kw in builds().items()}}
     rows: list[dict[str, Any]] = []
     # routed-only batches, then the shared expert as a 9th route (goal 4: one slot with every token)
     for m, shared in [(m, False) for m in BATCHES] + [(m, True) for m in SHARED_BATCHES]:
@@ -241,10 +250,10 @@ def step_time(out_dir: Path, reps: int = 40) -> dict[str, Any]:
             return run
 
         if shared:
-            fns = {name: make(provs[name], "all") for name in SHARED_PROVIDERS}
+            fns = {name: make(provs[name], "all") for name in SHARED_PROVIDERS if name in provs}
         else:
             fns = {name: make(o, "all") for name, o in provs.items()}
-            for name in SPLITS:
+            for name in [n for n in SPLITS if n in provs]:
                 fns[f"{name}:align"] = make(provs[name], "align")
                 fns[f"{name}:align+gate_up"] = make(provs[name], "gate_up")
         graphs = {}
@@ -295,7 +304,7 @@ def step_sanitize_inner() -> dict[str, Any]:
          "s13": torch.ones(e, 8, 16, device="cuda"),
          "w2": torch.zeros(e, HIDDEN, INTER, dtype=torch.uint8, device="cuda").view(f8),
          "s2": torch.ones(e, 16, 4, device="cuda")}
-    for kw in V3_BUILDS.values():
+    for kw in builds().values():
         ours = MoeSm90(0, **kw)
         for m, shared, skewed in ((3, True, False), (20, False, True)):
             x, ids, wts, sw = routing(m, skewed, seed=9)
@@ -309,6 +318,11 @@ NCU_PROVIDERS = ("v3", "v3p", "v3p6", "v3p6s")
 NCU_PLAN = ((128, NCU_PROVIDERS), (1, ("v3", "v3p6")))  # (tokens, providers) in profiling order
 
 
+def ncu_plan() -> list[tuple[int, list[str]]]:
+    act = builds()
+    return [(m, [n for n in names if n in act]) for m, names in NCU_PLAN]
+
+
 def step_profile_inner() -> None:
     """Runs under ncu (--profile-from-start off): warm every provider, then one profiled layer call per
     (provider, tokens) between cudaProfilerStart/Stop. Routed only, as the timing step."""
@@ -318,8 +332,8 @@ def step_profile_inner() -> None:
     from netra.ops.moe_fp8 import MoeSm90
 
     w = make_weights()
-    provs = {name: MoeSm90(0, **V3_BUILDS[name]) for name in NCU_PROVIDERS}
-    for m, names in NCU_PLAN:  # 128 tokens first: the most useful rows survive a timeout
+    provs = {name: MoeSm90(0, **V3_BUILDS[name]) for name in NCU_PROVIDERS if name in builds()}
+    for m, names in ncu_plan():  # 128 tokens first: the most useful rows survive a timeout
         x, ids, wts, _ = routing(m, False, seed=5)
         for name in names:
             ours = provs[name]
@@ -385,20 +399,21 @@ def step_sass(out_dir: Path) -> dict[str, Any]:
     return res
 
 
-def run_step(step: str, out_dir: Path) -> dict[str, Any]:
-    """Each step in its own process under its own timeout; its log under out_dir."""
-    log = out_dir / f"{step}.log"
+def run_step(step: str, out_dir: Path, names: list[str] | None = None, tag: str = "") -> dict[str, Any]:
+    """Each step in its own process under its own timeout (on the builds ``names``); its log under out_dir."""
+    log = out_dir / f"{step}{tag}.log"
     here = Path(__file__).resolve()
-    cmd = [sys.executable, str(here), "--step", step, "--out", str(out_dir)]
+    sel = ["--builds", ",".join(names)] if names is not None else []
+    cmd = [sys.executable, str(here), "--step", step, "--out", str(out_dir), "--tag", tag, *sel]
     if step == "ncu":  # kernels serialised by ncu (no PDL overlap): per-kernel DRAM rate / stalls
         cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--kernel-name", "regex:moe_(gate_up|down)",
                "--section", "SpeedOfLight", "--section", "Occupancy", "--section", "LaunchStats",
                "--section", "WarpStateStats", "--section", "SchedulerStats", "--section", "MemoryWorkloadAnalysis",
-               sys.executable, str(here), "--step", "profile-inner", "--out", str(out_dir)]
+               sys.executable, str(here), "--step", "profile-inner", "--out", str(out_dir), *sel]
     if step == "sanitize":
         # --report-api-errors no: run5's 34 "errors" were cuda-bindings probing cuGetProcAddress on the host
         cmd = ["compute-sanitizer", "--tool", "memcheck", "--report-api-errors", "no", "--error-exitcode", "3",
-               sys.executable, str(here), "--step", "sanitize-inner", "--out", str(out_dir)]
+               sys.executable, str(here), "--step", "sanitize-inner", "--out", str(out_dir), *sel]
     t0 = time.time()
     with log.open("w") as fh:
         try:
@@ -407,12 +422,17 @@ def run_step(step: str, out_dir: Path) -> dict[str, Any]:
         except Exception as exc:
             fh.write(f"could not start: {exc}\n")
             rc = -1
-    return {"step": step, "rc": rc, "seconds": round(time.time() - t0, 1), "timed_out": rc in (124, 137)}
+    return {"step": step + tag, "rc": rc, "seconds": round(time.time() - t0, 1), "timed_out": rc in (124, 137)}
 
 
 def table(out_dir: Path, steps: list[dict[str, Any]]) -> None:
     for s in steps:
         print(f"step {s['step']}: rc {s['rc']} in {s['seconds']} s" + (" (TIMED OUT)" if s["timed_out"] else ""))
+    smk = out_dir / "smoke.json"
+    if smk.exists():
+        doc = json.loads(smk.read_text())
+        print("smoke: usable " + ", ".join(doc.get("passing", [])) + "; not ok " + ", ".join(
+            f"{n} (rc {v['rc']})" for n, v in doc.get("builds", {}).items() if not v["ok"]))
     chk = out_dir / "check.json"
     if chk.exists():
         doc = json.loads(chk.read_text())
@@ -455,18 +475,42 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step", choices=("all", "sass", "smoke", "check", "time", "ncu", "sanitize", "sanitize-inner",
                                        "profile-inner"),
                     default="all")
+    ap.add_argument("--builds", default=None, help="comma-separated V3_BUILDS names (default: all)")
+    ap.add_argument("--tag", default="", help="suffix of this step's json (per-build smoke)")
     args = ap.parse_args(argv)
+    global _ACTIVE
+    _ACTIVE = args.builds.split(",") if args.builds else None
     args.out.mkdir(parents=True, exist_ok=True)
     if args.step == "all":
-        steps = [run_step(s, args.out) for s in ("sass", "smoke")]
-        if steps[-1]["rc"] == 0:
-            steps += [run_step(s, args.out) for s in ("check", "time", "ncu", "sanitize")]
-        else:  # broken or hung: the sanitizer is the useful diagnosis, timings would be meaningless
-            print(f"smoke failed (rc {steps[-1]['rc']}): skipping check and time", flush=True)
-            steps.append(run_step("sanitize", args.out))
-        logs = [args.out / f"{s}.log" for s in ("sass", "smoke", "check", "time", "ncu", "sanitize")]
+        steps = [run_step("sass", args.out)]
+        # smoke: each build in its own process (a trap poisons its CUDA context), so one broken tuning
+        # build cannot hide the others; the later steps use only the builds whose smoke passed
+        smoke: dict[str, Any] = {"builds": {}}
+        for name in V3_BUILDS:
+            st = run_step("smoke", args.out, [name], tag=f"_{name}")
+            steps.append(st)
+            sj = args.out / f"smoke_{name}.json"
+            doc = json.loads(sj.read_text()) if sj.exists() else {}
+            sj.unlink(missing_ok=True)
+            smoke["builds"][name] = {"rc": st["rc"], "ok": st["rc"] == 0 and bool(doc.get("ok")),
+                                     "cases": doc.get("cases", [])}
+        # usable = the smoke process completed (rc 0 ok, rc 2 inaccurate): no trap / fault / hang, so the
+        # build can share a process with the others; check then shows what is wrong with an inaccurate one
+        passing = [n for n, v in smoke["builds"].items() if v["rc"] in (0, 2)]
+        smoke["passing"] = passing
+        smoke["ok"] = all(v["ok"] for v in smoke["builds"].values())
+        (args.out / "smoke.json").write_text(json.dumps(smoke, indent=1))
+        _ACTIVE = passing
+        if passing:
+            steps += [run_step(s, args.out, passing) for s in ("check", "time", "ncu")]
+        else:  # every build broken or hung: the sanitizer is the useful diagnosis, timings would be meaningless
+            print("smoke failed for every build: skipping check, time and ncu", flush=True)
+        failing = [n for n in V3_BUILDS if n not in passing]
+        steps.append(run_step("sanitize", args.out, passing + failing))  # failing last: a trap ends the process
+        logs = [args.out / f"{s}.log" for s in ("sass", *[f"smoke_{n}" for n in V3_BUILDS], "check", "time", "ncu",
+                                                 "sanitize")]
         ncu_rows = ncu_summary(args.out / "ncu.log") if (args.out / "ncu.log").exists() else []
-        labels = [f"{name}@m{m}" for m, names in NCU_PLAN for name in names for _ in range(2)]  # gate_up, down
+        labels = [f"{name}@m{m}" for m, names in ncu_plan() for name in names for _ in range(2)]  # gate_up, down
         ncu_rows = [f"{lab:12s} {row}" for lab, row in zip(labels, ncu_rows, strict=False)] + ncu_rows[len(labels):]
         (args.out / "ncu_summary.txt").write_text("\n".join(ncu_rows) + "\n")
         for log in logs:  # log tails, then the table last
@@ -492,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     assert fn is not None
     res = fn(args.out)
-    (args.out / f"{args.step}.json").write_text(json.dumps(res, indent=1))
+    (args.out / f"{args.step}{args.tag}.json").write_text(json.dumps(res, indent=1))
     return 0 if res.get("ok", True) else 2
 
 
