@@ -5,10 +5,12 @@
     python3 scripts/gpu/moe_v3_check.py --step check|time|sanitize --out DIR   # one step
 
 Steps (one failing step does not stop the others; each writes DIR/<step>.log, and DIR/<step>.json
-except sanitize; in the default mode the logs end up in DIR/logs.tar.gz: at most 5 files):
+except sanitize; in the default mode the logs end up in DIR/logs.tar.gz: 6 files come back:
+sass.json smoke.json check.json time.json ncu_summary.txt logs.tar.gz):
   sass      opcode counts of the v3 code objects (cuobjdump -sass): HMMA, UBLKCP (bulk copies), SYNCS
             (mbarriers), LDL/STL (local memory, must be 0).
-  smoke     one v3 layer per build at 1 and 128 tokens (short timeout; on failure only sanitize follows).
+  smoke     one v3 layer at 1 and 128 tokens (+ shared route), each build in its own process; the later
+            steps use the builds whose smoke process completed (--builds); none: only sanitize follows.
   check     v3 fused and unfused layer vs moe_routed_ref (1..128 tokens, shared on/off, skewed loads:
             every token on the same 8 experts at 16 and 128 tokens), outputs and intermediates
             poisoned before every run, run-to-run and eager == graph replay bitwise, the fused
