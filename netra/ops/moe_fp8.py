@@ -248,6 +248,8 @@ V3_TUNES: dict[str, dict[str, str]] = {
     "p6": {"gate_up": "moe_gate_up_v3p_e256", "down": "moe_down_v3w6_e256"},
     # + token-split items (slot, row tile, 8-token chunk): the shared expert / skewed slots spread over CTAs
     "p6s": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3w6s_e256"},
+    # + the down warps' top-k arrivals of two consecutive chunks under one release fence
+    "p6sb": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3w6sb_e256"},
 }
 VARIANTS = ("v1", "v3")
 GU_CTAS_PER_SLOT = 32

@@ -51,10 +51,11 @@ V3_BUILDS: dict[str, dict[str, Any]] = {
     "v3p": {"variant": "v3", "tune": "p"},    # pipelined gate_up + down (round 2)
     "v3p6": {"variant": "v3", "tune": "p6"},  # pipelined gate_up + 6-warp pipelined down (round 2)
     "v3p6s": {"variant": "v3", "tune": "p6s"},  # v3p6 with token-split items (shared expert / skew)
+    "v3p6sb": {"variant": "v3", "tune": "p6sb"},  # v3p6s, down arrivals of 2 chunks under one fence
 }
 SPLITS = ("v3", "v3p6")  # providers whose split points (align, align+gate_up) are timed
 SHARED_BATCHES = (16, 128)  # timed again with the shared expert as a 9th route
-SHARED_PROVIDERS = ("v1", "v3", "v3p6", "v3p6s")
+SHARED_PROVIDERS = ("v1", "v3", "v3p6", "v3p6s", "v3p6sb")
 _ACTIVE: list[str] | None = None  # --builds: the V3_BUILDS this process uses (None: all)
 
 
@@ -63,8 +64,8 @@ def builds() -> dict[str, dict[str, Any]]:
     names = list(V3_BUILDS) if _ACTIVE is None else [n for n in _ACTIVE if n in V3_BUILDS]
     return {n: V3_BUILDS[n] for n in names}
 ROT = 8
-# smoke runs once per build (5 x 30 s); worst case 440 s, typical ~3 min
-STEP_TIMEOUT = {"sass": 20, "smoke": 30, "check": 60, "time": 75, "ncu": 90, "sanitize": 45}
+# smoke runs once per build (6 x 25 s); worst case 440 s, typical ~3 min
+STEP_TIMEOUT = {"sass": 20, "smoke": 25, "check": 60, "time": 75, "ncu": 90, "sanitize": 45}
 # (run5 took 6-7 s per step; the limits only bound a hang)
 SASS_OPS = ("HMMA", "UBLKCP", "SYNCS", "LDL", "STL", "MEMBAR", "FENCE", "ATOMG", "ACQBULK", "LDS", "LDG")
 RTOL, COS = 1e-2, 0.9999
@@ -316,7 +317,7 @@ def step_sanitize_inner() -> dict[str, Any]:
     return {"done": True}
 
 
-NCU_PROVIDERS = ("v3", "v3p", "v3p6", "v3p6s")
+NCU_PROVIDERS = ("v3", "v3p", "v3p6", "v3p6s", "v3p6sb")
 NCU_PLAN = ((128, NCU_PROVIDERS), (1, ("v3", "v3p6")))  # (tokens, providers) in profiling order
 
 
@@ -460,14 +461,17 @@ def table(out_dir: Path, steps: list[dict[str, Any]]) -> None:
             v = r.get(k + "_us")
             return f"{v:6.1f}" if isinstance(v, (int, float)) else "     -"
 
+        fused = [n for n in V3_BUILDS if n != "v3-unfused"]
         print("graph replay µs per layer call (median; S = + shared expert); split = align | align+gate_up")
-        print("tok  | floor |   v1   |   v3   | v3-unf |  v3p   |  v3p6  | v3p6s  | best/v1 | floor/best | "
-              "v3 split    | v3p6 split")
+        print("tok  | floor |   v1   |   v3   | v3-unf |  v3p   |  v3p6  | v3p6s  | v3p6sb | best/v1 | floor/best | "
+              "v3 split      | v3p6 split")
         for r in doc["rows"]:
-            best = min(r[k] for k in ("v3_us", "v3p_us", "v3p6_us", "v3p6s_us") if isinstance(r.get(k), (int, float)))
+            have = [r[n + "_us"] for n in fused if isinstance(r.get(n + "_us"), (int, float))]
+            best = min(have) if have else float("nan")
             tok = f"{r['tokens']:3d}" + ("S" if r.get("shared") else " ")
             print(f"{tok} | {r['floor_us']:5.1f} | {f(r, 'v1')} | {f(r, 'v3')} | {f(r, 'v3-unfused')} | "
-                  f"{f(r, 'v3p')} | {f(r, 'v3p6')} | {f(r, 'v3p6s')} | {r['v1_us'] / best:5.2f}x | {r['floor_us'] / best:5.2f} | "
+                  f"{f(r, 'v3p')} | {f(r, 'v3p6')} | {f(r, 'v3p6s')} | {f(r, 'v3p6sb')} | "
+                  f"{r['v1_us'] / best:5.2f}x | {r['floor_us'] / best:5.2f} | "
                   f"{f(r, 'v3:align')} {f(r, 'v3:align+gate_up')} | {f(r, 'v3p6:align')} {f(r, 'v3p6:align+gate_up')}")
 
 

@@ -285,8 +285,11 @@ def test_v3_tuning_builds() -> None:
             "moe_gate_up_v3ps_e256": (224, 6 * (32768 + 16), ["-DGU_PIPE=1", "-DTSPLIT=1"]),
             "moe_down_v3w6s_e256": (224, 6 * (32768 + 16) + 6 * hbuf(8),
                                     ["-DDN_PIPE=1", "-DDN_NCW=6", "-DDN_STAGES=6", "-DHCHUNK=8", "-DTSPLIT=1",
-                                     "-DGU_PIPE=1"])}
-    for tune in ("p", "p6", "p6s"):
+                                     "-DGU_PIPE=1"]),
+            "moe_down_v3w6sb_e256": (224, 6 * (32768 + 16) + 6 * hbuf(8),
+                                     ["-DDN_PIPE=1", "-DDN_NCW=6", "-DDN_STAGES=6", "-DHCHUNK=8", "-DTSPLIT=1",
+                                      "-DGU_PIPE=1", "-DDN_BATCH=1"])}
+    for tune in ("p", "p6", "p6s", "p6sb"):
         for key, name in moe_fp8.V3_TUNES[tune].items():
             c = cat.by_name(name)
             b = base[key]
@@ -297,7 +300,7 @@ def test_v3_tuning_builds() -> None:
             assert (c.launch["block"], c.launch["smem_bytes"], c.kernel["flags"]) == want[name], name
             assert c.launch["smem_bytes"] + 2 * 1032 <= 227 * 1024  # + the token-split item map (static)
             ops.add(c.op)
-    assert len(ops) == 7  # base gate_up + down, v3p / v3ps gate_up, three tuned downs
+    assert len(ops) == 8  # base gate_up + down, v3p / v3ps gate_up, four tuned downs
     for kwargs in ({"variant": "v3", "tune": "x"}, {"variant": "v1", "tune": "p"},
                    {"variant": "v3", "fuse_act": False, "tune": "p"}):
         with pytest.raises(ValueError):

@@ -59,6 +59,12 @@
 #ifndef DN_PIPE
 #define DN_PIPE 0                  // 1: down loads all 4 K blocks' B before its MMAs; top-k sum loads unrolled
 #endif
+#ifndef DN_BATCH
+#define DN_BATCH 0                 // 1: a down warp's top-k arrivals of two consecutive chunks share one fence
+#endif
+#if DN_BATCH && !DN_PIPE
+#error "DN_BATCH needs DN_PIPE"
+#endif
 #ifndef TSPLIT
 #define TSPLIT 0                   // 1: an item is (slot, row tile, token chunk): a slot with many tokens (the
 #endif                             //    shared expert, skewed loads) spreads over many CTAs (needs GU_PIPE)
@@ -275,6 +281,46 @@ __device__ __forceinline__ void map_item(const int* istart, int nslots, int per_
   const int rel = it - istart[lo];
   chunk = rel / per_slot;
   rt = rel % per_slot;
+}
+#endif
+
+#if DN_BATCH
+// Top-k arrivals of one chunk (rows routes from route index rb, 64-column tile nt), the caller having
+// fenced (release) its y stores: the arrival that completes a (tile, token) sums that token's routes
+// in rank order into out and resets the counter. Same code as the inline DN_PIPE epilogue.
+__device__ __forceinline__ void topk_arrive(const GemmParamsV3& p, int nt, int rb, int rows, int lane) {
+  bool last = false;
+  int tok = 0;
+  if (lane < rows) {
+    tok = __ldg(p.route_token + rb + lane);
+    const unsigned prev = atomicAdd(&p.counters[nt * MAX_TOKENS + tok], 1u);
+    last = prev == (unsigned)p.routes_per_token - 1u;
+  }
+  unsigned mask = __ballot_sync(0xffffffffu, last);
+  if (mask) fence_acq_rel_gpu();
+  while (mask) {
+    const int src = __ffs(mask) - 1;
+    mask &= mask - 1;
+    const int tk = __shfl_sync(0xffffffffu, tok, src);
+    const int col = nt * 64 + 2 * lane;
+    float s0 = 0.0f, s1 = 0.0f;
+    unsigned v[ROUTE_STRIDE];
+#pragma unroll
+    for (int k = 0; k < ROUTE_STRIDE; ++k)
+      v[k] = k < p.routes_per_token
+                 ? __ldcg(reinterpret_cast<const unsigned*>(p.y + (size_t)(tk * ROUTE_STRIDE + k) * HID + col))
+                 : 0u;
+#pragma unroll
+    for (int k = 0; k < ROUTE_STRIDE; ++k) {
+      if (k < p.routes_per_token) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v[k]));
+        s0 += f.x;
+        s1 += f.y;
+      }
+    }
+    *reinterpret_cast<__nv_bfloat162*>(p.out + (size_t)tk * HID + col) = __floats2bfloat162_rn(s0, s1);
+    if (lane == src) p.counters[nt * MAX_TOKENS + tk] = 0u;
+  }
 }
 #endif
 
@@ -539,6 +585,10 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3(const Ge
   float* hsc = reinterpret_cast<float*>(hbuf + HCHUNK * HROW);
   int cached_slot = -1, cached_c0 = -1;
 #endif
+#if DN_BATCH
+  bool pend = false;  // a chunk whose top-k arrivals wait for the next chunk's fence
+  int p_nt = 0, p_rb = 0, p_rows = 0;
+#endif
   for (int j = wid; j < n; j += DN_NCW) {
     const int s = j % DN_STAGES;
 #if TSPLIT
@@ -744,6 +794,22 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3(const Ge
           }
         }
       }
+#if DN_BATCH
+      // Arrivals of this chunk and the warp's previous one under one release fence (every lane fences
+      // its own y stores); an odd chunk stays pending until the next one or the end of the loop.
+      if (!pend) {
+        pend = true;
+        p_nt = nt;
+        p_rb = r0 + c0;
+        p_rows = rows;
+      } else {
+        fence_acq_rel_gpu();
+        __syncwarp();
+        topk_arrive(p, p_nt, p_rb, p_rows, lane);
+        topk_arrive(p, nt, r0 + c0, rows, lane);
+        pend = false;
+      }
+#else
       // Top-k arrivals: one per (route, 64-column tile). Every lane fences its own y stores first.
       fence_acq_rel_gpu();
       __syncwarp();
@@ -788,6 +854,7 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3(const Ge
         *reinterpret_cast<__nv_bfloat162*>(p.out + (size_t)tk * HID + col) = __floats2bfloat162_rn(s0, s1);
         if (lane == src) p.counters[nt * MAX_TOKENS + tk] = 0u;
       }
+#endif
     }
     if (cnt <= 0) {  // cannot happen (active slots have routes); keeps the ring in phase regardless
       mbar_wait(&full[s], (j / DN_STAGES) & 1);
@@ -795,4 +862,11 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3(const Ge
       if (lane == 0) mbar_arrive(&empty[s]);
     }
   }
+#if DN_BATCH
+  if (pend) {
+    fence_acq_rel_gpu();
+    __syncwarp();
+    topk_arrive(p, p_nt, p_rb, p_rows, lane);
+  }
+#endif
 }
