@@ -488,11 +488,14 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         logf.flush()
 
     wanted = parse_providers(args.providers)
+    if getattr(args, "v3_tune", ""):
+        NETRA_VARIANTS["netra-v3"] = {"variant": "v3", "tune": args.v3_tune}
+        log(f"netra-v3 uses tuning build {args.v3_tune!r}")
     budget = Budget(args.provider_budget_s, args.time_budget_s, log)
     doc: dict[str, Any] = {"device": torch.cuda.get_device_name(), "rot": args.rot, "samples": args.samples,
                            "providers_requested": wanted, "providers_skipped": {}, "rows": [],
                            "checks": {}, "peer_checks": [], "distinct_experts": {}, "git_sha": args.git_sha,
-                           "torch": torch.__version__}
+                           "torch": torch.__version__, "v3_tune": getattr(args, "v3_tune", "")}
 
     def save() -> None:
         doc["budget_events"] = budget.events
@@ -840,6 +843,7 @@ def write_records_v3(src: Path, out: Path, tag: str, git_sha: str, judge: str = 
                          "rotated_routings": doc.get("rot"), "samples": doc.get("samples"),
                          "eager": "timed separately after the graphs"},
             "providers": doc.get("providers"), "providers_skipped": doc.get("providers_skipped"),
+            "netra_v3_tune": doc.get("v3_tune", ""),
             "budget_events": doc.get("budget_events", []),
             "peer": "SGLang 0.5.23 Triton kernels from the pinned wheel (netra/bench/peers/sglang_moe.py)",
             "peer_notes": doc.get("peer_notes", [])}
@@ -1025,6 +1029,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--git-sha", default="", help="the commit measured (device copies have no .git)")
     ap.add_argument("--sglang-root", type=Path, default=None)
     ap.add_argument("--rot", type=int, default=8)
+    ap.add_argument("--v3-tune", default="", help="run: the tuning build netra-v3 uses (MoeSm90 tune=, e.g. p6s); "
+                    "netra-v3-unfused keeps the base GEMMs")
     ap.add_argument("--samples", type=int, default=60, help="interleaved graph replays per provider and shape")
     ap.add_argument("--eager-reps", type=int, default=20)
     ap.add_argument("--provider-budget-s", type=float, default=150.0, help="setup wall-clock budget per provider")

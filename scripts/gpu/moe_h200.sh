@@ -7,7 +7,7 @@
 # then the records (results/sm90/moe_*_v3.json) are written into $OUT and the table prints LAST.
 # Every step has its own timeout; a failing step does not stop the others. Budget: ~4-5 minutes.
 #   usage (device): bash scripts/gpu/moe_h200.sh [git sha measured]     (or GIT_SHA=...)
-#   env: OUT, MOE_PROVIDERS (default all), MOE_BENCH_LIMIT (s, default 280), MOE_TIME_BUDGET (s, 220),
+#   env: OUT, MOE_PROVIDERS (default all), MOE_V3_TUNE (tuning build netra-v3 uses, e.g. p6s), MOE_BENCH_LIMIT (s, default 280), MOE_TIME_BUDGET (s, 220),
 #        MOE_PROFILE=1 (adds ncu of the v1 sequence, ~2 x 150 s more)
 # Carry: build/ (code objects from `netra kernels build`) and .sglang_peer/ (the SGLang 0.5.23
 # wheel's kernel files: `python -m netra.bench.peers.sglang_moe .sglang_peer`).
@@ -62,7 +62,8 @@ grep -E "ERROR SUMMARY|FAILED" "$LOGS/sanitize.txt" | head -5
 
 # 3. checks + every provider, one process, interleaved (its own wall-clock budget inside)
 step bench "${MOE_BENCH_LIMIT:-280}" python3 -m netra.bench.kernels_moe --mode run --providers "$PROVIDERS" \
-  --sglang-root .sglang_peer --out "$OUT" --git-sha "$SHA" --time-budget-s "${MOE_TIME_BUDGET:-220}"
+  --sglang-root .sglang_peer --out "$OUT" --git-sha "$SHA" --time-budget-s "${MOE_TIME_BUDGET:-220}" \
+  --v3-tune "${MOE_V3_TUNE:-}"
 [[ -f "$OUT/bench_log.txt" ]] && mv "$OUT/bench_log.txt" "$LOGS/"
 
 # (optional) MOE_PROFILE=1: ncu on the v1 sequence at 1 and 128 tokens (scripts/gpu/moe_profile.py)
