@@ -23,7 +23,9 @@ sass.json smoke.json check.json time.json ncu_summary.txt logs.tar.gz):
   ncu       ncu (serialised kernels) of v3 / v3p / v3p6 at 1 and 128 tokens; DIR/ncu_summary.txt.
   sanitize  compute-sanitizer --tool memcheck on small v3 layer calls (every build in V3_BUILDS).
 
-Round 2: the providers are V3_BUILDS (v3, v3-unfused, and the tuning builds v3p / v3p6); run5's
+Round 3: the default run covers DEFAULT_BUILDS (v3p6s = round 2's best, v3st / v3st8 = the streaming
+down kernel, h once per (slot, chunk) group per CTA + grid barrier + top-k sum pass); --builds picks
+any V3_BUILDS. Round 2: the providers were V3_BUILDS (v3, v3-unfused, tuning builds v3p / v3p6); run5's
 "v3 NaN" was the shared params buffer of route/align (fixed in netra/ops/moe_fp8.py), which the
 check step now exercises on purpose (several instances alive, route/align checked on the first).
 """
@@ -52,10 +54,16 @@ V3_BUILDS: dict[str, dict[str, Any]] = {
     "v3p6": {"variant": "v3", "tune": "p6"},  # pipelined gate_up + 6-warp pipelined down (round 2)
     "v3p6s": {"variant": "v3", "tune": "p6s"},  # v3p6 with token-split items (shared expert / skew)
     "v3p6sb": {"variant": "v3", "tune": "p6sb"},  # v3p6s, down arrivals of 2 chunks under one fence
+    # round 3: p6s gate_up + streaming down (h once per group per CTA, grid barrier, then top-k sum)
+    "v3st": {"variant": "v3", "tune": "st"},    # 16-token groups
+    "v3st8": {"variant": "v3", "tune": "st8"},  # 8-token groups
 }
-SPLITS = ("v3", "v3p6")  # providers whose split points (align, align+gate_up) are timed
+# round 3: the default run is the A/B of the streaming down against round 2's best (v3p6s); the other
+# builds stay reachable with --builds (their results are in .briefs/devruns/run8)
+DEFAULT_BUILDS = ("v3p6s", "v3st", "v3st8")
+SPLITS = ("v3p6s", "v3st")  # providers whose split points (align, align+gate_up) are timed
 SHARED_BATCHES = (16, 128)  # timed again with the shared expert as a 9th route
-SHARED_PROVIDERS = ("v1", "v3", "v3p6", "v3p6s", "v3p6sb")
+SHARED_PROVIDERS = ("v1", "v3", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8")
 _ACTIVE: list[str] | None = None  # --builds: the V3_BUILDS this process uses (None: all)
 
 
@@ -65,7 +73,7 @@ def builds() -> dict[str, dict[str, Any]]:
     return {n: V3_BUILDS[n] for n in names}
 ROT = 8
 # smoke runs once per build (6 x 25 s); worst case 440 s, typical ~3 min
-STEP_TIMEOUT = {"sass": 20, "smoke": 25, "check": 60, "time": 75, "ncu": 90, "sanitize": 45}
+STEP_TIMEOUT = {"sass": 20, "smoke": 25, "check": 50, "time": 60, "ncu": 60, "sanitize": 45}
 # (run5 took 6-7 s per step; the limits only bound a hang)
 SASS_OPS = ("HMMA", "UBLKCP", "SYNCS", "LDL", "STL", "MEMBAR", "FENCE", "ATOMG", "ACQBULK", "LDS", "LDG")
 RTOL, COS = 1e-2, 0.9999
@@ -317,8 +325,8 @@ def step_sanitize_inner() -> dict[str, Any]:
     return {"done": True}
 
 
-NCU_PROVIDERS = ("v3", "v3p", "v3p6", "v3p6s", "v3p6sb")
-NCU_PLAN = ((128, NCU_PROVIDERS), (1, ("v3", "v3p6")))  # (tokens, providers) in profiling order
+NCU_PROVIDERS = ("v3", "v3p", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8")
+NCU_PLAN = ((128, NCU_PROVIDERS), (1, ("v3p6s", "v3st", "v3st8")))  # (tokens, providers) in profiling order
 
 
 def ncu_plan() -> list[tuple[int, list[str]]]:
@@ -388,7 +396,7 @@ def step_sass(out_dir: Path) -> dict[str, Any]:
     res: dict[str, Any] = {}
     build = Path(get("NETRA_BUILD_DIR"))
     for e in read_lock()["code_objects"]:
-        if "_v3_" not in e["name"]:
+        if "_v3" not in e["name"]:
             continue
         sass = subprocess.run(["cuobjdump", "-sass", str(build / e["code_object"])], capture_output=True,
                               text=True).stdout
@@ -461,18 +469,18 @@ def table(out_dir: Path, steps: list[dict[str, Any]]) -> None:
             v = r.get(k + "_us")
             return f"{v:6.1f}" if isinstance(v, (int, float)) else "     -"
 
-        fused = [n for n in V3_BUILDS if n != "v3-unfused"]
+        shown = [n for n in V3_BUILDS if any(isinstance(r.get(n + "_us"), (int, float)) for r in doc["rows"])]
+        fused = [n for n in shown if n != "v3-unfused"]
         print("graph replay µs per layer call (median; S = + shared expert); split = align | align+gate_up")
-        print("tok  | floor |   v1   |   v3   | v3-unf |  v3p   |  v3p6  | v3p6s  | v3p6sb | best/v1 | floor/best | "
-              "v3 split      | v3p6 split")
+        print("tok  | floor |   v1   | " + " | ".join(f"{n[:6]:>6s}" for n in shown) + " | best/v1 | floor/best | "
+              + " | ".join(f"{n} split" for n in SPLITS))
         for r in doc["rows"]:
             have = [r[n + "_us"] for n in fused if isinstance(r.get(n + "_us"), (int, float))]
             best = min(have) if have else float("nan")
             tok = f"{r['tokens']:3d}" + ("S" if r.get("shared") else " ")
-            print(f"{tok} | {r['floor_us']:5.1f} | {f(r, 'v1')} | {f(r, 'v3')} | {f(r, 'v3-unfused')} | "
-                  f"{f(r, 'v3p')} | {f(r, 'v3p6')} | {f(r, 'v3p6s')} | {f(r, 'v3p6sb')} | "
-                  f"{r['v1_us'] / best:5.2f}x | {r['floor_us'] / best:5.2f} | "
-                  f"{f(r, 'v3:align')} {f(r, 'v3:align+gate_up')} | {f(r, 'v3p6:align')} {f(r, 'v3p6:align+gate_up')}")
+            print(f"{tok} | {r['floor_us']:5.1f} | {f(r, 'v1')} | " + " | ".join(f(r, n) for n in shown)
+                  + f" | {r['v1_us'] / best:5.2f}x | {r['floor_us'] / best:5.2f} | "
+                  + " | ".join(f"{f(r, n + ':align')} {f(r, n + ':align+gate_up')}" for n in SPLITS))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -481,18 +489,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step", choices=("all", "sass", "smoke", "check", "time", "ncu", "sanitize", "sanitize-inner",
                                        "profile-inner"),
                     default="all")
-    ap.add_argument("--builds", default=None, help="comma-separated V3_BUILDS names (default: all)")
+    ap.add_argument("--builds", default=None, help="comma-separated V3_BUILDS names (default: DEFAULT_BUILDS)")
     ap.add_argument("--tag", default="", help="suffix of this step's json (per-build smoke)")
     args = ap.parse_args(argv)
     global _ACTIVE
     _ACTIVE = args.builds.split(",") if args.builds else None
     args.out.mkdir(parents=True, exist_ok=True)
     if args.step == "all":
+        default = list(_ACTIVE) if _ACTIVE is not None else list(DEFAULT_BUILDS)
         steps = [run_step("sass", args.out)]
         # smoke: each build in its own process (a trap poisons its CUDA context), so one broken tuning
         # build cannot hide the others; the later steps use only the builds whose smoke passed
         smoke: dict[str, Any] = {"builds": {}}
-        for name in V3_BUILDS:
+        for name in default:
             st = run_step("smoke", args.out, [name], tag=f"_{name}")
             steps.append(st)
             sj = args.out / f"smoke_{name}.json"
@@ -511,9 +520,9 @@ def main(argv: list[str] | None = None) -> int:
             steps += [run_step(s, args.out, passing) for s in ("check", "time", "ncu")]
         else:  # every build broken or hung: the sanitizer is the useful diagnosis, timings would be meaningless
             print("smoke failed for every build: skipping check, time and ncu", flush=True)
-        failing = [n for n in V3_BUILDS if n not in passing]
+        failing = [n for n in default if n not in passing]
         steps.append(run_step("sanitize", args.out, passing + failing))  # failing last: a trap ends the process
-        logs = [args.out / f"{s}.log" for s in ("sass", *[f"smoke_{n}" for n in V3_BUILDS], "check", "time", "ncu",
+        logs = [args.out / f"{s}.log" for s in ("sass", *[f"smoke_{n}" for n in default], "check", "time", "ncu",
                                                  "sanitize")]
         ncu_rows = ncu_summary(args.out / "ncu.log") if (args.out / "ncu.log").exists() else []
         labels = [f"{name}@m{m}" for m, names in ncu_plan() for name in names for _ in range(2)]  # gate_up, down

@@ -288,19 +288,27 @@ def test_v3_tuning_builds() -> None:
                                      "-DGU_PIPE=1"]),
             "moe_down_v3w6sb_e256": (224, 6 * (32768 + 16) + 6 * hbuf(8),
                                      ["-DDN_PIPE=1", "-DDN_NCW=6", "-DDN_STAGES=6", "-DHCHUNK=8", "-DTSPLIT=1",
-                                      "-DGU_PIPE=1", "-DDN_BATCH=1"])}
-    for tune in ("p", "p6", "p6s", "p6sb"):
+                                      "-DGU_PIPE=1", "-DDN_BATCH=1"]),
+            # round 3: streaming down (own symbol): two group h buffers, 256 B workspace (grid barrier)
+            "moe_down_v3st_e256": (224, 6 * (32768 + 16) + 2 * hbuf(16),
+                                   ["-DDN_STREAM=1", "-DDN_NCW=6", "-DDN_STAGES=6", "-DHCHUNK=16", "-DTSPLIT=1",
+                                    "-DGU_PIPE=1"]),
+            "moe_down_v3st8_e256": (224, 6 * (32768 + 16) + 2 * hbuf(8),
+                                    ["-DDN_STREAM=1", "-DDN_NCW=6", "-DDN_STAGES=6", "-DHCHUNK=8", "-DTSPLIT=1",
+                                     "-DGU_PIPE=1"])}
+    for tune in ("p", "p6", "p6s", "p6sb", "st", "st8"):
         for key, name in moe_fp8.V3_TUNES[tune].items():
             c = cat.by_name(name)
             b = base[key]
-            assert c.kernel["source"] == b.kernel["source"] and c.kernel["symbol"] == b.kernel["symbol"]
+            symbol = "moe_down_v3_stream" if tune.startswith("st") and key == "down" else b.kernel["symbol"]
+            assert c.kernel["source"] == b.kernel["source"] and c.kernel["symbol"] == symbol
             assert c.kernel["params_layout"] == b.kernel["params_layout"]
             assert ctypes.sizeof(moe_fp8._GemmParamsV3) == c.kernel["params_layout"]["size"]
             assert c.launch["pdl"] is True and c.maturity == "experiment"
             assert (c.launch["block"], c.launch["smem_bytes"], c.kernel["flags"]) == want[name], name
             assert c.launch["smem_bytes"] + 2 * 1032 <= 227 * 1024  # + the token-split item map (static)
             ops.add(c.op)
-    assert len(ops) == 8  # base gate_up + down, v3p / v3ps gate_up, four tuned downs
+    assert len(ops) == 10  # base gate_up + down, v3p / v3ps gate_up, four tuned downs, two streaming downs
     for kwargs in ({"variant": "v3", "tune": "x"}, {"variant": "v1", "tune": "p"},
                    {"variant": "v3", "fuse_act": False, "tune": "p"}):
         with pytest.raises(ValueError):

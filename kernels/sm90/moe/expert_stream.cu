@@ -870,3 +870,268 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3(const Ge
   }
 #endif
 }
+
+#if DN_STREAM
+// ================================================================================ down, streaming (round 3)
+// Same items, ring, MMAs and numerics as the TSPLIT moe_down_v3 above; what changes is everything around
+// the weight stream, so that the consumer warps release stages as fast as the copy engine fills them:
+// * h per group, once per CTA: a group is (slot, HCHUNK-token chunk) = the 32 items of its 64-row tiles
+//   (items are chunk-major inside a slot, so a CTA's contiguous item range is a run of groups). All
+//   consumer warps compute a group's h (as moe_act_quant, bitwise) into one of two shared group buffers;
+//   one named barrier per group; group g+1's h is computed before group g's items, into the other buffer.
+// * No fence / atomic in the item loop: an item only stores its y rows. After the loop every CTA arrives
+//   once on a grid-wide barrier (arrive counter + generation word in the workspace, self-resetting), then
+//   all CTAs sum the top-k routes for a slice of (token, 8 columns), in rank order in FP32 (as v1: the same
+//   bits). Co-residency: grid = SM count and one CTA per SM (launch bounds, ~210 KB of shared memory);
+//   a CTA that waits does not keep moe_gate_up's CTAs from finishing, so every CTA of the grid becomes
+//   resident; a wait that cannot end traps instead of hanging. The barrier words are touched only after
+//   griddepcontrol.wait (the previous launch of this kernel completed before moe_align, two back, ran).
+#if !TSPLIT
+#error "DN_STREAM needs TSPLIT (and so GU_PIPE)"
+#endif
+#define DN_GBUF (HCHUNK * HROW + HCHUNK * 4 * 4)
+namespace {
+__device__ __forceinline__ void consumer_bar() {
+  asm volatile("bar.sync 1, %0;\n" ::"r"(DN_NCW * 32) : "memory");
+}
+__device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+// h of group gi (slot, chunk) into hb: (row, 128-group) pairs over the consumer half-warps, up to 4 pairs'
+// gate|up loads in flight per half-warp. Trip counts are warp-uniform (rows * 4 is even).
+__device__ void dn_group_h(const GemmParamsV3& p, const int* istart, int nslots, int gi, uint8_t* hb, int wid,
+                           int lane) {
+  int slot, rt, chunk;
+  map_item(istart, nslots, DN_ITEMS_PER_SLOT, gi * DN_ITEMS_PER_SLOT, slot, rt, chunk);
+  const int r0 = __ldg(p.slot_start + slot), cnt = __ldg(p.slot_start + slot + 1) - r0;
+  const int c0 = chunk * HCHUNK, rows = min(HCHUNK, cnt - c0);
+  float* hsc = reinterpret_cast<float*>(hb + HCHUNK * HROW);
+  const int hw = lane >> 4, sub = lane & 15;
+  for (int idx0 = 2 * wid + hw; idx0 < rows * 4; idx0 += 8 * DN_NCW) {
+    uint4 gvs[4], uvs[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int idx = idx0 + 2 * DN_NCW * u;
+      if (idx < rows * 4) {
+        const __nv_bfloat16* src = p.gu + (size_t)(r0 + c0 + (idx >> 2)) * 1024 + (idx & 3) * 128 + sub * 8;
+        gvs[u] = __ldcg(reinterpret_cast<const uint4*>(src));
+        uvs[u] = __ldcg(reinterpret_cast<const uint4*>(src + 512));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int idx = idx0 + 2 * DN_NCW * u;
+      if (idx >= rows * 4) break;
+      const int row = idx >> 2, grp = idx & 3, col = grp * 128 + sub * 8;
+      const size_t r = (size_t)(r0 + c0 + row);
+      float gf[8], uf[8], h[8];
+      moe::bf16x8_to_float(gvs[u], gf);
+      moe::bf16x8_to_float(uvs[u], uf);
+      float amax = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        h[i] = __bfloat162float(__float2bfloat16_rn(moe::silu_mul(gf[i], uf[i])));
+        amax = fmaxf(amax, fabsf(h[i]));
+      }
+#pragma unroll
+      for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      const float sc = moe::group_scale(amax);
+      uint2 q;
+      q.x = moe::quant4(h[0], h[1], h[2], h[3], sc);
+      q.y = moe::quant4(h[4], h[5], h[6], h[7], sc);
+      *reinterpret_cast<uint2*>(hb + row * HROW + col) = q;
+      if (sub == 0) hsc[row * 4 + grp] = sc;
+      if (p.dbg_hq != nullptr) {
+        *reinterpret_cast<uint2*>(p.dbg_hq + r * 512 + col) = q;
+        if (sub == 0) p.dbg_hs[r * 4 + grp] = sc;
+      }
+    }
+  }
+}
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3_stream(const GemmParamsV3 p) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  uint8_t* gbuf = smem + DN_STAGES * ITEM_BYTES;  // two group h buffers
+  uint64_t* full = reinterpret_cast<uint64_t*>(gbuf + 2 * DN_GBUF);
+  uint64_t* empty = full + DN_STAGES;
+  __shared__ int istart[MAX_SLOTS + 1];
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  if (tid == 0) {
+    for (int s = 0; s < DN_STAGES; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 1);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+  // num_slots / slot_start / slot_expert are moe_align's (two kernels back): final here, see the header.
+  const int nslots = __ldcg(p.num_slots);
+  int begin, end;
+  item_range(build_item_map(istart, p.slot_start, nslots, DN_ITEMS_PER_SLOT, HCHUNK), begin, end);
+  const int n = end - begin;
+
+  if (wid == DN_NCW) {  // producer: streams w2 before waiting for moe_gate_up
+    if (lane == 0) {
+      for (int j = 0; j < n; ++j) {
+        const int s = j % DN_STAGES;
+        if (j >= DN_STAGES) mbar_wait(&empty[s], ((j / DN_STAGES) - 1) & 1);
+        int slot, nt, chunk;
+        map_item(istart, nslots, DN_ITEMS_PER_SLOT, begin + j, slot, nt, chunk);
+        const int e = __ldcg(p.slot_expert + slot);
+        mbar_expect_tx(&full[s], ITEM_BYTES);
+        bulk_g2s(smem + s * ITEM_BYTES, p.w2 + ((size_t)e * HID + nt * 64) * INTER, ITEM_BYTES, &full[s]);
+      }
+    }
+    __syncwarp();
+    pdl_wait();
+    pdl_trigger();
+  } else {
+    pdl_wait();  // gu comes from moe_gate_up
+    pdl_trigger();
+    const int g = lane >> 2, t = lane & 3;
+    if (n > 0) {
+      const int g0 = begin / DN_ITEMS_PER_SLOT, g1 = (end - 1) / DN_ITEMS_PER_SLOT;
+      dn_group_h(p, istart, nslots, g0, gbuf, wid, lane);
+      consumer_bar();
+      for (int gi = g0; gi <= g1; ++gi) {
+        const uint8_t* hb = gbuf + ((gi - g0) & 1) * DN_GBUF;
+        const float* hsc = reinterpret_cast<const float*>(hb + HCHUNK * HROW);
+        if (gi < g1) dn_group_h(p, istart, nslots, gi + 1, gbuf + ((gi - g0 + 1) & 1) * DN_GBUF, wid, lane);
+        int slot, rt0, chunk;
+        map_item(istart, nslots, DN_ITEMS_PER_SLOT, gi * DN_ITEMS_PER_SLOT, slot, rt0, chunk);
+        const int e = __ldg(p.slot_expert + slot);
+        const int r0 = __ldg(p.slot_start + slot), cnt = __ldg(p.slot_start + slot + 1) - r0;
+        const int c0 = chunk * HCHUNK, rows = min(HCHUNK, cnt - c0);
+        // token fragments of the group: the same for every item of the group, loaded once per group
+        uint32_t b[4][HTILES][8];
+        float st[4][HTILES];
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) {
+#pragma unroll
+          for (int i = 0; i < HTILES; ++i) {
+            const int lc = i * 8 + g;
+            const bool valid = lc < rows;
+            load_b(hb + lc * HROW + kb * 128 + t * 32, valid, b[kb][i]);
+            st[kb][i] = valid ? hsc[lc * 4 + kb] : 0.0f;
+          }
+        }
+        // this lane's epilogue routes (columns 2t, 2t+1 of each token tile): weight and y row, once per group
+        float rw[HTILES][2];
+        int rdst[HTILES][2];
+#pragma unroll
+        for (int i = 0; i < HTILES; ++i)
+#pragma unroll
+          for (int cz = 0; cz < 2; ++cz) {
+            const int lc = i * 8 + 2 * t + cz;
+            rw[i][cz] = lc < rows ? __ldg(p.route_w + r0 + c0 + lc) : 0.0f;
+            rdst[i][cz] = lc < rows ? __ldg(p.route_dst + r0 + c0 + lc) : 0;
+          }
+        const int ja = max(begin, gi * DN_ITEMS_PER_SLOT) - begin;
+        const int jb = min(end, (gi + 1) * DN_ITEMS_PER_SLOT) - begin;
+        for (int j = ja + (((wid - ja) % DN_NCW) + DN_NCW) % DN_NCW; j < jb; j += DN_NCW) {
+          const int s = j % DN_STAGES;
+          const int nt = begin + j - gi * DN_ITEMS_PER_SLOT;
+          const float wsl = lane < 4 ? __ldg(p.w2_scale + ((size_t)e * 16 + (nt * 64) / 128) * 4 + lane) : 0.0f;
+          float wsk[4];
+#pragma unroll
+          for (int kb = 0; kb < 4; ++kb) wsk[kb] = __shfl_sync(0xffffffffu, wsl, kb);
+          mbar_wait(&full[s], (j / DN_STAGES) & 1);
+          const uint8_t* tile = smem + s * ITEM_BYTES + g * INTER + t * 32;
+          float acc[4][HTILES][4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q)
+#pragma unroll
+            for (int i = 0; i < HTILES; ++i)
+#pragma unroll
+              for (int z = 0; z < 4; ++z) acc[q][i][z] = 0.0f;
+#pragma unroll
+          for (int kb = 0; kb < 4; ++kb) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              uint4 a[4];
+              load_a_smem(a, tile + q * 16 * INTER + kb * 128, INTER);
+#pragma unroll
+              for (int i = 0; i < HTILES; ++i)
+                if (i * 8 < rows) kblock_mma(acc[q][i], a, b[kb][i], wsk[kb], st[kb][i], t);  // warp-uniform
+            }
+          }
+          __syncwarp();  // the stage has been read (operands in registers): release it before the stores
+          if (lane == 0) mbar_arrive(&empty[s]);
+#pragma unroll
+          for (int i = 0; i < HTILES; ++i) {
+#pragma unroll
+            for (int cz = 0; cz < 2; ++cz) {
+              const int lc = i * 8 + 2 * t + cz;
+              if (lc < rows) {
+                const float w = rw[i][cz];
+                __nv_bfloat16* yr = p.y + (size_t)rdst[i][cz] * HID + nt * 64 + g;
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                  yr[q * 16] = __float2bfloat16_rn(acc[q][i][cz] * w);
+                  yr[q * 16 + 8] = __float2bfloat16_rn(acc[q][i][2 + cz] * w);
+                }
+              }
+            }
+          }
+        }
+        consumer_bar();  // every warp is done with this group's buffer before group gi + 2 overwrites it
+      }
+    }
+  }
+
+  // ---- grid-wide barrier, then the top-k sum (all y rows of this launch are written)
+  __syncthreads();
+  if (tid == 0) {
+    unsigned* arrive = p.counters;
+    unsigned* gen = p.counters + 32;
+    const unsigned g0 = ld_acquire_gpu(gen);
+    __threadfence();  // release this CTA's y stores (ordered before by the CTA barrier above)
+    if (atomicAdd(arrive, 1u) == gridDim.x - 1u) {
+      atomicExch(arrive, 0u);
+      __threadfence();
+      atomicAdd(gen, 1u);
+    } else {
+      unsigned polls = 0;
+      while (ld_acquire_gpu(gen) == g0) {
+        __nanosleep(64);
+        if (++polls == (1u << 25)) __trap();
+      }
+    }
+    __threadfence();
+  }
+  __syncthreads();
+  const int units = p.M * (HID / 8);
+  for (int u = blockIdx.x * blockDim.x + tid; u < units; u += gridDim.x * blockDim.x) {
+    const int tk = u / (HID / 8), col = (u % (HID / 8)) * 8;
+    uint4 v[ROUTE_STRIDE];
+#pragma unroll
+    for (int k = 0; k < ROUTE_STRIDE; ++k)
+      v[k] = k < p.routes_per_token
+                 ? __ldcg(reinterpret_cast<const uint4*>(p.y + (size_t)(tk * ROUTE_STRIDE + k) * HID + col))
+                 : make_uint4(0u, 0u, 0u, 0u);
+    float s[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[i] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < ROUTE_STRIDE; ++k) {
+      if (k < p.routes_per_token) {
+        const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&v[k]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 f = __bfloat1622float2(h2[i]);
+          s[2 * i] += f.x;
+          s[2 * i + 1] += f.y;
+        }
+      }
+    }
+    uint4 o;
+    __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) o2[i] = __floats2bfloat162_rn(s[2 * i], s[2 * i + 1]);
+    *reinterpret_cast<uint4*>(p.out + (size_t)tk * HID + col) = o;
+  }
+}
+#endif
