@@ -251,7 +251,7 @@ V3_TUNES: dict[str, dict[str, str]] = {
     # + the down warps' top-k arrivals of two consecutive chunks under one release fence
     "p6sb": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3w6sb_e256"},
     # round 3: p6s's gate_up + the streaming down (h once per (slot, chunk) group per CTA, no per-item
-    # fence/atomic, grid-wide barrier then the top-k sum); 16- and 8-token chunks
+    # fence/atomic, one arrival per CTA, the last CTAs sum the top-k); 16- and 8-token chunks
     "st": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st_e256"},
     "st8": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256"},
 }

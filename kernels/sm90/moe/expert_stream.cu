@@ -880,11 +880,11 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3(const Ge
 //   consumer warps compute a group's h (as moe_act_quant, bitwise) into one of two shared group buffers;
 //   one named barrier per group; group g+1's h is computed before group g's items, into the other buffer.
 // * No fence / atomic in the item loop: an item only stores its y rows. After the loop every CTA arrives
-//   once on a grid-wide barrier (arrive counter + generation word in the workspace, self-resetting), then
-//   all CTAs sum the top-k routes for a slice of (token, 8 columns), in rank order in FP32 (as v1: the same
-//   bits). Co-residency: grid = SM count and one CTA per SM (launch bounds, ~210 KB of shared memory);
-//   a CTA that waits does not keep moe_gate_up's CTAs from finishing, so every CTA of the grid becomes
-//   resident; a wait that cannot end traps instead of hanging. The barrier words are touched only after
+//   once on a counter (workspace word 0); the CTAs with the last K tickets (K = ceil(M*256 / threads),
+//   at most gridDim / 2) wait for the full count and sum the top-k routes for slices of (token, 8 columns),
+//   in rank order in FP32 (as v1: the same bits); the others exit. Only K <= gridDim / 2 CTAs ever wait, so
+//   no co-residency is assumed; a wait that cannot end traps instead of hanging. Word 32 counts the
+//   summing CTAs out; the last resets both words (self-resetting). The words are touched only after
 //   griddepcontrol.wait (the previous launch of this kernel completed before moe_align, two back, ran).
 #if !TSPLIT
 #error "DN_STREAM needs TSPLIT (and so GU_PIPE)"
@@ -1082,29 +1082,39 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3_stream(c
     }
   }
 
-  // ---- grid-wide barrier, then the top-k sum (all y rows of this launch are written)
+  // ---- arrival, then the top-k sum by the last CTAs (all y rows of this launch are written)
+  // Every CTA arrives once (ticket = arrival order). The first gridDim - K CTAs exit; the last K wait until
+  // every CTA has arrived, then sum one slice each. No co-residency assumption: only K <= gridDim / 2 CTAs
+  // ever wait, and they wait for CTAs that run or can take the SMs the exited CTAs freed. The K summing
+  // CTAs count themselves out on a second word; the last one resets both (self-resetting, no memset).
+  __shared__ unsigned s_ticket;
   __syncthreads();
+  unsigned* arrive = p.counters;
+  unsigned* done = p.counters + 32;
   if (tid == 0) {
-    unsigned* arrive = p.counters;
-    unsigned* gen = p.counters + 32;
-    const unsigned g0 = ld_acquire_gpu(gen);
     __threadfence();  // release this CTA's y stores (ordered before by the CTA barrier above)
-    if (atomicAdd(arrive, 1u) == gridDim.x - 1u) {
-      atomicExch(arrive, 0u);
-      __threadfence();
-      atomicAdd(gen, 1u);
-    } else {
-      unsigned polls = 0;
-      while (ld_acquire_gpu(gen) == g0) {
-        __nanosleep(64);
-        if (++polls == (1u << 23)) __trap();  // ~5 s
-      }
-    }
-    __threadfence();
+    s_ticket = atomicAdd(arrive, 1u);
   }
   __syncthreads();
   const int units = p.M * (HID / 8);
-  for (int u = blockIdx.x * blockDim.x + tid; u < units; u += gridDim.x * blockDim.x) {
+  const unsigned nsum = (unsigned)max(1, min((int)gridDim.x / 2, (units + (int)blockDim.x - 1) / (int)blockDim.x));
+  const unsigned ticket = s_ticket;
+  if (ticket < gridDim.x - nsum) return;
+  const int rank = (int)(ticket - (gridDim.x - nsum));
+  if (tid == 0) {
+    unsigned polls = 0;
+    while (ld_acquire_gpu(arrive) < gridDim.x) {
+      __nanosleep(32);
+      if (++polls == (1u << 23)) __trap();  // ~5 s: a broken arrival count, not a wait that can end
+    }
+    __threadfence();
+    if (atomicAdd(done, 1u) == nsum - 1u) {  // every summing CTA has seen the full count: reset
+      atomicExch(arrive, 0u);
+      atomicExch(done, 0u);
+    }
+  }
+  __syncthreads();
+  for (int u = rank * blockDim.x + tid; u < units; u += nsum * blockDim.x) {
     const int tk = u / (HID / 8), col = (u % (HID / 8)) * 8;
     uint4 v[ROUTE_STRIDE];
 #pragma unroll
