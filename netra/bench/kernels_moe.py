@@ -828,9 +828,6 @@ def shared_table(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-COMMAND_V3 = ("device: bash scripts/gpu/moe_h200.sh (carry build .sglang_peer); then here: python -m "
-              "netra.bench.kernels_moe --mode report --from <run out dir> --out results/sm90 --git-sha <sha>")
-
 
 def write_records_v3(src: Path, out: Path, tag: str, git_sha: str, judge: str = "auto") -> list[Path]:
     """Records from one single-process interleaved run (``bench.json``): layer (+ .md), act+quant,
@@ -844,7 +841,11 @@ def write_records_v3(src: Path, out: Path, tag: str, git_sha: str, judge: str = 
     sha = git_sha or doc.get("git_sha") or repo_sha()
     measured = "measured" if rows else "not_run"
     base = {"kind": "kernel", "family": "moe", "target": "sm90", "device": doc["device"], "git_sha": sha,
-            "date": utc_now(), "command": COMMAND_V3, "status": measured,
+            "date": utc_now(), "status": measured,
+            "command": (f"device (carry build .sglang_peer): GIT_SHA={sha} MOE_V3_TUNE={doc.get('v3_tune', '')} "
+                        f"MOE_PROVIDERS={','.join(doc.get('providers_requested') or [])} bash scripts/gpu/moe_h200.sh; "
+                        f"then here: python -m netra.bench.kernels_moe --mode report --from <run out dir> "
+                        f"--out results/sm90 --tag {tag} --git-sha {sha}"),
             "copy_bw_Bps": doc.get("copy_bw_Bps"), "copy_bw_after_Bps": doc.get("copy_bw_after_Bps"),
             "protocol": {"one_process": True, "interleaved": "round-robin, order alternating per sample",
                          "rotated_routings": doc.get("rot"), "samples": doc.get("samples"),
@@ -912,6 +913,8 @@ def layer_markdown(rec: dict[str, Any], st: dict[str, Any], ag: dict[str, Any]) 
     lines = [f"# MoE layer, one run, interleaved ({rec['device']}, {rec['date']}, git {rec['git_sha']})", "",
              f"Copy bandwidth {bw / 1e12:.2f} TB/s. Judged provider: `{rec['judged_provider']}`. "
              f"Verdict **{rec['verdict']}**. Command: `{rec['command']}`", "",
+             *([f"netra-v3 ran the tuning build `{rec['netra_v3_tune']}` (MoeSm90 tune=); netra-v3-unfused the "
+                "base GEMMs.", ""] if rec.get("netra_v3_tune") else []),
              "| tokens | distinct | floor µs | " + " | ".join(f"{n} µs" for n in netras)
              + " | sglang µs | judged/sglang | floor frac |",
              "|---" * (6 + len(netras)) + "|"]
