@@ -254,7 +254,14 @@ V3_TUNES: dict[str, dict[str, str]] = {
     # fence/atomic, one arrival per CTA, the last CTAs sum the top-k); 16- and 8-token chunks
     "st": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st_e256"},
     "st8": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256"},
+    # round 4: the p6s/st8 gate_up + the down picked per call by the token count: p6s's down below
+    # AUTO_STREAM_MIN_M tokens (the streaming down's grid-wide arrival + top-k tail costs ~3 us at 1 token),
+    # st8's streaming down at and above it. Both downs read the same gate|up cache; each has its own
+    # self-resetting workspace, so a call is bitwise the build it picks.
+    "auto": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256",
+             "down_small": "moe_down_v3w6s_e256"},
 }
+AUTO_STREAM_MIN_M = 6  # tune "auto": M < this -> "down_small" (run9: 1 tok p6s 20.9 vs st8 24.0 us; 8 tok 74.5 vs 73.4)
 VARIANTS = ("v1", "v3")
 GU_CTAS_PER_SLOT = 32
 DOWN_CTAS_PER_SLOT = 32
@@ -300,7 +307,8 @@ class MoeSm90:
     SiLU*up + quantization run in the down kernel's prologue (3 launches per layer), with
     ``fuse_act=False`` ``moe_act_quant`` runs between them (4 launches; the A/B build).
     ``debug_h=True`` (v3 fused only, tests) makes the down kernel copy its h_q / h_s into
-    ``dbg_hq`` / ``dbg_hs``. ``tune`` (v3 fused only) picks tuning builds of the GEMMs (``V3_TUNES``).
+    ``dbg_hq`` / ``dbg_hs``. ``tune`` (v3 fused only) picks tuning builds of the GEMMs (``V3_TUNES``);
+    ``tune="auto"`` picks the down kernel per call by the token count (``AUTO_STREAM_MIN_M``).
 
     ``prepare`` loads every code object and allocates every buffer (for up to 128 tokens) before any
     graph capture; the ``run_*`` methods then only fill launch structs and launch on the current
@@ -362,6 +370,7 @@ class MoeSm90:
         gp = _GemmParams if variant == "v1" else _GemmParamsV3
         self._gu = gp.from_buffer(self.t["gate_up"].params)
         self._dn = gp.from_buffer(self.t["down"].params)
+        self._dn_small = gp.from_buffer(self.t["down_small"].params) if "down_small" in self.t else None
         self.dbg_hq = self.dbg_hs = None
         if debug_h:
             self.dbg_hq = torch.zeros(r, INTER, dtype=torch.float8_e4m3fn, device=dev)
@@ -376,7 +385,9 @@ class MoeSm90:
 
         cu = driver()
         attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        for key in ("gate_up", "down"):
+        for key in ("gate_up", "down", "down_small"):
+            if key not in self.t:
+                continue
             t = self.t[key]
             if t.smem_bytes > 0:
                 check(cu.cuFuncSetAttribute(t.function, attr, t.smem_bytes), f"cuFuncSetAttribute {key}")
@@ -459,7 +470,10 @@ class MoeSm90:
             self._gemm("gate_up", self._gu, self.num_sms, m, shared, w13, w13_scale, w2, w2_scale)
             if not self.fuse_act:
                 self.act_quant(self.gu[:routes])
-            self._gemm("down", self._dn, self.num_sms, m, shared, w13, w13_scale, w2, w2_scale)
+            if self._dn_small is not None and m < AUTO_STREAM_MIN_M:  # tune "auto", small batch
+                self._gemm("down_small", self._dn_small, self.num_sms, m, shared, w13, w13_scale, w2, w2_scale)
+            else:
+                self._gemm("down", self._dn, self.num_sms, m, shared, w13, w13_scale, w2, w2_scale)
             return self.out[:m]
         self._gemm("gate_up", self._gu, ns * GU_CTAS_PER_SLOT, m, shared, w13, w13_scale, w2, w2_scale)
         self.act_quant(self.gu[:routes])

@@ -312,6 +312,13 @@ def test_v3_tuning_builds() -> None:
             assert c.launch["smem_bytes"] + 2 * 1032 <= 227 * 1024  # + the token-split item map (static)
             ops.add(c.op)
     assert len(ops) == 10  # base gate_up + down, v3p / v3ps gate_up, four tuned downs, two streaming downs
+    # round 4: "auto" = the st8 pair + p6s's down for calls below AUTO_STREAM_MIN_M tokens (no new code
+    # object: both downs read the gate|up cache of the one gate_up build; each keeps its own workspace)
+    auto = moe_fp8.V3_TUNES["auto"]
+    assert auto == {"gate_up": moe_fp8.V3_TUNES["st8"]["gate_up"], "down": moe_fp8.V3_TUNES["st8"]["down"],
+                    "down_small": moe_fp8.V3_TUNES["p6s"]["down"]}
+    assert moe_fp8.V3_TUNES["p6s"]["gate_up"] == auto["gate_up"]
+    assert 1 < moe_fp8.AUTO_STREAM_MIN_M <= 16
     for kwargs in ({"variant": "v3", "tune": "x"}, {"variant": "v1", "tune": "p"},
                    {"variant": "v3", "fuse_act": False, "tune": "p"}):
         with pytest.raises(ValueError):
