@@ -46,6 +46,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root (PYTHONPATH=. too)
 
 BATCHES = (1, 8, 16, 32, 64, 128)
+TIME_BATCHES = (1, 2, 4, 6, 8, 16, 32, 64, 128)  # round 4: 2..6 place tune "auto"'s threshold
 # provider -> MoeSm90 kwargs (v3 variants; v1 is only the timing/difference baseline)
 V3_BUILDS: dict[str, dict[str, Any]] = {
     "v3": {"variant": "v3"},
@@ -57,13 +58,15 @@ V3_BUILDS: dict[str, dict[str, Any]] = {
     # round 3: p6s gate_up + streaming down (h once per group per CTA, last-arriving CTAs sum the top-k)
     "v3st": {"variant": "v3", "tune": "st"},    # 16-token groups
     "v3st8": {"variant": "v3", "tune": "st8"},  # 8-token groups
+    # round 4: st8 + p6s's down below AUTO_STREAM_MIN_M tokens (picked per call)
+    "v3auto": {"variant": "v3", "tune": "auto"},
 }
 # round 3: the default run is the A/B of the streaming down against round 2's best (v3p6s); the other
 # builds stay reachable with --builds (their results are in .briefs/devruns/run8)
-DEFAULT_BUILDS = ("v3p6s", "v3st", "v3st8")
-SPLITS = ("v3p6s", "v3st")  # providers whose split points (align, align+gate_up) are timed
+DEFAULT_BUILDS = ("v3p6s", "v3st8", "v3auto")
+SPLITS = ("v3st8",)  # providers whose split points (align, align+gate_up) are timed (one gate_up build)
 SHARED_BATCHES = (16, 128)  # timed again with the shared expert as a 9th route
-SHARED_PROVIDERS = ("v1", "v3", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8")
+SHARED_PROVIDERS = ("v1", "v3", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8", "v3auto")
 _ACTIVE: list[str] | None = None  # --builds: the V3_BUILDS this process uses (None: all)
 
 
@@ -72,8 +75,17 @@ def builds() -> dict[str, dict[str, Any]]:
     names = list(V3_BUILDS) if _ACTIVE is None else [n for n in _ACTIVE if n in V3_BUILDS]
     return {n: V3_BUILDS[n] for n in names}
 ROT = 8
+
+
+def _auto_pick(m: int) -> str:
+    from netra.ops.moe_fp8 import AUTO_STREAM_MIN_M
+
+    return "v3p6s" if m < AUTO_STREAM_MIN_M else "v3st8"
+
+
+AUTO_PICKS = {"v3auto": _auto_pick}  # provider -> the provider it must equal bitwise for m tokens
 # smoke runs once per build (3 x 25 s by default); worst case 325 s, typical ~2.5 min
-STEP_TIMEOUT = {"sass": 20, "smoke": 25, "check": 50, "time": 60, "ncu": 75, "sanitize": 45}
+STEP_TIMEOUT = {"sass": 20, "smoke": 25, "check": 50, "time": 75, "ncu": 75, "sanitize": 45}
 # (run5 took 6-7 s per step; the limits only bound a hang)
 SASS_OPS = ("HMMA", "UBLKCP", "SYNCS", "LDL", "STL", "MEMBAR", "FENCE", "ATOMG", "ACQBULK", "LDS", "LDG")
 RTOL, COS = 1e-2, 0.9999
@@ -163,6 +175,7 @@ def step_check(out_dir: Path) -> dict[str, Any]:
         ref = moe_routed_ref(x, ids, wts, w["w13"], w["s13"], w["w2"], w["s2"], swv)
         v1.align(x, ids, wts, swv)
         o1 = v1.experts(x, w["w13"], w["s13"], w["w2"], w["s2"], shared).clone()
+        outs: dict[str, Any] = {}
         for name, ours in provs.items():
             def run(ours: Any = ours, x: Any = x, ids: Any = ids, wts: Any = wts, swv: Any = swv,
                     shared: bool = shared) -> Any:
@@ -196,9 +209,15 @@ def step_check(out_dir: Path) -> dict[str, Any]:
                 row["run_to_run_bitwise"] = bool(torch.equal(_bits(a), _bits(b)))
                 row["eager_equals_replay"] = bool(torch.equal(_bits(a), _bits(c)))
                 row["max_abs_vs_v1"] = float((a.float() - o1.float()).abs().max())
+                outs[name] = a
+                picked = AUTO_PICKS.get(name, lambda _m: None)(m)
+                if picked is not None and picked in outs:  # tune "auto" = bitwise the build it picks
+                    row["auto_picked"] = picked
+                    row["auto_bitwise_vs_picked"] = bool(torch.equal(_bits(a), _bits(outs[picked])))
                 row["ok"] = (row["rel_l2"] <= RTOL and row["cosine"] >= COS and not row["nan"]
                              and row["run_to_run_bitwise"] and row["eager_equals_replay"]
-                             and row.get("h_mismatch_vs_kernel", 0) == 0 and row.get("h_mismatch_vs_ref", 0) == 0)
+                             and row.get("h_mismatch_vs_kernel", 0) == 0 and row.get("h_mismatch_vs_ref", 0) == 0
+                             and row.get("auto_bitwise_vs_picked", True))
             except Exception as exc:  # keep going: one case must not hide the others
                 row["error"] = f"{type(exc).__name__}: {exc}"
                 row["ok"] = False
@@ -244,7 +263,7 @@ def step_time(out_dir: Path, reps: int = 40) -> dict[str, Any]:
     provs = {"v1": MoeSm90(0, variant="v1"), **{name: MoeSm90(0, **kw) for name, kw in builds().items()}}
     rows: list[dict[str, Any]] = []
     # routed-only batches, then the shared expert as a 9th route (goal 4: one slot with every token)
-    for m, shared in [(m, False) for m in BATCHES] + [(m, True) for m in SHARED_BATCHES]:
+    for m, shared in [(m, False) for m in TIME_BATCHES] + [(m, True) for m in SHARED_BATCHES]:
         inputs = [routing(m, False, seed=1000 + 17 * m + i) for i in range(ROT)]
 
         def make(ours: Any, upto: str, inputs: list[Any] = inputs, m: int = m, shared: bool = shared) -> Any:
@@ -326,6 +345,7 @@ def step_sanitize_inner() -> dict[str, Any]:
 
 
 NCU_PROVIDERS = ("v3", "v3p", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8")
+# round 4: v3auto is st8 (>= AUTO_STREAM_MIN_M tokens) or p6s's down (below): no ncu rows of its own
 NCU_PLAN = ((128, NCU_PROVIDERS), (1, ("v3p6s", "v3st", "v3st8")))  # (tokens, providers) in profiling order
 
 
