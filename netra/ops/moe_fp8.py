@@ -254,6 +254,9 @@ V3_TUNES: dict[str, dict[str, str]] = {
     # fence/atomic, one arrival per CTA, the last CTAs sum the top-k); 16- and 8-token chunks
     "st": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st_e256"},
     "st8": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256"},
+    # round 4 experiment: st8 + the expert's w2 scales once per group (no global load per item) and the
+    # last arrival ticket summing the largest top-k share
+    "st8w": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8w_e256"},
     # round 4: the p6s/st8 gate_up + the down picked per call by the token count: p6s's down below
     # AUTO_STREAM_MIN_M tokens (the streaming down's grid-wide arrival + top-k tail costs ~3 us at 1 token),
     # st8's streaming down at and above it. Both downs read the same gate|up cache; each has its own

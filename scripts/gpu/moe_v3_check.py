@@ -59,14 +59,15 @@ V3_BUILDS: dict[str, dict[str, Any]] = {
     "v3st": {"variant": "v3", "tune": "st"},    # 16-token groups
     "v3st8": {"variant": "v3", "tune": "st8"},  # 8-token groups
     # round 4: st8 + p6s's down below AUTO_STREAM_MIN_M tokens (picked per call)
+    "v3st8w": {"variant": "v3", "tune": "st8w"},  # st8 + w2 scales once per group, last ticket sums first
     "v3auto": {"variant": "v3", "tune": "auto"},
 }
 # round 3: the default run is the A/B of the streaming down against round 2's best (v3p6s); the other
 # builds stay reachable with --builds (their results are in .briefs/devruns/run8)
-DEFAULT_BUILDS = ("v3p6s", "v3st8", "v3auto")
+DEFAULT_BUILDS = ("v3p6s", "v3st8", "v3st8w", "v3auto")
 SPLITS = ("v3st8",)  # providers whose split points (align, align+gate_up) are timed (one gate_up build)
 SHARED_BATCHES = (16, 128)  # timed again with the shared expert as a 9th route
-SHARED_PROVIDERS = ("v1", "v3", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8", "v3auto")
+SHARED_PROVIDERS = ("v1", "v3", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8", "v3st8w", "v3auto")
 _ACTIVE: list[str] | None = None  # --builds: the V3_BUILDS this process uses (None: all)
 
 
@@ -344,9 +345,10 @@ def step_sanitize_inner() -> dict[str, Any]:
     return {"done": True}
 
 
-NCU_PROVIDERS = ("v3", "v3p", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8")
-# round 4: v3auto is st8 (>= AUTO_STREAM_MIN_M tokens) or p6s's down (below): no ncu rows of its own
-NCU_PLAN = ((128, NCU_PROVIDERS), (1, ("v3p6s", "v3st", "v3st8")))  # (tokens, providers) in profiling order
+NCU_PROVIDERS = ("v3", "v3p", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8", "v3st8w")
+# round 4: the changed down (st8w) against st8 (+ p6s at 1 token); v3auto is st8 (>= AUTO_STREAM_MIN_M
+# tokens) or p6s's down (below): no ncu rows of its own
+NCU_PLAN = ((128, ("v3st8", "v3st8w")), (1, ("v3p6s", "v3st8", "v3st8w")))  # (tokens, providers) in profiling order
 
 
 def ncu_plan() -> list[tuple[int, list[str]]]:

@@ -295,8 +295,12 @@ def test_v3_tuning_builds() -> None:
                                     "-DGU_PIPE=1"]),
             "moe_down_v3st8_e256": (224, 6 * (32768 + 16) + 2 * hbuf(8),
                                     ["-DDN_STREAM=1", "-DDN_NCW=6", "-DDN_STAGES=6", "-DHCHUNK=8", "-DTSPLIT=1",
-                                     "-DGU_PIPE=1"])}
-    for tune in ("p", "p6", "p6s", "p6sb", "st", "st8"):
+                                     "-DGU_PIPE=1"]),
+            # round 4: st8 + per-group w2 scales / last ticket sums first (experiment until run)
+            "moe_down_v3st8w_e256": (224, 6 * (32768 + 16) + 2 * hbuf(8),
+                                     ["-DDN_STREAM=1", "-DDN_NCW=6", "-DDN_STAGES=6", "-DHCHUNK=8", "-DTSPLIT=1",
+                                      "-DGU_PIPE=1", "-DDN_WSG=1"])}
+    for tune in ("p", "p6", "p6s", "p6sb", "st", "st8", "st8w"):
         for key, name in moe_fp8.V3_TUNES[tune].items():
             c = cat.by_name(name)
             b = base[key]
@@ -306,12 +310,16 @@ def test_v3_tuning_builds() -> None:
             assert ctypes.sizeof(moe_fp8._GemmParamsV3) == c.kernel["params_layout"]["size"]
             # measured on the H200 (run8/run9, results/sm90/moe_layer_v3.json): the st8 pair verified,
             # every other tuning build rejected with the run that showed it losing
-            assert c.launch["pdl"] is True and c.maturity in ("verified", "rejected") and c.evidence
-            assert c.maturity == ("verified" if tune == "st8" else "rejected") or key == "gate_up", name
+            assert c.launch["pdl"] is True
+            if tune == "st8w" and key == "down":  # round 4, not yet measured
+                assert c.maturity == "experiment", name
+            else:
+                assert c.maturity in ("verified", "rejected") and c.evidence, name
+                assert c.maturity == ("verified" if tune == "st8" else "rejected") or key == "gate_up", name
             assert (c.launch["block"], c.launch["smem_bytes"], c.kernel["flags"]) == want[name], name
             assert c.launch["smem_bytes"] + 2 * 1032 <= 227 * 1024  # + the token-split item map (static)
             ops.add(c.op)
-    assert len(ops) == 10  # base gate_up + down, v3p / v3ps gate_up, four tuned downs, two streaming downs
+    assert len(ops) == 11  # base gate_up + down, v3p / v3ps gate_up, four tuned downs, three streaming downs
     # round 4: "auto" = the st8 pair + p6s's down for calls below AUTO_STREAM_MIN_M tokens (no new code
     # object: both downs read the gate|up cache of the one gate_up build; each keeps its own workspace)
     auto = moe_fp8.V3_TUNES["auto"]

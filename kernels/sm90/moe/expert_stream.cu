@@ -65,6 +65,10 @@
 #if DN_BATCH && !DN_PIPE
 #error "DN_BATCH needs DN_PIPE"
 #endif
+#ifndef DN_WSG
+#define DN_WSG 0                   // 1 (DN_STREAM): the expert's 64 w2 scales once per group (2 per lane,
+#endif                             //    shuffled per item) instead of one global load per item; the last
+                                   //    arrival ticket sums the largest top-k share (it never polls)
 #ifndef TSPLIT
 #define TSPLIT 0                   // 1: an item is (slot, row tile, token chunk): a slot with many tokens (the
 #endif                             //    shared expert, skewed loads) spreads over many CTAs (needs GU_PIPE)
@@ -1029,15 +1033,27 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3_stream(c
             rw[i][cz] = lc < rows ? __ldg(p.route_w + r0 + c0 + lc) : 0.0f;
             rdst[i][cz] = lc < rows ? __ldg(p.route_dst + r0 + c0 + lc) : 0;
           }
+#if DN_WSG
+        // w2 scale index of item nt, K block kb: (nt / 2) * 4 + kb in 0..63 -> lanes of ws_lo (0..31) / ws_hi
+        const float ws_lo = __ldg(p.w2_scale + (size_t)e * 64 + lane);
+        const float ws_hi = __ldg(p.w2_scale + (size_t)e * 64 + 32 + lane);
+#endif
         const int ja = max(begin, gi * DN_ITEMS_PER_SLOT) - begin;
         const int jb = min(end, (gi + 1) * DN_ITEMS_PER_SLOT) - begin;
         for (int j = ja + (((wid - ja) % DN_NCW) + DN_NCW) % DN_NCW; j < jb; j += DN_NCW) {
           const int s = j % DN_STAGES;
           const int nt = begin + j - gi * DN_ITEMS_PER_SLOT;
+#if DN_WSG
+          const float wsrc = (nt >> 1) < 8 ? ws_lo : ws_hi;  // warp-uniform choice
+          float wsk[4];
+#pragma unroll
+          for (int kb = 0; kb < 4; ++kb) wsk[kb] = __shfl_sync(0xffffffffu, wsrc, ((nt >> 1) & 7) * 4 + kb);
+#else
           const float wsl = lane < 4 ? __ldg(p.w2_scale + ((size_t)e * 16 + (nt * 64) / 128) * 4 + lane) : 0.0f;
           float wsk[4];
 #pragma unroll
           for (int kb = 0; kb < 4; ++kb) wsk[kb] = __shfl_sync(0xffffffffu, wsl, kb);
+#endif
           mbar_wait(&full[s], (j / DN_STAGES) & 1);
           const uint8_t* tile = smem + s * ITEM_BYTES + g * INTER + t * 32;
           float acc[4][HTILES][4];
@@ -1100,7 +1116,11 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3_stream(c
   const unsigned nsum = (unsigned)max(1, min((int)gridDim.x / 2, (units + (int)blockDim.x - 1) / (int)blockDim.x));
   const unsigned ticket = s_ticket;
   if (ticket < gridDim.x - nsum) return;
+#if DN_WSG
+  const int rank = (int)(gridDim.x - 1u - ticket);  // rank 0 = the last arrival: sees the full count at once
+#else
   const int rank = (int)(ticket - (gridDim.x - nsum));
+#endif
   if (tid == 0) {
     unsigned polls = 0;
     while (ld_acquire_gpu(arrive) < gridDim.x) {
