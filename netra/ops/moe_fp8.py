@@ -263,7 +263,15 @@ V3_TUNES: dict[str, dict[str, str]] = {
     # self-resetting workspace, so a call is bitwise the build it picks.
     "auto": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256",
              "down_small": "moe_down_v3w6s_e256"},
+    # round 4 experiment: a small-M pair whose gate_up (3 warps / 3 stages, 96 KB) and down (3 warps / 3 stages)
+    # fit on one SM together (~211 KB smem, 2 x 128 threads), so under PDL the down CTAs become resident while
+    # gate_up runs and their producers stream w2 during gate_up; both bitwise their 6-stage siblings (ps / p6s)
+    "s3": {"gate_up": "moe_gate_up_v3ps3_e256", "down": "moe_down_v3w3s_e256"},
+    "auto3": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256",
+              "gate_up_small": "moe_gate_up_v3ps3_e256", "down_small": "moe_down_v3w3s_e256"},
 }
+# code objects that must share an SM with the next kernel: shared-memory carveout set to the maximum
+CARVEOUT_MAX = frozenset(("moe_gate_up_v3ps3_e256", "moe_down_v3w3s_e256"))
 AUTO_STREAM_MIN_M = 6  # tune "auto": M < this -> "down_small" (run9: 1 tok p6s 20.9 vs st8 24.0 us; 8 tok 74.5 vs 73.4)
 VARIANTS = ("v1", "v3")
 GU_CTAS_PER_SLOT = 32
@@ -311,7 +319,8 @@ class MoeSm90:
     ``fuse_act=False`` ``moe_act_quant`` runs between them (4 launches; the A/B build).
     ``debug_h=True`` (v3 fused only, tests) makes the down kernel copy its h_q / h_s into
     ``dbg_hq`` / ``dbg_hs``. ``tune`` (v3 fused only) picks tuning builds of the GEMMs (``V3_TUNES``);
-    ``tune="auto"`` picks the down kernel per call by the token count (``AUTO_STREAM_MIN_M``).
+    ``tune="auto"`` picks the down kernel per call by the token count (``AUTO_STREAM_MIN_M``), ``"auto3"``
+    both GEMMs (the small-M pair "s3" below the threshold).
 
     ``prepare`` loads every code object and allocates every buffer (for up to 128 tokens) before any
     graph capture; the ``run_*`` methods then only fill launch structs and launch on the current
@@ -344,6 +353,7 @@ class MoeSm90:
         names.update(V3_TUNES[tune])
         self.tune = tune
         self.t = {k: load_tactic(cat.by_name(v), device) for k, v in names.items()}
+        self._names = names
         self.num_sms = int(torch.cuda.get_device_properties(device).multi_processor_count)
         dev = f"cuda:{device}"
         r = MAX_TOKENS * ROUTE_STRIDE
@@ -374,6 +384,7 @@ class MoeSm90:
         self._gu = gp.from_buffer(self.t["gate_up"].params)
         self._dn = gp.from_buffer(self.t["down"].params)
         self._dn_small = gp.from_buffer(self.t["down_small"].params) if "down_small" in self.t else None
+        self._gu_small = gp.from_buffer(self.t["gate_up_small"].params) if "gate_up_small" in self.t else None
         self.dbg_hq = self.dbg_hs = None
         if debug_h:
             self.dbg_hq = torch.zeros(r, INTER, dtype=torch.float8_e4m3fn, device=dev)
@@ -388,12 +399,15 @@ class MoeSm90:
 
         cu = driver()
         attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        for key in ("gate_up", "down", "down_small"):
+        carve = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+        for key in ("gate_up", "down", "gate_up_small", "down_small"):
             if key not in self.t:
                 continue
             t = self.t[key]
             if t.smem_bytes > 0:
                 check(cu.cuFuncSetAttribute(t.function, attr, t.smem_bytes), f"cuFuncSetAttribute {key}")
+            if self._names[key] in CARVEOUT_MAX:  # 100 = CU_SHAREDMEM_CARVEOUT_MAX_SHARED
+                check(cu.cuFuncSetAttribute(t.function, carve, 100), f"cuFuncSetAttribute carveout {key}")
 
     @staticmethod
     def _stream() -> int:
@@ -470,7 +484,10 @@ class MoeSm90:
             raise MoeShapeError(f"w13 holds {w13.shape[0]} experts; the shared route needs index {NUM_EXPERTS}")
         routes = m * (TOPK + (1 if shared else 0))
         if self.variant == "v3":  # persistent grids; the work list comes from num_slots on the device
-            self._gemm("gate_up", self._gu, self.num_sms, m, shared, w13, w13_scale, w2, w2_scale)
+            if self._gu_small is not None and m < AUTO_STREAM_MIN_M:  # tune "auto3", small batch
+                self._gemm("gate_up_small", self._gu_small, self.num_sms, m, shared, w13, w13_scale, w2, w2_scale)
+            else:
+                self._gemm("gate_up", self._gu, self.num_sms, m, shared, w13, w13_scale, w2, w2_scale)
             if not self.fuse_act:
                 self.act_quant(self.gu[:routes])
             if self._dn_small is not None and m < AUTO_STREAM_MIN_M:  # tune "auto", small batch

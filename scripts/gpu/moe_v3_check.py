@@ -46,7 +46,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root (PYTHONPATH=. too)
 
 BATCHES = (1, 8, 16, 32, 64, 128)
-TIME_BATCHES = (1, 2, 4, 6, 8, 16, 32, 64, 128)  # round 4: 2..6 place tune "auto"'s threshold
+TIME_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)  # round 4: 2 and 4 place the auto threshold
 # provider -> MoeSm90 kwargs (v3 variants; v1 is only the timing/difference baseline)
 V3_BUILDS: dict[str, dict[str, Any]] = {
     "v3": {"variant": "v3"},
@@ -61,13 +61,17 @@ V3_BUILDS: dict[str, dict[str, Any]] = {
     # round 4: st8 + p6s's down below AUTO_STREAM_MIN_M tokens (picked per call)
     "v3st8w": {"variant": "v3", "tune": "st8w"},  # st8 + w2 scales once per group, last ticket sums first
     "v3auto": {"variant": "v3", "tune": "auto"},
+    # round 4: the small-M pair (3-warp / 3-stage gate_up + down: co-resident under PDL) and auto3 = s3 below
+    # AUTO_STREAM_MIN_M tokens, st8 at/above
+    "v3s3": {"variant": "v3", "tune": "s3"},
+    "v3auto3": {"variant": "v3", "tune": "auto3"},
 }
 # round 3: the default run is the A/B of the streaming down against round 2's best (v3p6s); the other
 # builds stay reachable with --builds (their results are in .briefs/devruns/run8)
-DEFAULT_BUILDS = ("v3p6s", "v3st8", "v3st8w", "v3auto")
+DEFAULT_BUILDS = ("v3p6s", "v3st8", "v3st8w", "v3auto", "v3auto3")
 SPLITS = ("v3st8",)  # providers whose split points (align, align+gate_up) are timed (one gate_up build)
 SHARED_BATCHES = (16, 128)  # timed again with the shared expert as a 9th route
-SHARED_PROVIDERS = ("v1", "v3", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8", "v3st8w", "v3auto")
+SHARED_PROVIDERS = ("v1", "v3", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8", "v3st8w", "v3auto", "v3s3", "v3auto3")
 _ACTIVE: list[str] | None = None  # --builds: the V3_BUILDS this process uses (None: all)
 
 
@@ -84,9 +88,9 @@ def _auto_pick(m: int) -> str:
     return "v3p6s" if m < AUTO_STREAM_MIN_M else "v3st8"
 
 
-AUTO_PICKS = {"v3auto": _auto_pick}  # provider -> the provider it must equal bitwise for m tokens
+AUTO_PICKS = {"v3auto": _auto_pick, "v3auto3": _auto_pick}  # s3 pair: bitwise p6s's (same per-item math)  # provider -> the provider it must equal bitwise for m tokens
 # smoke runs once per build (3 x 25 s by default); worst case 325 s, typical ~2.5 min
-STEP_TIMEOUT = {"sass": 20, "smoke": 25, "check": 50, "time": 75, "ncu": 75, "sanitize": 45}
+STEP_TIMEOUT = {"sass": 20, "smoke": 25, "check": 60, "time": 90, "ncu": 75, "sanitize": 45}
 # (run5 took 6-7 s per step; the limits only bound a hang)
 SASS_OPS = ("HMMA", "UBLKCP", "SYNCS", "LDL", "STL", "MEMBAR", "FENCE", "ATOMG", "ACQBULK", "LDS", "LDG")
 RTOL, COS = 1e-2, 0.9999
@@ -345,10 +349,10 @@ def step_sanitize_inner() -> dict[str, Any]:
     return {"done": True}
 
 
-NCU_PROVIDERS = ("v3", "v3p", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8", "v3st8w")
+NCU_PROVIDERS = ("v3", "v3p", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8", "v3st8w", "v3s3", "v3auto3")
 # round 4: the changed down (st8w) against st8 (+ p6s at 1 token); v3auto is st8 (>= AUTO_STREAM_MIN_M
 # tokens) or p6s's down (below): no ncu rows of its own
-NCU_PLAN = ((128, ("v3st8", "v3st8w")), (1, ("v3p6s", "v3st8", "v3st8w")))  # (tokens, providers) in profiling order
+NCU_PLAN = ((128, ("v3st8", "v3st8w")), (1, ("v3p6s", "v3st8", "v3st8w", "v3auto3")))  # auto3@1 = the s3 pair  # (tokens, providers) in profiling order
 
 
 def ncu_plan() -> list[tuple[int, list[str]]]:

@@ -86,8 +86,12 @@
 // the same warp (item j and item j - STAGES share a warp): a warp then never waits on a full barrier
 // whose previous phase is still pending (parity waits cannot tell phase q from phase q - 2, and
 // bulk copies may complete out of order).
+#ifndef GU_NCW
 #define GU_NCW 6                   // gate_up: 6 consumer warps, one stage each
-#define GU_STAGES 6                // 192 KB of weights in flight per SM
+#endif
+#ifndef GU_STAGES
+#define GU_STAGES 6                // 192 KB of weights in flight per SM (round 4 small-M pair: 3, so that a
+#endif                             // down CTA of the same geometry fits on the SM beside it: see moe_fp8.py)
 #ifndef DN_NCW
 #define DN_NCW 4                   // down: 4 consumer warps (+ their fused-h buffers)
 #endif
