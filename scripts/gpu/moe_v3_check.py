@@ -23,7 +23,11 @@ sass.json smoke.json check.json time.json ncu_summary.txt logs.tar.gz):
   ncu       ncu (serialised kernels) of v3 / v3p / v3p6 at 1 and 128 tokens; DIR/ncu_summary.txt.
   sanitize  compute-sanitizer --tool memcheck on small v3 layer calls (every build in V3_BUILDS).
 
-Round 3: the default run covers DEFAULT_BUILDS (v3p6s = round 2's best, v3st / v3st8 = the streaming
+Round 4: the default run covers DEFAULT_BUILDS = v3p6s (A/B baseline), v3st8 (verified), v3st8w (st8 + w2
+scales once per group), v3s3 (3-warp/3-stage gate_up + down that share an SM under PDL: the down streams w2
+while gate_up runs; must be bitwise v3p6s) and v3auto3 (s3 below AUTO_STREAM_MIN_M tokens, st8 at/above:
+bitwise the build it picks); timing also at 2 and 4 tokens; ncu on st8 / st8w (128, 1) and p6s / s3 (1).
+Round 3: the default run covered DEFAULT_BUILDS (v3p6s = round 2's best, v3st / v3st8 = the streaming
 down kernel, h once per (slot, chunk) group per CTA, top-k sum by the last-arriving CTAs); --builds picks
 any V3_BUILDS. Round 2: the providers were V3_BUILDS (v3, v3-unfused, tuning builds v3p / v3p6); run5's
 "v3 NaN" was the shared params buffer of route/align (fixed in netra/ops/moe_fp8.py), which the
@@ -68,7 +72,8 @@ V3_BUILDS: dict[str, dict[str, Any]] = {
 }
 # round 3: the default run is the A/B of the streaming down against round 2's best (v3p6s); the other
 # builds stay reachable with --builds (their results are in .briefs/devruns/run8)
-DEFAULT_BUILDS = ("v3p6s", "v3st8", "v3st8w", "v3auto", "v3auto3")
+# round 4: v3auto (p6s's down below 6 tokens) times as v3p6s / v3st8 (the same kernels): --builds adds it
+DEFAULT_BUILDS = ("v3p6s", "v3st8", "v3st8w", "v3s3", "v3auto3")
 SPLITS = ("v3st8",)  # providers whose split points (align, align+gate_up) are timed (one gate_up build)
 SHARED_BATCHES = (16, 128)  # timed again with the shared expert as a 9th route
 SHARED_PROVIDERS = ("v1", "v3", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8", "v3st8w", "v3auto", "v3s3", "v3auto3")
@@ -88,7 +93,8 @@ def _auto_pick(m: int) -> str:
     return "v3p6s" if m < AUTO_STREAM_MIN_M else "v3st8"
 
 
-AUTO_PICKS = {"v3auto": _auto_pick, "v3auto3": _auto_pick}  # s3 pair: bitwise p6s's (same per-item math)  # provider -> the provider it must equal bitwise for m tokens
+# s3 pair: bitwise p6s's at every size (same items and per-item math, fewer warps/stages)
+AUTO_PICKS = {"v3auto": _auto_pick, "v3auto3": _auto_pick, "v3s3": lambda _m: "v3p6s"}  # provider -> the provider it must equal bitwise for m tokens
 # smoke runs once per build (3 x 25 s by default); worst case 325 s, typical ~2.5 min
 STEP_TIMEOUT = {"sass": 20, "smoke": 25, "check": 60, "time": 90, "ncu": 75, "sanitize": 45}
 # (run5 took 6-7 s per step; the limits only bound a hang)
