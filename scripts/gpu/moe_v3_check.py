@@ -94,7 +94,9 @@ def _auto_pick(m: int) -> str:
 
 
 # s3 pair: bitwise p6s's at every size (same items and per-item math, fewer warps/stages)
-AUTO_PICKS = {"v3auto": _auto_pick, "v3auto3": _auto_pick, "v3s3": lambda _m: "v3p6s"}  # provider -> the provider it must equal bitwise for m tokens
+# st8w: bitwise st8's (same items, MMAs and top-k order; only where the scales / the sum share come from)
+AUTO_PICKS = {"v3auto": _auto_pick, "v3auto3": _auto_pick, "v3s3": lambda _m: "v3p6s",
+              "v3st8w": lambda _m: "v3st8"}  # provider -> the provider it must equal bitwise for m tokens
 # smoke runs once per build (3 x 25 s by default); worst case 325 s, typical ~2.5 min
 STEP_TIMEOUT = {"sass": 20, "smoke": 25, "check": 60, "time": 90, "ncu": 75, "sanitize": 45}
 # (run5 took 6-7 s per step; the limits only bound a hang)
