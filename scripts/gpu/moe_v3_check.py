@@ -486,9 +486,12 @@ def table(out_dir: Path, steps: list[dict[str, Any]]) -> None:
         hmis = sum(c.get("h_mismatch_vs_kernel", 0) + c.get("h_mismatch_vs_ref", 0) for c in doc["cases"])
         print(f"check: {len(doc['cases'])} cases, {len(bad)} failing, worst rel_l2 {worst:.2e}, "
               f"fused-h mismatches {hmis}, route/align v3 exact {doc.get('route_align_ok')}")
+        pk = [c for c in doc["cases"] if "auto_bitwise_vs_picked" in c]
+        print(f"  bitwise vs sibling build (auto*/s3/st8w): {sum(c['auto_bitwise_vs_picked'] for c in pk)}/{len(pk)}")
         for c in bad[:6]:
             print("  FAIL", {k: c.get(k) for k in ("provider", "tokens", "shared", "skewed", "rel_l2", "cosine",
-                                                  "nan", "run_to_run_bitwise", "eager_equals_replay", "error")})
+                                                  "nan", "run_to_run_bitwise", "eager_equals_replay", "auto_picked",
+                                                  "auto_bitwise_vs_picked", "error")})
     summ = out_dir / "ncu_summary.txt"
     if summ.exists() and summ.read_text().strip():
         plan = "; ".join(f"m={m}: {', '.join(n)}" for m, n in NCU_PLAN)
