@@ -128,11 +128,17 @@ class Tactic:
     def pdl(self) -> bool:
         return bool(self.contract.launch.get("pdl", False))
 
+    @property
+    def cooperative(self) -> bool:
+        """All CTAs co-resident (grid-wide barriers are safe); the launch fails rather than hangs if not."""
+        return bool(self.contract.launch.get("cooperative", False))
+
     def _prepare_ex(self) -> None:
-        """Build the ``cuLaunchKernelEx`` config for cluster / PDL launches (once, at load)."""
-        if self.cluster == 1 and not self.pdl:
+        """Build the ``cuLaunchKernelEx`` config for cluster / PDL / cooperative launches (once, at load)."""
+        if self.cluster == 1 and not self.pdl and not self.cooperative:
             return
-        self._ex_config = _launch_config(self.block, self.smem_bytes, cluster=self.cluster, pdl=self.pdl)
+        self._ex_config = _launch_config(self.block, self.smem_bytes, cluster=self.cluster, pdl=self.pdl,
+                                         cooperative=self.cooperative)
 
     def launch_pdl(self, grid: int, stream: int) -> None:
         """As `launch`, with programmatic dependent launch allowed (Hopper): the kernel may be
@@ -151,10 +157,16 @@ class Tactic:
             raise RuntimeBridgeError(f"cuLaunchKernelEx (PDL) {self.contract.name}: {_err_name(cu, err)}")
 
 
-def _launch_config(block: int, smem_bytes: int, *, cluster: int = 1, pdl: bool = False) -> Any:
+def _launch_config(block: int, smem_bytes: int, *, cluster: int = 1, pdl: bool = False,
+                   cooperative: bool = False) -> Any:
     """A reusable ``CUlaunchConfig`` (grid and stream filled per launch)."""
     cu = _state["cu"]
     attrs = []
+    if cooperative:
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+        attr.value.cooperative = 1
+        attrs.append(attr)
     if pdl:
         attr = cu.CUlaunchAttribute()
         attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
