@@ -269,7 +269,12 @@ V3_TUNES: dict[str, dict[str, str]] = {
     "s3": {"gate_up": "moe_gate_up_v3ps3_e256", "down": "moe_down_v3w3s_e256"},
     "auto3": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256",
               "gate_up_small": "moe_gate_up_v3ps3_e256", "down_small": "moe_down_v3w3s_e256"},
+    # round 5 experiment: the whole routed layer for ONE token in one cooperative kernel (moe_m1.cu: every
+    # CTA's weights in flight at entry, one grid barrier between gate_up and down, top-k sum CTA-local);
+    # align + st8 otherwise (M > 1, the shared expert as a 9th route, or fewer than M1_CTAS SMs)
+    "m1": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256", "m1": "moe_m1_e256_k8"},
 }
+M1_CTAS = 128  # moe_m1's fixed grid (one CTA per SM, cooperative launch)
 # code objects that must share an SM with the next kernel: shared-memory carveout set to the maximum
 CARVEOUT_MAX = frozenset(("moe_gate_up_v3ps3_e256", "moe_down_v3w3s_e256"))
 AUTO_STREAM_MIN_M = 6  # tune "auto": M < this -> "down_small" (run9: 1 tok p6s 20.9 vs st8 24.0 us; 8 tok 74.5 vs 73.4)
@@ -302,6 +307,13 @@ class _GemmParamsV3(ctypes.Structure):
     """v1's GemmParams + the fused down kernel's debug copy of h_q / h_s (null in production)."""
 
     _fields_ = [*_GemmParams._fields_, ("dbg_hq", ctypes.c_void_p), ("dbg_hs", ctypes.c_void_p)]
+
+
+class _M1Params(ctypes.Structure):
+    """kernels/sm90/moe/moe_m1.cu M1Params (96 bytes)."""
+
+    _fields_ = [(n, ctypes.c_void_p) for n in (
+        "x", "topk_ids", "topk_w", "w13", "w13_scale", "w2", "w2_scale", "gu", "out", "bar", "dbg_hq", "dbg_hs")]
 
 
 def max_slots(tokens: int, shared: bool) -> int:
@@ -385,6 +397,10 @@ class MoeSm90:
         self._dn = gp.from_buffer(self.t["down"].params)
         self._dn_small = gp.from_buffer(self.t["down_small"].params) if "down_small" in self.t else None
         self._gu_small = gp.from_buffer(self.t["gate_up_small"].params) if "gate_up_small" in self.t else None
+        # tune "m1": align() at M == 1 without the shared route defers to experts(), which runs moe_m1 alone
+        self._m1 = _M1Params.from_buffer(self.t["m1"].params) if "m1" in self.t and self.num_sms >= M1_CTAS \
+            else None
+        self._m1_pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.dbg_hq = self.dbg_hs = None
         if debug_h:
             self.dbg_hq = torch.zeros(r, INTER, dtype=torch.float8_e4m3fn, device=dev)
@@ -441,6 +457,7 @@ class MoeSm90:
     def route(self, x: torch.Tensor, w_router: torch.Tensor, w_shared_gate: torch.Tensor | None) -> None:
         """Routing + metadata for x [M, 2048] (the shared expert becomes slot 'last' when its gate is given)."""
         m = self._check_x(x)
+        self._m1_pending = None
         t = self.t["route"]
         p = self._rt
         with t.lock:
@@ -464,6 +481,17 @@ class MoeSm90:
         if topk_ids.dtype != torch.int32 or topk_w.dtype != torch.float32 or topk_ids.shape != (m, TOPK) \
                 or topk_w.shape != (m, TOPK) or not 1 <= m <= MAX_TOKENS:
             raise MoeShapeError("align needs int32 ids and fp32 weights of shape [1..128, 8]")
+        self._m1_pending = None
+        if getattr(self, "_m1", None) is not None and m == 1 and shared_w is None:
+            if not (topk_ids.is_contiguous() and topk_w.is_contiguous()):
+                raise MoeShapeError("align (tune m1) needs contiguous ids and weights")
+            self._m1_pending = (x, topk_ids, topk_w)  # experts() runs the one-kernel layer
+            return
+        self._launch_align(x, topk_ids, topk_w, shared_w)
+
+    def _launch_align(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor,
+                      shared_w: torch.Tensor | None) -> None:
+        m = self._check_x(x)
         t = self.t["align"]
         p = self._al
         with t.lock:
@@ -483,6 +511,12 @@ class MoeSm90:
         if w13.shape[0] < (NUM_EXPERTS + 1 if shared else NUM_EXPERTS):
             raise MoeShapeError(f"w13 holds {w13.shape[0]} experts; the shared route needs index {NUM_EXPERTS}")
         routes = m * (TOPK + (1 if shared else 0))
+        pending, self._m1_pending = getattr(self, "_m1_pending", None), None
+        if pending is not None:
+            if m == 1 and not shared and pending[0].shape[0] == 1:
+                self._launch_m1(pending, w13, w13_scale, w2, w2_scale)
+                return self.out[:1]
+            self._launch_align(pending[0], pending[1], pending[2], None)  # not the m1 case after all: the deferred align, then st8
         if self.variant == "v3":  # persistent grids; the work list comes from num_slots on the device
             if self._gu_small is not None and m < AUTO_STREAM_MIN_M:  # tune "auto3", small batch
                 self._gemm("gate_up_small", self._gu_small, self.num_sms, m, shared, w13, w13_scale, w2, w2_scale)
@@ -519,6 +553,21 @@ class MoeSm90:
                 p.dbg_hq = self.dbg_hq.data_ptr() if self.dbg_hq is not None else None
                 p.dbg_hs = self.dbg_hs.data_ptr() if self.dbg_hs is not None else None
             t.launch(grid, self._stream())
+
+    def _launch_m1(self, pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w13: torch.Tensor,
+                   w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor) -> None:
+        x, ids, tw = pending
+        t = self.t["m1"]
+        p = self._m1
+        assert p is not None
+        with t.lock:
+            p.x, p.topk_ids, p.topk_w = x.data_ptr(), ids.data_ptr(), tw.data_ptr()
+            p.w13, p.w13_scale, p.w2, p.w2_scale = (w13.data_ptr(), w13_scale.data_ptr(), w2.data_ptr(),
+                                                    w2_scale.data_ptr())
+            p.gu, p.out, p.bar = self.gu.data_ptr(), self.out.data_ptr(), t.workspace.data_ptr()
+            p.dbg_hq = self.dbg_hq.data_ptr() if self.dbg_hq is not None else None
+            p.dbg_hs = self.dbg_hs.data_ptr() if self.dbg_hs is not None else None
+            t.launch(M1_CTAS, self._stream())
 
     @staticmethod
     def _check_x(x: torch.Tensor) -> int:

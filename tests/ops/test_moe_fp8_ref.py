@@ -340,3 +340,39 @@ def test_v3_tuning_builds() -> None:
                    {"variant": "v3", "fuse_act": False, "tune": "p"}):
         with pytest.raises(ValueError):
             MoeSm90(0, **kwargs)  # type: ignore[arg-type]
+
+
+def test_m1_contract_struct_and_tune() -> None:
+    """Round 5 m1 (one cooperative kernel for the 1-token routed layer): host struct == params_layout,
+    cooperative launch of M1_CTAS x 256 threads, smem as the source's layout, the lock's ptxas report clean,
+    and tune "m1" = st8's pair (M > 1 / shared / fallback) + the megakernel."""
+    import ctypes
+    import json
+    import re
+    from pathlib import Path
+
+    from netra.catalog import Catalog
+    from netra.ops import moe_fp8
+
+    cat = Catalog.load()
+    c = cat.by_name("moe_m1_e256_k8")
+    layout = dict(c.kernel["params_layout"])
+    assert layout.pop("size") == ctypes.sizeof(moe_fp8._M1Params) == 96
+    assert layout == {n: getattr(moe_fp8._M1Params, n).offset for n, *_ in moe_fp8._M1Params._fields_}
+    assert c.launch["cooperative"] is True and not c.launch.get("pdl", False)
+    assert c.maturity == "experiment" and c.dims["tokens"].hi == 1 and c.kernel["symbol"] == "moe_m1"
+    root = Path(__file__).resolve().parents[2]
+    src = (root / c.kernel["source"]).read_text()
+    defs = dict(re.findall(r"^#define (M1_CTAS|M1_THREADS) (\d+)", src, re.M))
+    assert int(defs["M1_CTAS"]) == moe_fp8.M1_CTAS and int(defs["M1_THREADS"]) == c.launch["block"] == 256
+    # layout: 4 x 32 KB gate|up tiles + 8 x 8 KB down tiles + xq 2 KB + xs 64 + h 8 x 528 + hs 128 + y 512 + bars 64
+    assert c.launch["smem_bytes"] == 4 * 32768 + 8 * 8192 + 2048 + 64 + 8 * 528 + 128 + 512 + 64
+    assert c.launch["smem_bytes"] + 1024 + 1024 <= 228 * 1024  # + static (1 KB aligned) + driver reserve
+    assert c.workspace["bytes"] >= 33 * 4 and c.workspace["zeroed"] is True
+    lock = json.loads((root / "kernels" / "lock.json").read_text())
+    entry = next(e for e in lock["code_objects"] if e["name"] == c.name)
+    res = entry["resources"]
+    assert res["spill_loads"] == res["spill_stores"] == res["stack_bytes"] == 0
+    assert res["registers"] * 256 <= 65536
+    m1 = moe_fp8.V3_TUNES["m1"]
+    assert {k: v for k, v in m1.items() if k != "m1"} == moe_fp8.V3_TUNES["st8"] and m1["m1"] == c.name
