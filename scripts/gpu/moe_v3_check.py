@@ -23,6 +23,12 @@ sass.json smoke.json check.json time.json ncu_summary.txt logs.tar.gz):
   ncu       ncu (serialised kernels) of v3 / v3p / v3p6 at 1 and 128 tokens; DIR/ncu_summary.txt.
   sanitize  compute-sanitizer --tool memcheck on small v3 layer calls (every build in V3_BUILDS).
 
+Round 5 (moe-m1): the default run covers DEFAULT_BUILDS = v3st8 (verified) and v3m1 (tune "m1": the whole
+routed layer at 1 token in ONE cooperative kernel, kernels/sm90/moe/moe_m1.cu; st8's kernels otherwise). Steps
+sass, smoke, check, time, sanitize (no ncu: --step ncu runs it). check adds 1-token adversarial routings (ties in
+the weights, ids 255..248 descending / 0 and 255, every id adjacent, x all zeros, x with huge/tiny groups) and
+requires v3m1 bitwise equal to v3st8 everywhere (AUTO_PICKS); time runs 1 / 2 / 8 tokens (+ 1 token with the
+shared route: m1 falls back to st8 there). The table ends with the m1 gate line (<= 12.4 us at 1 token).
 Round 4: the default run covers DEFAULT_BUILDS = v3p6s (A/B baseline), v3st8 (verified), v3st8w (st8 + w2
 scales once per group), v3s3 (3-warp/3-stage gate_up + down that share an SM under PDL: the down streams w2
 while gate_up runs; must be bitwise v3p6s) and v3auto3 (s3 below AUTO_STREAM_MIN_M tokens, st8 at/above:
@@ -50,7 +56,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root (PYTHONPATH=. too)
 
 BATCHES = (1, 8, 16, 32, 64, 128)
-TIME_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)  # round 4: 2 and 4 place the auto threshold
+TIME_BATCHES = (1, 2, 8)  # round 5: m1 at 1 token, == st8 above (round 4: 1, 2, 4, 8, 16, 32, 64, 128)
 # provider -> MoeSm90 kwargs (v3 variants; v1 is only the timing/difference baseline)
 V3_BUILDS: dict[str, dict[str, Any]] = {
     "v3": {"variant": "v3"},
@@ -69,14 +75,16 @@ V3_BUILDS: dict[str, dict[str, Any]] = {
     # AUTO_STREAM_MIN_M tokens, st8 at/above
     "v3s3": {"variant": "v3", "tune": "s3"},
     "v3auto3": {"variant": "v3", "tune": "auto3"},
+    # round 5: one cooperative kernel for the routed layer at 1 token; align + st8 otherwise
+    "v3m1": {"variant": "v3", "tune": "m1"},
 }
 # round 3: the default run is the A/B of the streaming down against round 2's best (v3p6s); the other
 # builds stay reachable with --builds (their results are in .briefs/devruns/run8)
 # round 4: v3auto (p6s's down below 6 tokens) times as v3p6s / v3st8 (the same kernels): --builds adds it
-DEFAULT_BUILDS = ("v3p6s", "v3st8", "v3st8w", "v3s3", "v3auto3")
+DEFAULT_BUILDS = ("v3st8", "v3m1")  # round 5 (round 4: v3p6s, v3st8, v3st8w, v3s3, v3auto3)
 SPLITS = ("v3st8",)  # providers whose split points (align, align+gate_up) are timed (one gate_up build)
-SHARED_BATCHES = (16, 128)  # timed again with the shared expert as a 9th route
-SHARED_PROVIDERS = ("v1", "v3", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8", "v3st8w", "v3auto", "v3s3", "v3auto3")
+SHARED_BATCHES = (1,)  # timed again with the shared expert as a 9th route (round 4: 16, 128)
+SHARED_PROVIDERS = ("v1", "v3", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8", "v3st8w", "v3auto", "v3s3", "v3auto3", "v3m1")
 _ACTIVE: list[str] | None = None  # --builds: the V3_BUILDS this process uses (None: all)
 
 
@@ -96,7 +104,8 @@ def _auto_pick(m: int) -> str:
 # s3 pair: bitwise p6s's at every size (same items and per-item math, fewer warps/stages)
 # st8w: bitwise st8's (same items, MMAs and top-k order; only where the scales / the sum share come from)
 AUTO_PICKS = {"v3auto": _auto_pick, "v3auto3": _auto_pick, "v3s3": lambda _m: "v3p6s",
-              "v3st8w": lambda _m: "v3st8"}  # provider -> the provider it must equal bitwise for m tokens
+              "v3st8w": lambda _m: "v3st8",
+              "v3m1": lambda _m: "v3st8"}  # m1: the same numerics by construction (st8's kernels above 1 token)  # provider -> the provider it must equal bitwise for m tokens
 # smoke runs once per build (3 x 25 s by default); worst case 325 s, typical ~2.5 min
 STEP_TIMEOUT = {"sass": 20, "smoke": 25, "check": 60, "time": 90, "ncu": 75, "sanitize": 45}
 # (run5 took 6-7 s per step; the limits only bound a hang)
@@ -123,22 +132,45 @@ def poison(ours: Any) -> None:
         ours.dbg_hs.fill_(float("nan"))
 
 
-def cases() -> list[tuple[int, bool, bool]]:
-    """(tokens, shared, skewed)."""
-    out = [(m, s, False) for m in BATCHES for s in (False, True)]
+# round 5: 1-token adversarial routings (the m1 kernel's only size); "same8" is the skewed load at any size
+ADVERSARIAL_1 = ("ties", "desc_edge", "lo_hi", "adjacent", "zero_x", "wide_x")
+
+
+def cases() -> list[tuple[int, bool, Any]]:
+    """(tokens, shared, skewed: False or the name of an adversarial routing)."""
+    out: list[tuple[int, bool, Any]] = [(m, s, False) for m in BATCHES for s in (False, True)]
     out += [(16, True, True), (128, False, True), (128, True, True)]
+    out += [(1, False, k) for k in ADVERSARIAL_1] + [(1, False, True), (1, True, "ties")]
     return out
 
 
-def routing(m: int, skewed: bool, seed: int) -> tuple[Any, Any, Any, Any]:
+def routing(m: int, skewed: Any, seed: int) -> tuple[Any, Any, Any, Any]:
     import torch
 
     from netra.bench.kernels_moe import make_routing
 
     x, ids, wts, sw = make_routing(m, seed=seed)
-    if skewed:  # adversarial load: every token on the same 8 experts (one slot of m routes each)
-        ids = torch.arange(0, 8, dtype=torch.int32, device="cuda").repeat(m, 1).contiguous()
-    return x, ids, wts, sw
+    dev = x.device
+    if skewed is True or skewed == "same8":  # adversarial load: every token on the same 8 experts
+        ids = torch.arange(0, 8, dtype=torch.int32, device=dev).repeat(m, 1).contiguous()
+    elif skewed == "ties":  # equal weights (ties in the top-k weights)
+        wts = torch.full_like(wts, 0.125)
+    elif skewed == "desc_edge":  # the last experts, in decreasing id (route order reverses rank order)
+        ids = torch.arange(255, 247, -1, dtype=torch.int32, device=dev).repeat(m, 1).contiguous()
+    elif skewed == "lo_hi":  # both ends of the expert range, interleaved, unequal weights
+        ids = torch.tensor([255, 0, 254, 1, 128, 127, 3, 250], dtype=torch.int32, device=dev).repeat(m, 1)
+        wts = torch.tensor([0.5, 0.2, 0.1, 0.08, 0.05, 0.04, 0.02, 0.01], device=dev).repeat(m, 1).contiguous()
+    elif skewed == "adjacent":  # consecutive ids, a random rank order
+        perm = torch.randperm(8, generator=torch.Generator().manual_seed(seed)).to(dev)
+        ids = (100 + perm).to(torch.int32).repeat(m, 1).contiguous()
+    elif skewed == "zero_x":  # every x group all zeros: scale = 1e-10 / 448, q = 0
+        x = torch.zeros_like(x)
+    elif skewed == "wide_x":  # groups at 1e4 and 1e-6 and a zero group (wide exponents)
+        x = x.clone()
+        x[:, :128] *= 1e4
+        x[:, 128:256] *= 1e-6
+        x[:, 256:384] = 0
+    return x, ids.contiguous(), wts.contiguous(), sw
 
 
 def step_smoke(out_dir: Path) -> dict[str, Any]:
@@ -153,15 +185,16 @@ def step_smoke(out_dir: Path) -> dict[str, Any]:
     res: dict[str, Any] = {"cases": [], "ok": True}
     for kw in builds().values():
         ours = MoeSm90(0, **kw)
-        for m in (1, 128):
+        for m, shared in ((1, False), (1, True), (128, True)):  # (1, routed only): the m1 path
             x, ids, wts, sw = routing(m, False, seed=77 + m)
+            swv = sw if shared else None
             poison(ours)
-            ours.align(x, ids, wts, sw)
-            got = ours.experts(x, w["w13"], w["s13"], w["w2"], w["s2"], True).clone()
+            ours.align(x, ids, wts, swv)
+            got = ours.experts(x, w["w13"], w["s13"], w["w2"], w["s2"], shared).clone()
             torch.cuda.synchronize()
             err: dict[str, Any] = layer_error(got, moe_routed_ref(x, ids, wts, w["w13"], w["s13"], w["w2"],
-                                                                  w["s2"], sw))
-            err.update({"build": kw, "tokens": m, "nan": bool(torch.isnan(got).any())})
+                                                                  w["s2"], swv))
+            err.update({"build": kw, "tokens": m, "shared": shared, "nan": bool(torch.isnan(got).any())})
             err["ok"] = err["rel_l2"] <= RTOL and err["cosine"] >= COS and not err["nan"]
             res["ok"] &= err["ok"]
             res["cases"].append(err)
@@ -349,7 +382,7 @@ def step_sanitize_inner() -> dict[str, Any]:
          "s2": torch.ones(e, 16, 4, device="cuda")}
     for kw in builds().values():
         ours = MoeSm90(0, **kw)
-        for m, shared, skewed in ((3, True, False), (20, False, True)):
+        for m, shared, skewed in ((1, False, False), (1, False, "desc_edge"), (3, True, False), (20, False, True)):
             x, ids, wts, sw = routing(m, skewed, seed=9)
             ours.align(x, ids, wts, sw if shared else None)
             ours.experts(x, w["w13"], w["s13"], w["w2"], w["s2"], shared)
@@ -357,10 +390,10 @@ def step_sanitize_inner() -> dict[str, Any]:
     return {"done": True}
 
 
-NCU_PROVIDERS = ("v3", "v3p", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8", "v3st8w", "v3s3", "v3auto3")
+NCU_PROVIDERS = ("v3", "v3p", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8", "v3st8w", "v3s3", "v3auto3", "v3m1")
 # round 4: the changed down (st8w) against st8 (+ p6s at 1 token); v3auto is st8 (>= AUTO_STREAM_MIN_M
 # tokens) or p6s's down (below): no ncu rows of its own
-NCU_PLAN = ((128, ("v3st8", "v3st8w")), (1, ("v3p6s", "v3st8", "v3st8w", "v3auto3")))  # auto3@1 = the s3 pair  # (tokens, providers) in profiling order
+NCU_PLAN = ((1, ("v3st8", "v3m1")),)  # round 5 (--step ncu only); round 4: (128, st8 / st8w), (1, p6s / st8 / st8w / auto3)  # auto3@1 = the s3 pair  # (tokens, providers) in profiling order
 
 
 def ncu_plan() -> list[tuple[int, list[str]]]:
@@ -430,7 +463,7 @@ def step_sass(out_dir: Path) -> dict[str, Any]:
     res: dict[str, Any] = {}
     build = Path(get("NETRA_BUILD_DIR"))
     for e in read_lock()["code_objects"]:
-        if "_v3" not in e["name"]:
+        if "_v3" not in e["name"] and "moe_m1" not in e["name"]:
             continue
         sass = subprocess.run(["cuobjdump", "-sass", str(build / e["code_object"])], capture_output=True,
                               text=True).stdout
@@ -451,7 +484,7 @@ def run_step(step: str, out_dir: Path, names: list[str] | None = None, tag: str 
     sel = ["--builds", ",".join(names)] if names is not None else []
     cmd = [sys.executable, str(here), "--step", step, "--out", str(out_dir), "--tag", tag, *sel]
     if step == "ncu":  # kernels serialised by ncu (no PDL overlap): per-kernel DRAM rate / stalls
-        cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--kernel-name", "regex:moe_(gate_up|down)",
+        cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--kernel-name", "regex:moe_(gate_up|down|m1)",
                "--section", "SpeedOfLight", "--section", "Occupancy", "--section", "LaunchStats",
                "--section", "WarpStateStats", "--section", "SchedulerStats", "--section", "MemoryWorkloadAnalysis",
                sys.executable, str(here), "--step", "profile-inner", "--out", str(out_dir), *sel]
@@ -487,7 +520,13 @@ def table(out_dir: Path, steps: list[dict[str, Any]]) -> None:
         print(f"check: {len(doc['cases'])} cases, {len(bad)} failing, worst rel_l2 {worst:.2e}, "
               f"fused-h mismatches {hmis}, route/align v3 exact {doc.get('route_align_ok')}")
         pk = [c for c in doc["cases"] if "auto_bitwise_vs_picked" in c]
-        print(f"  bitwise vs sibling build (auto*/s3/st8w): {sum(c['auto_bitwise_vs_picked'] for c in pk)}/{len(pk)}")
+        print(f"  bitwise vs sibling build (m1/auto*/s3/st8w vs st8/p6s): {sum(c['auto_bitwise_vs_picked'] for c in pk)}"
+              f"/{len(pk)}")
+        m1 = [c for c in doc["cases"] if c.get("provider") == "v3m1" and c.get("tokens") == 1 and not c.get("shared")]
+        if m1:
+            print(f"  m1 1-token routed cases: {sum(c['ok'] for c in m1)}/{len(m1)} ok, bitwise vs st8 "
+                  f"{sum(bool(c.get('auto_bitwise_vs_picked')) for c in m1)}/{len(m1)}, h mismatches "
+                  f"{sum(c.get('h_mismatch_vs_kernel', 0) + c.get('h_mismatch_vs_ref', 0) for c in m1)}")
         for c in bad[:6]:
             print("  FAIL", {k: c.get(k) for k in ("provider", "tokens", "shared", "skewed", "rel_l2", "cosine",
                                                   "nan", "run_to_run_bitwise", "eager_equals_replay", "auto_picked",
@@ -518,6 +557,12 @@ def table(out_dir: Path, steps: list[dict[str, Any]]) -> None:
             print(f"{tok} | {r['floor_us']:5.1f} | {f(r, 'v1')} | " + " | ".join(f(r, n) for n in shown)
                   + f" | {r['v1_us'] / best:5.2f}x | {r['floor_us'] / best:5.2f} | "
                   + " | ".join(f"{f(r, n + ':align')} {f(r, n + ':align+gate_up')}" for n in SPLITS))
+        one = next((r for r in doc["rows"] if r["tokens"] == 1 and not r.get("shared")), None)
+        if one is not None and isinstance(one.get("v3m1_us"), (int, float)):
+            v = one["v3m1_us"]
+            print(f"m1 gate (1 token, routed): {v:.1f} us vs SGLang 24.9 (run10) = {24.9 / v:.2f}x; gate 2.0x = <= 12.4 us: "
+                  + ("PASS" if v <= 12.45 else "FAIL") + f"; st8 {one.get('v3st8_us', float('nan')):.1f}, "
+                  f"floor {one['floor_us']:.1f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -554,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "smoke.json").write_text(json.dumps(smoke, indent=1))
         _ACTIVE = passing
         if passing:
-            steps += [run_step(s, args.out, passing) for s in ("check", "time", "ncu")]
+            steps += [run_step(s, args.out, passing) for s in ("check", "time")]  # round 5: no ncu (--step ncu)
         else:  # every build broken or hung: the sanitizer is the useful diagnosis, timings would be meaningless
             print("smoke failed for every build: skipping check, time and ncu", flush=True)
         failing = [n for n in default if n not in passing]

@@ -102,3 +102,33 @@ def test_v3_bad_shapes_are_refused() -> None:
     ours = MoeSm90(0, variant="v3")
     with pytest.raises(MoeShapeError):
         ours.experts(torch.zeros(129, 2048, dtype=torch.bfloat16, device="cuda"), *([torch.zeros(1)] * 4), False)
+
+
+def test_m1_bitwise_vs_st8_at_one_token() -> None:
+    """tune "m1" (one cooperative kernel at 1 token, routed only) is bitwise the st8 sequence, eager and
+    replayed, on ordinary and adversarial routings; with the shared route it falls back to st8."""
+    import torch
+
+    from netra.bench.kernels_moe import make_weights
+    from netra.ops.moe_fp8 import MoeSm90
+
+    mod = _v3_script()
+    w = make_weights()
+    st8, m1 = MoeSm90(0, variant="v3", tune="st8"), MoeSm90(0, variant="v3", tune="m1")
+    for kind in (False, *mod.ADVERSARIAL_1):
+        x, ids, wts, sw = mod.routing(1, kind, seed=11)
+        for shared in (False, True):
+            outs = []
+            for o in (st8, m1):
+                mod.poison(o)
+                o.align(x, ids, wts, sw if shared else None)
+                outs.append(o.experts(x, w["w13"], w["s13"], w["w2"], w["s2"], shared).clone())
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                m1.align(x, ids, wts, sw if shared else None)
+                m1.experts(x, w["w13"], w["s13"], w["w2"], w["s2"], shared)
+            mod.poison(m1)
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(mod._bits(outs[0]), mod._bits(outs[1])), (kind, shared)
+            assert torch.equal(mod._bits(outs[1]), mod._bits(m1.out[:1])), (kind, shared)
