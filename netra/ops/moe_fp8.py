@@ -332,7 +332,10 @@ class MoeSm90:
     ``debug_h=True`` (v3 fused only, tests) makes the down kernel copy its h_q / h_s into
     ``dbg_hq`` / ``dbg_hs``. ``tune`` (v3 fused only) picks tuning builds of the GEMMs (``V3_TUNES``);
     ``tune="auto"`` picks the down kernel per call by the token count (``AUTO_STREAM_MIN_M``), ``"auto3"``
-    both GEMMs (the small-M pair "s3" below the threshold).
+    both GEMMs (the small-M pair "s3" below the threshold). ``tune="m1"``: ``align`` at one token without the
+    shared route launches nothing and ``experts`` runs the whole routed layer as ONE cooperative kernel
+    (``moe_m1_e256_k8``; gu / dbg_hq written in route order as st8's, no metadata / xq written); every other
+    call (M > 1, shared route, fewer than ``M1_CTAS`` SMs) is the st8 sequence.
 
     ``prepare`` loads every code object and allocates every buffer (for up to 128 tokens) before any
     graph capture; the ``run_*`` methods then only fill launch structs and launch on the current
