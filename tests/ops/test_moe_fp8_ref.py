@@ -376,3 +376,76 @@ def test_m1_contract_struct_and_tune() -> None:
     assert res["registers"] * 256 <= 65536
     m1 = moe_fp8.V3_TUNES["m1"]
     assert {k: v for k, v in m1.items() if k != "m1"} == moe_fp8.V3_TUNES["st8"] and m1["m1"] == c.name
+
+
+def test_m1_host_dispatch() -> None:
+    """tune "m1" on the host: align at one routed-only token launches nothing and experts launches moe_m1
+    once (grid M1_CTAS) with this instance's pointers; with the shared route, at M > 1, or when experts
+    asks for the shared route after a deferred align, the align kernel runs and the st8 GEMMs follow."""
+    import ctypes
+    import threading
+
+    from netra.ops import moe_fp8
+
+    class _Buf:
+        def __init__(self, base: int, shape: tuple[int, ...] = (4,)) -> None:
+            self.base, self.shape = base, shape
+
+        def data_ptr(self) -> int:
+            return self.base
+
+        def is_contiguous(self) -> bool:
+            return True
+
+        def __getitem__(self, _k: object) -> _Buf:
+            return self
+
+    log: list[tuple[str, int]] = []
+
+    class _Tactic:
+        def __init__(self, key: str, struct: type[ctypes.Structure]) -> None:
+            self.key = key
+            self.params = ctypes.create_string_buffer(ctypes.sizeof(struct))
+            self.lock = threading.Lock()
+            self.workspace = _Buf(0x9000)
+
+        def launch(self, grid: int, stream: int) -> None:
+            log.append((self.key, grid))
+
+    t = {"align": _Tactic("align", moe_fp8._RouteParams), "gate_up": _Tactic("gate_up", moe_fp8._GemmParamsV3),
+         "down": _Tactic("down", moe_fp8._GemmParamsV3), "m1": _Tactic("m1", moe_fp8._M1Params)}
+    o = object.__new__(moe_fp8.MoeSm90)
+    o.t = t  # type: ignore[assignment]
+    o.variant, o.fuse_act, o.num_sms = "v3", True, 132
+    for i, n in enumerate(("topk_ids", "topk_w", "logits", "shared_logit", "num_slots", "slot_expert", "slot_start",
+                           "route_token", "route_dst", "route_w", "xq", "xs", "gu", "y", "out", "aq_q", "aq_s")):
+        setattr(o, n, _Buf(0x10000 + 16 * i))
+    o.dbg_hq = o.dbg_hs = None
+    o._al = moe_fp8._RouteParams.from_buffer(t["align"].params)
+    o._gu = moe_fp8._GemmParamsV3.from_buffer(t["gate_up"].params)
+    o._dn = moe_fp8._GemmParamsV3.from_buffer(t["down"].params)
+    o._gu_small = o._dn_small = None
+    o._m1 = moe_fp8._M1Params.from_buffer(t["m1"].params)
+    o._m1_pending = None
+    o._stream = lambda: 0  # type: ignore[method-assign]
+    w = [_Buf(0x100 * (i + 1), (moe_fp8.NUM_EXPERTS + 1, 1)) for i in range(4)]
+
+    def call(m: int, shared_align: bool, shared: bool) -> list[tuple[str, int]]:
+        log.clear()
+        o._check_x = lambda x: m  # type: ignore[method-assign]
+        x = _Buf(0x1, (m, moe_fp8.HIDDEN))
+        ids = torch.zeros(m, moe_fp8.TOPK, dtype=torch.int32)
+        wts = torch.zeros(m, moe_fp8.TOPK, dtype=torch.float32)
+        o.align(x, ids, wts, _Buf(0x2) if shared_align else None)  # type: ignore[arg-type]
+        o.experts(x, *w, shared)  # type: ignore[arg-type]
+        return list(log)
+
+    assert call(1, False, False) == [("m1", moe_fp8.M1_CTAS)]
+    p = o._m1
+    assert (p.x, p.w13, p.w13_scale, p.w2, p.w2_scale) == (0x1, 0x100, 0x200, 0x300, 0x400)
+    assert (p.gu, p.out, p.bar) == (o.gu.data_ptr(), o.out.data_ptr(), 0x9000) and p.dbg_hq is None
+    st8 = [("gate_up", 132), ("down", 132)]
+    assert call(1, True, True) == [("align", 2), *st8]
+    assert call(1, False, True) == [("align", 2), *st8]  # deferred align, then run after all
+    assert call(2, False, False) == [("align", 2), *st8]
+    assert o._m1_pending is None
