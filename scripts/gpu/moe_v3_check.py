@@ -335,20 +335,26 @@ def step_time(out_dir: Path, reps: int = 40) -> dict[str, Any]:
                 fns[f"{name}:align"] = make(provs[name], "align")
                 fns[f"{name}:align+gate_up"] = make(provs[name], "gate_up")
         graphs = {}
+        errors: dict[str, str] = {}
         for name, fn in fns.items():
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                for _ in range(2):
+            try:  # one provider that cannot be captured (e.g. a cooperative launch) must not hide the others
+                s = torch.cuda.Stream()
+                s.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s):
+                    for _ in range(2):
+                        fn()
+                torch.cuda.current_stream().wait_stream(s)
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
                     fn()
-            torch.cuda.current_stream().wait_stream(s)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                fn()
-            for _ in range(3):
-                g.replay()
-            graphs[name] = g
+                for _ in range(3):
+                    g.replay()
+                graphs[name] = g
+            except Exception as exc:
+                errors[name] = f"{type(exc).__name__}: {exc}"
+                traceback.print_exc()
+                torch.cuda.synchronize()
         torch.cuda.synchronize()
         times: dict[str, list[float]] = {k: [] for k in graphs}
         for _ in range(reps):  # interleaved providers
@@ -361,7 +367,7 @@ def step_time(out_dir: Path, reps: int = 40) -> dict[str, Any]:
                 times[name].append(a.elapsed_time(b) * 1000.0 / ROT)
         distinct, floor = _floor_us([i[1] for i in inputs], bw, extra=1 if shared else 0)
         row = {"tokens": m, "shared": shared, "distinct_experts": distinct, "floor_us": floor,
-               "copy_bw_TBps": bw / 1e12}
+               "copy_bw_TBps": bw / 1e12, "errors": errors}
         for name, ts in times.items():
             row[name + "_us"] = statistics.median(ts)
             row[name + "_p90_us"] = sorted(ts)[int(0.9 * (len(ts) - 1))]
