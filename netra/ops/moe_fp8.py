@@ -273,6 +273,9 @@ V3_TUNES: dict[str, dict[str, str]] = {
     # CTA's weights in flight at entry, one grid barrier between gate_up and down, top-k sum CTA-local);
     # align + st8 otherwise (M > 1, the shared expert as a 9th route, or fewer than M1_CTAS SMs)
     "m1": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256", "m1": "moe_m1_e256_k8"},
+    # the same kernel with a plain (non-cooperative) launch: the A/B of the cooperative attribute, and the hedge
+    # if a cooperative launch cannot be captured into a CUDA graph
+    "m1nc": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256", "m1": "moe_m1nc_e256_k8"},
 }
 M1_CTAS = 128  # moe_m1's fixed grid (one CTA per SM, cooperative launch)
 # code objects that must share an SM with the next kernel: shared-memory carveout set to the maximum

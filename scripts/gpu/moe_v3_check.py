@@ -77,6 +77,7 @@ V3_BUILDS: dict[str, dict[str, Any]] = {
     "v3auto3": {"variant": "v3", "tune": "auto3"},
     # round 5: one cooperative kernel for the routed layer at 1 token; align + st8 otherwise
     "v3m1": {"variant": "v3", "tune": "m1"},
+    "v3m1nc": {"variant": "v3", "tune": "m1nc"},  # the same kernel, plain launch (--builds v3st8,v3m1,v3m1nc)
 }
 # round 3: the default run is the A/B of the streaming down against round 2's best (v3p6s); the other
 # builds stay reachable with --builds (their results are in .briefs/devruns/run8)
@@ -84,7 +85,7 @@ V3_BUILDS: dict[str, dict[str, Any]] = {
 DEFAULT_BUILDS = ("v3st8", "v3m1")  # round 5 (round 4: v3p6s, v3st8, v3st8w, v3s3, v3auto3)
 SPLITS = ("v3st8",)  # providers whose split points (align, align+gate_up) are timed (one gate_up build)
 SHARED_BATCHES = (1,)  # timed again with the shared expert as a 9th route (round 4: 16, 128)
-SHARED_PROVIDERS = ("v1", "v3", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8", "v3st8w", "v3auto", "v3s3", "v3auto3", "v3m1")
+SHARED_PROVIDERS = ("v1", "v3", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8", "v3st8w", "v3auto", "v3s3", "v3auto3", "v3m1", "v3m1nc")
 _ACTIVE: list[str] | None = None  # --builds: the V3_BUILDS this process uses (None: all)
 
 
@@ -105,7 +106,7 @@ def _auto_pick(m: int) -> str:
 # st8w: bitwise st8's (same items, MMAs and top-k order; only where the scales / the sum share come from)
 AUTO_PICKS = {"v3auto": _auto_pick, "v3auto3": _auto_pick, "v3s3": lambda _m: "v3p6s",
               "v3st8w": lambda _m: "v3st8",
-              "v3m1": lambda _m: "v3st8"}  # m1: the same numerics by construction (st8's kernels above 1 token)  # provider -> the provider it must equal bitwise for m tokens
+              "v3m1": lambda _m: "v3st8", "v3m1nc": lambda _m: "v3st8"}  # m1: the same numerics by construction (st8's kernels above 1 token)  # provider -> the provider it must equal bitwise for m tokens
 # smoke runs once per build (3 x 25 s by default); worst case 325 s, typical ~2.5 min
 STEP_TIMEOUT = {"sass": 20, "smoke": 25, "check": 60, "time": 90, "ncu": 75, "sanitize": 45}
 # (run5 took 6-7 s per step; the limits only bound a hang)
@@ -278,7 +279,7 @@ def step_check(out_dir: Path) -> dict[str, Any]:
         from netra.bench.kernels_moe import check_align, check_route
 
         # the first instance, after the others ran (shared params); not m1, whose align defers at 1 token
-        first = next((o for n, o in provs.items() if V3_BUILDS[n].get("tune") != "m1"), None) \
+        first = next((o for n, o in provs.items() if not str(V3_BUILDS[n].get("tune", "")).startswith("m1")), None) \
             or MoeSm90(0, variant="v3", tune="st8")
         rt = check_route(first, w)
         al = check_align(first)
@@ -532,9 +533,11 @@ def table(out_dir: Path, steps: list[dict[str, Any]]) -> None:
         pk = [c for c in doc["cases"] if "auto_bitwise_vs_picked" in c]
         print(f"  bitwise vs sibling build (m1/auto*/s3/st8w vs st8/p6s): {sum(c['auto_bitwise_vs_picked'] for c in pk)}"
               f"/{len(pk)}")
-        m1 = [c for c in doc["cases"] if c.get("provider") == "v3m1" and c.get("tokens") == 1 and not c.get("shared")]
-        if m1:
-            print(f"  m1 1-token routed cases: {sum(c['ok'] for c in m1)}/{len(m1)} ok, bitwise vs st8 "
+        for prov in ("v3m1", "v3m1nc"):
+            m1 = [c for c in doc["cases"] if c.get("provider") == prov and c.get("tokens") == 1 and not c.get("shared")]
+            if not m1:
+                continue
+            print(f"  {prov} 1-token routed cases: {sum(c['ok'] for c in m1)}/{len(m1)} ok, bitwise vs st8 "
                   f"{sum(bool(c.get('auto_bitwise_vs_picked')) for c in m1)}/{len(m1)}, h mismatches "
                   f"{sum(c.get('h_mismatch_vs_kernel', 0) + c.get('h_mismatch_vs_ref', 0) for c in m1)}")
         for c in bad[:6]:
@@ -567,10 +570,15 @@ def table(out_dir: Path, steps: list[dict[str, Any]]) -> None:
             print(f"{tok} | {r['floor_us']:5.1f} | {f(r, 'v1')} | " + " | ".join(f(r, n) for n in shown)
                   + f" | {r['v1_us'] / best:5.2f}x | {r['floor_us'] / best:5.2f} | "
                   + " | ".join(f"{f(r, n + ':align')} {f(r, n + ':align+gate_up')}" for n in SPLITS))
+        for r in doc["rows"]:
+            if r.get("errors"):
+                print(f"  time errors at {r['tokens']} tokens (shared {r.get('shared')}): {r['errors']}")
         one = next((r for r in doc["rows"] if r["tokens"] == 1 and not r.get("shared")), None)
-        if one is not None and isinstance(one.get("v3m1_us"), (int, float)):
-            v = one["v3m1_us"]
-            print(f"m1 gate (1 token, routed): {v:.1f} us vs SGLang 24.9 (run10) = {24.9 / v:.2f}x; gate 2.0x = <= 12.4 us: "
+        for prov in ("v3m1", "v3m1nc"):
+            if one is None or not isinstance(one.get(prov + "_us"), (int, float)):
+                continue
+            v = one[prov + "_us"]
+            print(f"{prov} gate (1 token, routed): {v:.1f} us vs SGLang 24.9 (run10) = {24.9 / v:.2f}x; 2.0x = <= 12.4 us: "
                   + ("PASS" if v <= 12.45 else "FAIL") + f"; st8 {one.get('v3st8_us', float('nan')):.1f}, "
                   f"floor {one['floor_us']:.1f}")
 

@@ -376,6 +376,10 @@ def test_m1_contract_struct_and_tune() -> None:
     assert res["registers"] * 256 <= 65536
     m1 = moe_fp8.V3_TUNES["m1"]
     assert {k: v for k, v in m1.items() if k != "m1"} == moe_fp8.V3_TUNES["st8"] and m1["m1"] == c.name
+    nc = cat.by_name(moe_fp8.V3_TUNES["m1nc"]["m1"])  # the plain-launch twin: same code object, own op
+    assert nc.kernel == c.kernel and nc.launch == {**c.launch, "cooperative": False, "grid": nc.launch["grid"]}
+    assert nc.op != c.op and nc.workspace == c.workspace
+    assert {k: v for k, v in moe_fp8.V3_TUNES["m1nc"].items() if k != "m1"} == moe_fp8.V3_TUNES["st8"]
 
 
 def test_m1_host_dispatch() -> None:
