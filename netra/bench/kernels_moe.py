@@ -246,7 +246,7 @@ def _meta_mismatches(ours: Any, ids: Any, wts: Any, sw: Any) -> int:
 def check_align(ours: Any) -> dict[str, Any]:
     import torch
 
-    res = {"cases": 0, "meta_mismatches": 0, "xq_mismatches": 0}
+    res = {"cases": 0, "meta_mismatches": 0, "xq_mismatches": 0, "deferred": 0}
     for m in (1, 8, 33, 128):
         for case in ("random", "all_same_experts", "with_shared"):
             x, ids, wts, sw = make_routing(m, seed=100 + m)
@@ -255,6 +255,11 @@ def check_align(ours: Any) -> dict[str, Any]:
             shared = sw if case == "with_shared" else None
             ours.align(x, ids, wts, shared)
             torch.cuda.synchronize()
+            if getattr(ours, "_m1_pending", None) is not None:
+                # tune m1 at one token: align writes nothing; experts() runs the one-kernel layer, whose
+                # output the layer check compares (and moe_v3_check compares bitwise with st8)
+                res["deferred"] += 1
+                continue
             res["cases"] += 1
             res["meta_mismatches"] += _meta_mismatches(ours, ids, wts, shared)
             res["xq_mismatches"] += _xq_mismatches(ours, x)
@@ -868,7 +873,12 @@ def write_records_v3(src: Path, out: Path, tag: str, git_sha: str, judge: str = 
            "speedups": lg["per_batch"], "gates": lg["gates"], "gate": GATE_LAYER,
            "verdict": "accepted" if lg["pass"] else "rejected",
            "notes": ["SGLang align for > 64 routes is precomputed outside the timed region (its CUDA align is a "
-                     "JIT op not loadable here; the Triton small-numel kernel is O(routes^2)): favours the peer"]}
+                     "JIT op not loadable here; the Triton small-numel kernel is O(routes^2)): favours the peer",
+                     *(["tune m1: at one token align() defers (writes no metadata or quantised x) and experts() "
+                        "runs the one-kernel layer; runs before the check skipped deferred cases count them as "
+                        "align mismatches (netra-v3 align meta/xq at tokens 1). The layer output is checked "
+                        "(layer_within_tolerance) and moe_v3_check compares it bitwise with st8 "
+                        "(results/sm90/moe_runs/run12_m1)"] if doc.get("v3_tune") == "m1" else [])]}
     if not rows:
         rec["verdict"] = "inconclusive"
     path = write_record(rec, out, f"moe_layer{tag}")
@@ -913,8 +923,8 @@ def layer_markdown(rec: dict[str, Any], st: dict[str, Any], ag: dict[str, Any]) 
     lines = [f"# MoE layer, one run, interleaved ({rec['device']}, {rec['date']}, git {rec['git_sha']})", "",
              f"Copy bandwidth {bw / 1e12:.2f} TB/s. Judged provider: `{rec['judged_provider']}`. "
              f"Verdict **{rec['verdict']}**. Command: `{rec['command']}`", "",
-             *([f"netra-v3 ran the tuning build `{rec['netra_v3_tune']}` (MoeSm90 tune=); netra-v3-unfused the "
-                "base GEMMs.", ""] if rec.get("netra_v3_tune") else []),
+             *([f"netra-v3 ran the tuning build `{rec['netra_v3_tune']}` (MoeSm90 tune=); netra-v3-unfused, where "
+                "measured, the base GEMMs.", ""] if rec.get("netra_v3_tune") else []),
              "| tokens | distinct | floor µs | " + " | ".join(f"{n} µs" for n in netras)
              + " | sglang µs | judged/sglang | floor frac |",
              "|---" * (6 + len(netras)) + "|"]

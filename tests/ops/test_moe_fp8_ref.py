@@ -360,7 +360,7 @@ def test_m1_contract_struct_and_tune() -> None:
     assert layout.pop("size") == ctypes.sizeof(moe_fp8._M1Params) == 96
     assert layout == {n: getattr(moe_fp8._M1Params, n).offset for n, *_ in moe_fp8._M1Params._fields_}
     assert c.launch["cooperative"] is True and not c.launch.get("pdl", False)
-    assert c.maturity == "experiment" and c.dims["tokens"].hi == 1 and c.kernel["symbol"] == "moe_m1"
+    assert c.maturity == "verified" and c.evidence and c.dims["tokens"].hi == 1 and c.kernel["symbol"] == "moe_m1"
     root = Path(__file__).resolve().parents[2]
     src = (root / c.kernel["source"]).read_text()
     defs = dict(re.findall(r"^#define (M1_CTAS|M1_THREADS) (\d+)", src, re.M))
