@@ -199,47 +199,11 @@ __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_re
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
-// ---------------------------------------------------------------- MMA (as v1)
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void load_b(const uint8_t* src, bool valid, uint32_t (&b)[8]) {
-  uint4 v0 = make_uint4(0u, 0u, 0u, 0u), v1 = v0;
-  if (valid) {
-    v0 = *reinterpret_cast<const uint4*>(src);
-    v1 = *reinterpret_cast<const uint4*>(src + 16);
-  }
-  b[0] = v0.x; b[1] = v0.y; b[2] = v0.z; b[3] = v0.w;
-  b[4] = v1.x; b[5] = v1.y; b[6] = v1.z; b[7] = v1.w;
-}
-
-// A fragment rows g and g+8 (32 bytes each) of a 16-row tile from shared memory.
+// ---------------------------------------------------------------- MMA (moe_common.cuh, as v1)
+using moe::kblock_mma;
+using moe::load_b;
 __device__ __forceinline__ void load_a_smem(uint4 (&a)[4], const uint8_t* row_g, int row_stride) {
-  a[0] = *reinterpret_cast<const uint4*>(row_g);
-  a[1] = *reinterpret_cast<const uint4*>(row_g + 16);
-  a[2] = *reinterpret_cast<const uint4*>(row_g + 8 * row_stride);
-  a[3] = *reinterpret_cast<const uint4*>(row_g + 8 * row_stride + 16);
-}
-
-__device__ __forceinline__ void kblock_mma(float (&acc)[4], const uint4 (&a)[4], const uint32_t (&b)[8], float ws,
-                                           float s_tok, int t) {
-  const uint32_t* lo = reinterpret_cast<const uint32_t*>(&a[0]);
-  const uint32_t* hi = reinterpret_cast<const uint32_t*>(&a[2]);
-  float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int s = 0; s < 4; ++s) mma_e4m3(d, lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1], b[2 * s], b[2 * s + 1]);
-  const float s0 = __shfl_sync(0xffffffffu, s_tok, (2 * t) * 4);
-  const float s1 = __shfl_sync(0xffffffffu, s_tok, (2 * t + 1) * 4);
-  acc[0] = fmaf(d[0], ws * s0, acc[0]);
-  acc[1] = fmaf(d[1], ws * s1, acc[1]);
-  acc[2] = fmaf(d[2], ws * s0, acc[2]);
-  acc[3] = fmaf(d[3], ws * s1, acc[3]);
+  moe::load_a(a, row_g, row_stride);
 }
 
 __device__ __forceinline__ void item_range(int total, int& begin, int& end) {
