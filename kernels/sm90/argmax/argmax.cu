@@ -33,6 +33,8 @@
 #include <cstdint>
 #include <cuda_bf16.h>
 
+#include "argmax_key.cuh"
+
 #ifndef NETRA_ARGMAX_BF16
 #error "build with -DNETRA_ARGMAX_BF16=0 (float32) or =1 (bfloat16)"
 #endif
@@ -67,20 +69,15 @@ extern "C" __device__ unsigned int netra_params_layout[9] = {
 
 namespace {
 
+using namespace netra_argmax;
+
 constexpr int kBlock = 256;
 #ifndef NETRA_ARGMAX_UNROLL
 #define NETRA_ARGMAX_UNROLL 8                    // 16 B loads in flight per thread (the contract's build)
 #endif
 constexpr int kVec = NETRA_ARGMAX_BF16 ? 8 : 4;  // elements per 16-byte load
-constexpr unsigned kNone = 0xFFFFFFFFu;          // "no element seen" index
 // A 32-bit word of -inf: one float32 -inf, or two bfloat16 -inf.
 constexpr unsigned kNegInf4 = NETRA_ARGMAX_BF16 ? 0xFF80FF80u : 0xFF800000u;
-
-__device__ __forceinline__ float max_nan(float a, float b) {
-  float r;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-}
 
 // One 16-byte load (streaming: logits are read once) unpacked to kVec floats.
 struct Vec {
@@ -118,41 +115,6 @@ __device__ __forceinline__ float vec_max(const uint4& raw) {
   return max_nan(max_nan(__uint_as_float(raw.x), __uint_as_float(raw.y)),
                  max_nan(__uint_as_float(raw.z), __uint_as_float(raw.w)));
 #endif
-}
-
-// Thread state: the sequential torch.argmax rule over the elements it saw, in index order.
-struct Best {
-  float value;
-  unsigned index;  // kNone until the first element
-  bool nan;
-};
-
-// Does a value equal the batch maximum m? NaN-aware (m is NaN iff the batch holds a NaN); +0 == -0.
-__device__ __forceinline__ bool matches(float value, float m, bool m_nan) {
-  return m_nan ? (value != value) : (value == m);
-}
-
-__device__ __forceinline__ unsigned long long to_key(const Best& b) {
-  if (b.index == kNone) return 0ull;  // below every real key (real keys have ~index > 0)
-  unsigned ordered;
-  const unsigned bits = __float_as_uint(b.value);
-  if (b.nan) {
-    ordered = 0xFFFFFFFFu;
-  } else if ((bits & 0x7FFFFFFFu) == 0u) {
-    ordered = 0x80000000u;  // +0 and -0 compare equal
-  } else {
-    ordered = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-  }
-  return (static_cast<unsigned long long>(ordered) << 32) | static_cast<unsigned long long>(~b.index);
-}
-
-__device__ __forceinline__ unsigned long long warp_max(unsigned long long k) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const unsigned long long o = __shfl_down_sync(0xFFFFFFFFu, k, off);
-    k = o > k ? o : k;
-  }
-  return k;
 }
 
 }  // namespace

@@ -33,6 +33,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "argmax_key.cuh"
+
 struct ArgmaxClusterParams {
   const float* x;              // [rows, row_stride] logits, 16-byte aligned base
   long long* out;              // [rows] int64 indices
@@ -56,57 +58,19 @@ extern "C" __device__ unsigned int netra_params_layout[7] = {
 
 namespace {
 
+using namespace netra_argmax;  // kNone, max_nan, Best, matches, to_key, warp_max (argmax_key.cuh)
+
 constexpr int kBlock = 256;
 constexpr int kPieceVecs = 1024;                 // 16 KB pieces: 4 x 16-byte loads per thread
 constexpr int kLoads = kPieceVecs / kBlock;      // 4
 constexpr int kSlots = 8;                        // 8 x 16 KB = 128 KB: a whole 1/8 row at once
 constexpr int kMaxCluster = 16;
-constexpr unsigned kNone = 0xFFFFFFFFu;
 constexpr unsigned kNegInf = 0xFF800000u;
 static_assert(kPieceVecs % kBlock == 0, "piece = whole loads per thread");
-
-__device__ __forceinline__ float max_nan(float a, float b) {
-  float r;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-}
 
 __device__ __forceinline__ float vec_max(const uint4& r) {
   return max_nan(max_nan(__uint_as_float(r.x), __uint_as_float(r.y)),
                  max_nan(__uint_as_float(r.z), __uint_as_float(r.w)));
-}
-
-__device__ __forceinline__ bool matches(float value, float m, bool m_nan) {
-  return m_nan ? (value != value) : (value == m);
-}
-
-struct Best {
-  float value;
-  unsigned index;
-  bool nan;
-};
-
-__device__ __forceinline__ unsigned long long to_key(const Best& b) {
-  if (b.index == kNone) return 0ull;
-  unsigned ordered;
-  const unsigned bits = __float_as_uint(b.value);
-  if (b.nan) {
-    ordered = 0xFFFFFFFFu;
-  } else if ((bits & 0x7FFFFFFFu) == 0u) {
-    ordered = 0x80000000u;
-  } else {
-    ordered = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-  }
-  return (static_cast<unsigned long long>(ordered) << 32) | static_cast<unsigned long long>(~b.index);
-}
-
-__device__ __forceinline__ unsigned long long warp_max(unsigned long long k) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const unsigned long long o = __shfl_down_sync(0xFFFFFFFFu, k, off);
-    k = o > k ? o : k;
-  }
-  return k;
 }
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
