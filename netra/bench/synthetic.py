@@ -34,6 +34,8 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from netra.procutil import wait_healthy
+
 FAULTS = ("none", "short", "long", "error-event", "abort", "http500", "cached", "prompt", "truncate")
 
 
@@ -246,16 +248,8 @@ def running(cfg: Config, workdir: Path, timeout_s: float = 60.0) -> Iterator[str
                 raise RuntimeError(f"synthetic upstream did not bind within {timeout_s:.0f} s")
             time.sleep(0.02)
         url = f"http://127.0.0.1:{int(port_file.read_text())}"
-        import httpx
-        while True:  # bound is not serving: wait for the app to answer
-            try:
-                if httpx.get(url + "/health", timeout=2.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"synthetic upstream not healthy; see {workdir / 'synthetic.log'}")
-            time.sleep(0.05)
+        # bound is not serving: wait for the app to answer
+        wait_healthy(url, proc, deadline, f"synthetic upstream not healthy; see {workdir / 'synthetic.log'}")
         yield url
     finally:
         if proc.poll() is None:

@@ -15,12 +15,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from netra.procutil import terminate, wait_healthy
+
 
 @contextmanager
 def engine_process(*args: str, startup_timeout: float = 120.0, log_path: str | None = None) -> Iterator[str]:
     """Start ``python -m netra engine --host 127.0.0.1 --port 0 ARGS``; yield its base URL once /health is 200."""
-    import httpx
-
     cmd = [sys.executable, "-m", "netra", "engine", "--host", "127.0.0.1", "--port", "0", *args]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -48,23 +48,9 @@ def engine_process(*args: str, startup_timeout: float = 120.0, log_path: str | N
         found.wait(startup_timeout)
         if base is None:
             raise RuntimeError(f"netra engine did not start ({' '.join(cmd)}):\n" + "".join(lines[-30:]))
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("netra engine printed its address but /health never answered")
-            time.sleep(0.05)
+        wait_healthy(base, proc, time.monotonic() + 30, "netra engine printed its address but /health never answered")
         yield base
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        terminate(proc, 10)
         if log is not None:
             log.close()

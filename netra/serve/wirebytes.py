@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import hashlib
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -35,6 +34,8 @@ from typing import Any
 import httpx
 import orjson
 
+from netra.engine.process import engine_process
+from netra.procutil import terminate, wait_healthy
 from netra.serve.app import create_app
 from netra.serve.config import ServeConfig
 from netra.serve.localserver import ServerThread
@@ -75,30 +76,9 @@ class Row:
 @contextlib.contextmanager
 def engine_worker(incremental: bool, timeout: float = 120.0) -> Iterator[str]:
     """`netra engine --preset tiny` on a free port, upstream stream interval 1 (the worst case)."""
-    cmd = [sys.executable, "-m", "netra", "engine", "--preset", "tiny", "--port", "0", "--stream-interval", "1"]
-    if incremental:
-        cmd.append("--incremental-streaming-output")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + timeout
-        url = None
-        assert proc.stdout is not None
-        lines: list[str] = []
-        while url is None:
-            line = proc.stdout.readline()
-            if not line or time.monotonic() > deadline:
-                raise RuntimeError("netra engine did not start:\n" + "".join(lines[-20:]))
-            lines.append(line)
-            m = re.search(r"listening on (http://\S+)", line)
-            url = m.group(1) if m else None
+    args = ["--preset", "tiny", "--stream-interval", "1"] + (["--incremental-streaming-output"] if incremental else [])
+    with engine_process(*args, startup_timeout=timeout) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 def process_cpu_s(pid: int) -> float:
@@ -118,24 +98,13 @@ def serve_process(upstream: str, stream_interval: int, timeout: float = 60.0) ->
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"netra serve did not become healthy: {proc.stderr.read() if proc.stderr else ''}")
-            time.sleep(0.1)
+        try:
+            wait_healthy(url, proc, time.monotonic() + timeout, "netra serve did not become healthy", interval=0.1)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}: {proc.stderr.read() if proc.stderr else ''}") from None
         yield url, proc.pid
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        terminate(proc, 15)
 
 
 @contextlib.contextmanager
