@@ -48,6 +48,7 @@
 //   token's routes for the 64 columns in rank order (FP32, shared expert last, as v1) into out and
 //   resets the counter (self-resetting, no memset, graph-safe; one stream at a time per device).
 #include "moe_common.cuh"
+#include "moe_sync.cuh"
 #include <stddef.h>
 
 #ifndef MOE_FUSE_ACT
@@ -147,57 +148,6 @@ extern "C" __device__ unsigned int netra_params_layout[] = {
     offsetof(GemmParamsV3, dbg_hq), offsetof(GemmParamsV3, dbg_hs)};
 
 namespace {
-
-// ---------------------------------------------------------------- PTX wrappers (sm_90)
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_fence_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, unsigned parity) {
-  uint32_t ok;
-  asm volatile(
-      "{\n"
-      ".reg .pred P1;\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, P1;\n"
-      "}\n"
-      : "=r"(ok)
-      : "r"(smem_addr(bar)), "r"(parity)
-      : "memory");
-  return ok != 0u;
-}
-// A wait that cannot end (a broken ring) traps after ~2^24 polls instead of hanging the GPU: the
-// launch then fails with an error the host sees (each poll suspends up to a hardware time limit).
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
-  unsigned polls = 0;
-  while (!mbar_try_wait(bar, parity)) {
-    if (++polls == (1u << 24)) __trap();
-  }
-}
-__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar))
-      : "memory");
-}
-// Release (before the arrival atomic) / acquire (after the last arrival) at GPU scope: the PTX
-// memory model's fence + relaxed-atomic pattern, lighter than __threadfence()'s fence.sc.
-__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
 // ---------------------------------------------------------------- MMA (moe_common.cuh, as v1)
 using moe::kblock_mma;
@@ -865,11 +815,6 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS, 1) moe_down_v3(const Ge
 namespace {
 __device__ __forceinline__ void consumer_bar() {
   asm volatile("bar.sync 1, %0;\n" ::"r"(DN_NCW * 32) : "memory");
-}
-__device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
 }
 // h of group gi (slot, chunk) into hb: (row, 128-group) pairs over the consumer half-warps, up to 4 pairs'
 // gate|up loads in flight per half-warp. Trip counts are warp-uniform (rows * 4 is even).

@@ -79,21 +79,28 @@ __device__ __forceinline__ void load_a(uint4 (&a)[4], const uint8_t* row_g, Stri
   a[3] = *reinterpret_cast<const uint4*>(row_g + 8 * row_stride + 16);
 }
 
-// One K block for one 16-row weight tile and one 8-token tile: 4 MMA steps into a fresh
-// fragment, then acc += frag * wscale * token scale (columns 2t and 2t+1 of the fragment).
-__device__ __forceinline__ void kblock_mma(float (&acc)[4], const uint4 (&a)[4], const uint32_t (&b)[8], float ws,
-                                           float s_tok, int t) {
-  const uint32_t* lo = reinterpret_cast<const uint32_t*>(&a[0]);  // row g, 32 bytes
-  const uint32_t* hi = reinterpret_cast<const uint32_t*>(&a[2]);  // row g + 8
+// kblock_mma for a tile whose rows g (0-7) and g + 8 (8-15) come from different 128-row scale blocks
+// (moe_ms.cu: rows 0-7 gate, rows 8-15 up of the same 8 columns): the same arithmetic per element.
+__device__ __forceinline__ void kblock_mma2(float (&acc)[4], const uint4 (&a)[4], const uint32_t (&b)[8], float ws_lo,
+                                            float ws_hi, float s_tok, int t) {
+  const uint32_t* lo = reinterpret_cast<const uint32_t*>(&a[0]);
+  const uint32_t* hi = reinterpret_cast<const uint32_t*>(&a[2]);
   float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
   for (int s = 0; s < 4; ++s) mma_e4m3(d, lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1], b[2 * s], b[2 * s + 1]);
   const float s0 = __shfl_sync(0xffffffffu, s_tok, (2 * t) * 4);
   const float s1 = __shfl_sync(0xffffffffu, s_tok, (2 * t + 1) * 4);
-  acc[0] = fmaf(d[0], ws * s0, acc[0]);
-  acc[1] = fmaf(d[1], ws * s1, acc[1]);
-  acc[2] = fmaf(d[2], ws * s0, acc[2]);
-  acc[3] = fmaf(d[3], ws * s1, acc[3]);
+  acc[0] = fmaf(d[0], ws_lo * s0, acc[0]);
+  acc[1] = fmaf(d[1], ws_lo * s1, acc[1]);
+  acc[2] = fmaf(d[2], ws_hi * s0, acc[2]);
+  acc[3] = fmaf(d[3], ws_hi * s1, acc[3]);
+}
+
+// One K block for one 16-row weight tile and one 8-token tile: 4 MMA steps into a fresh
+// fragment, then acc += frag * wscale * token scale (columns 2t and 2t+1 of the fragment).
+__device__ __forceinline__ void kblock_mma(float (&acc)[4], const uint4 (&a)[4], const uint32_t (&b)[8], float ws,
+                                           float s_tok, int t) {
+  kblock_mma2(acc, a, b, ws, ws, s_tok, t);
 }
 
 }  // namespace moe

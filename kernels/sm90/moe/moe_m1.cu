@@ -26,6 +26,7 @@
 // One stream at a time per device (the workspace is per code object). The shared expert (a 9th route)
 // is not supported here (its gate_up share would not fit beside the down share): the host falls back.
 #include "moe_common.cuh"
+#include "moe_sync.cuh"
 #include <stddef.h>
 
 #define HID 2048
@@ -71,55 +72,6 @@ extern "C" __device__ unsigned int netra_params_layout[] = {
 
 namespace {
 
-// ---------------------------------------------------------------- PTX wrappers (sm_90), as expert_stream.cu
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_fence_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, unsigned parity) {
-  uint32_t ok;
-  asm volatile(
-      "{\n"
-      ".reg .pred P1;\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, P1;\n"
-      "}\n"
-      : "=r"(ok)
-      : "r"(smem_addr(bar)), "r"(parity)
-      : "memory");
-  return ok != 0u;
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
-  unsigned polls = 0;
-  while (!mbar_try_wait(bar, parity)) {
-    if (++polls == (1u << 24)) __trap();
-  }
-}
-__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar))
-      : "memory");
-}
-__device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_release_gpu(unsigned* p, unsigned v) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-
 // ---------------------------------------------------------------- MMA core (moe_common.cuh)
 using moe::kblock_mma;
 using moe::load_b;
@@ -127,29 +79,11 @@ __device__ __forceinline__ void load_a_smem(uint4 (&a)[4], const uint8_t* row_g,
   moe::load_a(a, row_g, row_stride);
 }
 
-// Grid-wide barrier (cooperative launch: every CTA is resident). Thread 0 of each CTA reads the
-// generation, releases the CTA's prior writes (CTA barrier, then fence + atomic arrival); the last
-// arrival resets the count and publishes generation + 1 (release); the others poll it (acquire).
+// Grid-wide barrier (cooperative launch: every CTA is resident): moe_sync.cuh's arrival between two
+// CTA barriers.
 __device__ __forceinline__ void grid_sync(unsigned* bar) {
-  unsigned* count = bar;
-  unsigned* gen = bar + 32;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned g0 = ld_acquire_gpu(gen);
-    __threadfence();
-    const unsigned prev = atomicAdd(count, 1u);
-    if (prev == gridDim.x - 1u) {
-      atomicExch(count, 0u);
-      __threadfence();
-      st_release_gpu(gen, g0 + 1u);
-    } else {
-      unsigned polls = 0;
-      while (ld_acquire_gpu(gen) == g0) {
-        if (++polls == (1u << 26)) __trap();  // a broken count: fail the launch instead of hanging
-      }
-    }
-    __threadfence();
-  }
+  if (threadIdx.x == 0) grid_arrive_wait(bar, gridDim.x);
   __syncthreads();
 }
 
