@@ -25,7 +25,7 @@ References import no kernel code and run on the CPU or the GPU.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -276,8 +276,14 @@ V3_TUNES: dict[str, dict[str, str]] = {
     # the same kernel with a plain (non-cooperative) launch: the A/B of the cooperative attribute, and the hedge
     # if a cooperative launch cannot be captured into a CUDA graph
     "m1nc": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256", "m1": "moe_m1nc_e256_k8"},
+    # round 6 experiment: the routed layer for 1..8 tokens in one cooperative kernel with one continuous weight
+    # stream per SM (moe_ms.cu: gate_up items, then the CTA's w2 rows of every active expert, through one TMA
+    # ring; grid barrier between the GEMMs while the producer keeps streaming); align + st8 otherwise
+    "ms": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256", "ms": "moe_ms_e256_k8"},
 }
-M1_CTAS = 128  # moe_m1's fixed grid (one CTA per SM, cooperative launch)
+M1_CTAS = 128  # moe_m1's / moe_ms's fixed grid (one CTA per SM, cooperative launch)
+ONE_KERNEL_MAX_TOKENS = {"m1": 1, "ms": 8}  # V3_TUNES key of the one-kernel layer -> the tokens it covers
+MS_PROBE_SYMBOL = "moe_ms_probe"  # exploration entry point of moe_ms's code object: the weight stream alone
 # code objects that must share an SM with the next kernel: shared-memory carveout set to the maximum
 CARVEOUT_MAX = frozenset(("moe_gate_up_v3ps3_e256", "moe_down_v3w3s_e256"))
 AUTO_STREAM_MIN_M = 6  # tune "auto": M < this -> "down_small" (run9: 1 tok p6s 20.9 vs st8 24.0 us; 8 tok 74.5 vs 73.4)
@@ -317,6 +323,14 @@ class _M1Params(ctypes.Structure):
 
     _fields_ = [(n, ctypes.c_void_p) for n in (
         "x", "topk_ids", "topk_w", "w13", "w13_scale", "w2", "w2_scale", "gu", "out", "bar", "dbg_hq", "dbg_hs")]
+
+
+class _MsParams(ctypes.Structure):
+    """kernels/sm90/moe/moe_ms.cu MsParams (88 bytes)."""
+
+    _fields_ = [(n, ctypes.c_void_p) for n in (
+        "x", "topk_ids", "topk_w", "w13", "w13_scale", "w2", "w2_scale", "hbuf", "out", "bar")] + [
+        ("M", ctypes.c_int32), ("_pad", ctypes.c_int32)]
 
 
 def max_slots(tokens: int, shared: bool) -> int:
@@ -403,9 +417,13 @@ class MoeSm90:
         self._dn = gp.from_buffer(self.t["down"].params)
         self._dn_small = gp.from_buffer(self.t["down_small"].params) if "down_small" in self.t else None
         self._gu_small = gp.from_buffer(self.t["gate_up_small"].params) if "gate_up_small" in self.t else None
-        # tune "m1": align() at M == 1 without the shared route defers to experts(), which runs moe_m1 alone
+        # tune "m1" / "ms": align() at M <= 1 / 8 without the shared route defers to experts(), which runs the
+        # one-kernel layer alone
         self._m1 = _M1Params.from_buffer(self.t["m1"].params) if "m1" in self.t and self.num_sms >= M1_CTAS \
             else None
+        self._ms = _MsParams.from_buffer(self.t["ms"].params) if "ms" in self.t and self.num_sms >= M1_CTAS \
+            else None
+        self._probe: Any = None  # (function, launch config) of MS_PROBE_SYMBOL, made on first use (exploration)
         self._m1_pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.dbg_hq = self.dbg_hs = None
         if debug_h:
@@ -488,9 +506,9 @@ class MoeSm90:
                 or topk_w.shape != (m, TOPK) or not 1 <= m <= MAX_TOKENS:
             raise MoeShapeError("align needs int32 ids and fp32 weights of shape [1..128, 8]")
         self._m1_pending = None
-        if getattr(self, "_m1", None) is not None and m == 1 and shared_w is None:
+        if m <= self._one_kernel_max() and shared_w is None:
             if not (topk_ids.is_contiguous() and topk_w.is_contiguous()):
-                raise MoeShapeError("align (tune m1) needs contiguous ids and weights")
+                raise MoeShapeError(f"align (tune {self.tune}) needs contiguous ids and weights")
             self._m1_pending = (x, topk_ids, topk_w)  # experts() runs the one-kernel layer
             return
         self._launch_align(x, topk_ids, topk_w, shared_w)
@@ -519,9 +537,12 @@ class MoeSm90:
         routes = m * (TOPK + (1 if shared else 0))
         pending, self._m1_pending = getattr(self, "_m1_pending", None), None
         if pending is not None:
-            if m == 1 and not shared and pending[0].shape[0] == 1:
-                self._launch_m1(pending, w13, w13_scale, w2, w2_scale)
-                return self.out[:1]
+            if m <= self._one_kernel_max() and not shared and pending[0].shape[0] == m:
+                if getattr(self, "_ms", None) is not None:
+                    self._launch_ms(pending, w13, w13_scale, w2, w2_scale)
+                else:
+                    self._launch_m1(pending, w13, w13_scale, w2, w2_scale)
+                return self.out[:m]
             self._launch_align(pending[0], pending[1], pending[2], None)  # not the m1 case after all: the deferred align, then st8
         if self.variant == "v3":  # persistent grids; the work list comes from num_slots on the device
             if self._gu_small is not None and m < AUTO_STREAM_MIN_M:  # tune "auto3", small batch
@@ -559,6 +580,51 @@ class MoeSm90:
                 p.dbg_hq = self.dbg_hq.data_ptr() if self.dbg_hq is not None else None
                 p.dbg_hs = self.dbg_hs.data_ptr() if self.dbg_hs is not None else None
             t.launch(grid, self._stream())
+
+    def _one_kernel_max(self) -> int:
+        """The most tokens the one-kernel layer of this tune covers (0: none)."""
+        if getattr(self, "_ms", None) is not None:
+            return ONE_KERNEL_MAX_TOKENS["ms"]
+        return ONE_KERNEL_MAX_TOKENS["m1"] if getattr(self, "_m1", None) is not None else 0
+
+    def _launch_ms(self, pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w13: torch.Tensor,
+                   w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, probe: bool = False) -> None:
+        x, ids, tw = pending
+        t = self.t["ms"]
+        p = self._ms
+        assert p is not None
+        with t.lock:
+            p.x, p.topk_ids, p.topk_w = x.data_ptr(), ids.data_ptr(), tw.data_ptr()
+            p.w13, p.w13_scale, p.w2, p.w2_scale = (w13.data_ptr(), w13_scale.data_ptr(), w2.data_ptr(),
+                                                    w2_scale.data_ptr())
+            p.hbuf, p.out, p.bar = self.gu.data_ptr(), self.out.data_ptr(), t.workspace.data_ptr()
+            p.M = int(x.shape[0])
+            if not probe:
+                t.launch(M1_CTAS, self._stream())
+                return
+            from netra import runtime as rt
+
+            fn, cfg = self._probe
+            cfg.gridDimX, cfg.hStream = M1_CTAS, self._stream()
+            rt.check(rt.driver().cuLaunchKernelEx(cfg, fn, t._param_ptrs_addr, 0), f"launch {MS_PROBE_SYMBOL}")
+
+    def probe_stream(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_w: torch.Tensor, w13: torch.Tensor,
+                     w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor) -> None:
+        """Exploration (tune "ms"): moe_ms's weight stream alone (``moe_ms_probe``: same metadata, x
+        quantization and ring, no MMA, no grid barrier, no output). Call once before any capture."""
+        from netra import runtime as rt
+
+        if getattr(self, "_ms", None) is None:
+            raise MoeShapeError("probe_stream needs tune 'ms'")
+        if self._probe is None:
+            t = self.t["ms"]
+            fn = rt.check(rt.driver().cuModuleGetFunction(t.module, MS_PROBE_SYMBOL.encode()),
+                          f"cuModuleGetFunction {MS_PROBE_SYMBOL}")
+            cu = rt.driver()
+            rt.check(cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                           t.smem_bytes), "cuFuncSetAttribute probe smem")
+            self._probe = (fn, rt._launch_config(t.block, t.smem_bytes, cooperative=True))
+        self._launch_ms((x, topk_ids, topk_w), w13, w13_scale, w2, w2_scale, probe=True)
 
     def _launch_m1(self, pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w13: torch.Tensor,
                    w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor) -> None:

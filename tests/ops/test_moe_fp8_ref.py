@@ -382,10 +382,12 @@ def test_m1_contract_struct_and_tune() -> None:
     assert {k: v for k, v in moe_fp8.V3_TUNES["m1nc"].items() if k != "m1"} == moe_fp8.V3_TUNES["st8"]
 
 
-def test_m1_host_dispatch() -> None:
-    """tune "m1" on the host: align at one routed-only token launches nothing and experts launches moe_m1
-    once (grid M1_CTAS) with this instance's pointers; with the shared route, at M > 1, or when experts
-    asks for the shared route after a deferred align, the align kernel runs and the st8 GEMMs follow."""
+@pytest.mark.parametrize("tune", ["m1", "ms"])
+def test_one_kernel_host_dispatch(tune: str) -> None:
+    """tune "m1" / "ms" on the host: align at 1 / up to 8 routed-only tokens launches nothing and experts
+    launches the one-kernel layer once (grid M1_CTAS) with this instance's pointers; with the shared route,
+    above its token limit, or when experts asks for the shared route after a deferred align, the align kernel
+    runs and the st8 GEMMs follow."""
     import ctypes
     import threading
 
@@ -417,7 +419,7 @@ def test_m1_host_dispatch() -> None:
             log.append((self.key, grid))
 
     t = {"align": _Tactic("align", moe_fp8._RouteParams), "gate_up": _Tactic("gate_up", moe_fp8._GemmParamsV3),
-         "down": _Tactic("down", moe_fp8._GemmParamsV3), "m1": _Tactic("m1", moe_fp8._M1Params)}
+         "down": _Tactic("down", moe_fp8._GemmParamsV3), tune: _Tactic(tune, moe_fp8._M1Params if tune == "m1" else moe_fp8._MsParams)}
     o = object.__new__(moe_fp8.MoeSm90)
     o.t = t  # type: ignore[assignment]
     o.variant, o.fuse_act, o.num_sms = "v3", True, 132
@@ -429,7 +431,8 @@ def test_m1_host_dispatch() -> None:
     o._gu = moe_fp8._GemmParamsV3.from_buffer(t["gate_up"].params)
     o._dn = moe_fp8._GemmParamsV3.from_buffer(t["down"].params)
     o._gu_small = o._dn_small = None
-    o._m1 = moe_fp8._M1Params.from_buffer(t["m1"].params)
+    o._m1 = moe_fp8._M1Params.from_buffer(t["m1"].params) if tune == "m1" else None
+    o._ms = moe_fp8._MsParams.from_buffer(t["ms"].params) if tune == "ms" else None
     o._m1_pending = None
     o._stream = lambda: 0  # type: ignore[method-assign]
     w = [_Buf(0x100 * (i + 1), (moe_fp8.NUM_EXPERTS + 1, 1)) for i in range(4)]
@@ -444,12 +447,19 @@ def test_m1_host_dispatch() -> None:
         o.experts(x, *w, shared)  # type: ignore[arg-type,call-arg]
         return list(log)
 
-    assert call(1, False, False) == [("m1", moe_fp8.M1_CTAS)]
-    p = o._m1
+    top = moe_fp8.ONE_KERNEL_MAX_TOKENS[tune]
+    assert call(1, False, False) == [(tune, moe_fp8.M1_CTAS)]
+    p = o._m1 if tune == "m1" else o._ms
+    assert p is not None
     assert (p.x, p.w13, p.w13_scale, p.w2, p.w2_scale) == (0x1, 0x100, 0x200, 0x300, 0x400)
-    assert (p.gu, p.out, p.bar) == (o.gu.data_ptr(), o.out.data_ptr(), 0x9000) and p.dbg_hq is None
+    assert p.out == o.out.data_ptr() and p.bar == 0x9000
+    if tune == "m1":
+        assert p.gu == o.gu.data_ptr() and p.dbg_hq is None
+    else:
+        assert p.hbuf == o.gu.data_ptr() and p.M == 1
+        assert call(top, False, False) == [(tune, moe_fp8.M1_CTAS)] and p.M == top
     st8 = [("gate_up", 132), ("down", 132)]
     assert call(1, True, True) == [("align", 2), *st8]
     assert call(1, False, True) == [("align", 2), *st8]  # deferred align, then run after all
-    assert call(2, False, False) == [("align", 2), *st8]
+    assert call(top + 1, False, False) == [("align", 1 + (top + 4) // 4), *st8]
     assert o._m1_pending is None
