@@ -1,0 +1,144 @@
+"""Exploration (issue 7, round 6): weight-stream rate of one persistent CTA per SM, by method (H200).
+
+    python3 scripts/gpu/stream_probe.py --build             # here: nvcc -> build/explore/stream_probe.cubin
+    PYTHONPATH=. python3 scripts/gpu/stream_probe.py --out "$OUT/probe"   # on the H200 (carry build)
+
+Each entry point of scripts/gpu/stream_probe.cu streams the gate_up weights of D experts (2 MB each, the
+item distribution of moe_ms) and only checksums them. Timed as CUDA-graph replays of ROT launches on
+different expert sets (weights come from HBM), all variants interleaved; the floor is D x 2 MB at the
+copy bandwidth measured in the same process. Prints one table; writes probe.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+CUBIN = ROOT / "build" / "explore" / "stream_probe.cubin"
+SRC = ROOT / "scripts" / "gpu" / "stream_probe.cu"
+ROT = 8
+# name -> (threads, dynamic smem bytes, grid)
+TMA = {(5, 32, 5), (6, 32, 6), (7, 32, 7), (12, 16, 6), (14, 16, 7), (24, 8, 8), (6, 32, 3)}
+VARIANTS: dict[str, tuple[int, int, int]] = {
+    f"probe_tma_s{s}_c{c}_w{w}": (32 * (w + 1), s * c * 1024 + 2 * s * 8, 128) for s, c, w in sorted(TMA)}
+VARIANTS.update({f"probe_ldg_u{u}_t{t}": (t, 0, 128) for u, t in ((8, 256), (16, 256), (8, 512), (16, 512), (32, 256))})
+EXTRA = {"probe_ldg_u16_t512@264": ("probe_ldg_u16_t512", 512, 0, 264),
+         "probe_ldg_u8_t256@264": ("probe_ldg_u8_t256", 256, 0, 264)}
+DS = (8, 57, 253)  # distinct experts at 1 / 8 / 128 tokens
+
+
+class _Params(ctypes.Structure):
+    _fields_ = [("w13", ctypes.c_void_p), ("experts", ctypes.c_void_p), ("sink", ctypes.c_void_p),
+                ("D", ctypes.c_int32), ("_pad", ctypes.c_int32)]
+
+
+def build() -> None:
+    CUBIN.parent.mkdir(parents=True, exist_ok=True)
+    cmd = ["nvcc", "-cubin", "-arch=sm_90a", "-O3", "-std=c++17", "-I", str(ROOT / "kernels" / "sm90" / "moe"),
+           "-o", str(CUBIN), str(SRC)]
+    subprocess.run(cmd, check=True)
+    print("built", CUBIN)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", action="store_true")
+    ap.add_argument("--out", type=Path, default=Path("/tmp/probe"))
+    ap.add_argument("--reps", type=int, default=25)
+    args = ap.parse_args(argv)
+    if args.build:
+        build()
+        return 0
+    import torch
+
+    from netra import runtime as rt
+    from netra.bench.kernels_moe import copy_bandwidth
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    cu = rt.driver()
+    torch.zeros(1, device="cuda")
+    module = rt.check(cu.cuModuleLoadData(CUBIN.read_bytes()), "cuModuleLoadData stream_probe")
+    attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    launches: dict[str, tuple[Any, int, int, int]] = {}
+    for name, (threads, smem, grid) in VARIANTS.items():
+        launches[name] = (name, threads, smem, grid)
+    for name, (sym, threads, smem, grid) in EXTRA.items():
+        launches[name] = (sym, threads, smem, grid)
+    funcs: dict[str, Any] = {}
+    for name, (sym, _threads, smem, _grid) in launches.items():
+        fn = rt.check(cu.cuModuleGetFunction(module, sym.encode()), f"cuModuleGetFunction {sym}")
+        if smem > 48 * 1024:
+            rt.check(cu.cuFuncSetAttribute(fn, attr, smem), f"max dynamic smem {sym}")
+        funcs[name] = fn
+    e = 256
+    w13 = torch.randint(0, 255, (e, 1024, 2048), dtype=torch.uint8, device="cuda")
+    sink = torch.zeros(512, dtype=torch.int32, device="cuda")
+    bw = copy_bandwidth()
+    gen = torch.Generator().manual_seed(5)
+    rows = []
+    for d in DS:
+        sets = [torch.randperm(e, generator=gen)[:d].to(torch.int32).cuda() for _ in range(ROT)]
+        params = [_Params(w13.data_ptr(), s.data_ptr(), sink.data_ptr(), d, 0) for s in sets]
+        ptrs = [(ctypes.c_void_p * 1)(ctypes.addressof(p)) for p in params]
+
+        def make(name: str, ptrs: list[Any] = ptrs) -> Any:
+            _sym, threads, smem, grid = launches[name]
+
+            def run() -> None:
+                stream = torch.cuda.current_stream().cuda_stream
+                for pp in ptrs:
+                    (err,) = cu.cuLaunchKernel(funcs[name], grid, 1, 1, threads, 1, 1, smem, stream,
+                                               ctypes.addressof(pp), 0)
+                    if int(err) != 0:
+                        raise rt.RuntimeBridgeError(f"launch {name}: {int(err)}")
+            return run
+
+        graphs = {}
+        for name in launches:
+            fn = make(name)
+            fn()
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn()
+            g.replay()
+            graphs[name] = g
+        torch.cuda.synchronize()
+        times: dict[str, list[float]] = {k: [] for k in graphs}
+        for _ in range(args.reps):
+            for name, g in graphs.items():
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                g.replay()
+                b.record()
+                b.synchronize()
+                times[name].append(a.elapsed_time(b) * 1000.0 / ROT)
+        byts = d * 64 * 32768
+        for name, ts in times.items():
+            med = statistics.median(ts)
+            rows.append({"D": d, "variant": name, "us": med, "TBps": byts / med / 1e6, "floor_us": byts / bw * 1e6,
+                         "floor_frac": byts / bw * 1e6 / med})
+    doc = {"copy_bw_TBps": bw / 1e12, "rows": rows, "rot": ROT, "reps": args.reps,
+           "gpu": torch.cuda.get_device_name(0)}
+    (args.out / "probe.json").write_text(json.dumps(doc, indent=1))
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s (read + write); graph replay, median µs per launch")
+    print(f"{'variant':28s} " + " ".join(f"D={d:3d} µs  (frac)" for d in DS))
+    for name in launches:
+        cells = []
+        for d in DS:
+            r = next(r for r in rows if r["D"] == d and r["variant"] == name)
+            cells.append(f"{r['us']:7.1f} ({r['floor_frac']:.2f})")
+        print(f"{name:28s} " + "   ".join(cells))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
