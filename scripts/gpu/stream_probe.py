@@ -23,6 +23,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 CUBIN = ROOT / "build" / "explore" / "stream_probe.cubin"
+TIMED = ROOT / "build" / "explore" / "moe_ms_timed.cubin"  # kernels/sm90/moe/moe_ms.cu with -DMS_TIMING=1
+STAMPS = ("entry", "metadata", "x quantized", "first stage in", "gate_up done", "barrier passed", "h quantized",
+          "warp0 down done", "all down done", "-", "producer last issue")
 SRC = ROOT / "scripts" / "gpu" / "stream_probe.cu"
 ROT = 8
 # name -> (threads, dynamic smem bytes, grid)
@@ -46,6 +49,67 @@ def build() -> None:
            "-o", str(CUBIN), str(SRC)]
     subprocess.run(cmd, check=True)
     print("built", CUBIN)
+    cmd = ["nvcc", "-cubin", "-arch=sm_90a", "-O3", "-std=c++17", "-DMS_TIMING=1", "-o", str(TIMED),
+           str(ROOT / "kernels" / "sm90" / "moe" / "moe_ms.cu")]
+    subprocess.run(cmd, check=True)
+    print("built", TIMED)
+
+
+def ms_timeline(out: Path) -> dict[str, Any]:
+    """Per-phase %globaltimer stamps of the moe_ms kernel (timed build), per CTA, at 1 and 8 tokens."""
+    import torch
+
+    from netra import runtime as rt
+    from netra.bench.kernels_moe import make_routing, make_weights
+    from netra.ops.moe_fp8 import M1_CTAS, MoeSm90, _MsParams
+
+    cu = rt.driver()
+    ours = MoeSm90(0, variant="v3", tune="ms")
+    t = ours.t["ms"]
+    module = rt.check(cu.cuModuleLoadData(TIMED.read_bytes()), "cuModuleLoadData moe_ms_timed")
+    fn = rt.check(cu.cuModuleGetFunction(module, b"moe_ms"), "moe_ms (timed)")
+    attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    rt.check(cu.cuFuncSetAttribute(fn, attr, t.smem_bytes), "smem (timed)")
+    cfg = rt._launch_config(t.block, t.smem_bytes, cooperative=True)
+    ws = torch.zeros(256, dtype=torch.uint8, device="cuda")
+    w = make_weights()
+    res: dict[str, Any] = {}
+    for m in (1, 8):
+        per: list[Any] = []
+        for i in range(10):
+            x, ids, wts, _sw = make_routing(m, seed=900 + 31 * i + m)
+            p = _MsParams()
+            p.x, p.topk_ids, p.topk_w = x.data_ptr(), ids.data_ptr(), wts.data_ptr()
+            p.w13, p.w13_scale, p.w2, p.w2_scale = (w["w13"].data_ptr(), w["s13"].data_ptr(), w["w2"].data_ptr(),
+                                                    w["s2"].data_ptr())
+            p.hbuf, p.out, p.bar, p.M = ours.gu.data_ptr(), ours.out.data_ptr(), ws.data_ptr(), m
+            ptr = (ctypes.c_void_p * 1)(ctypes.addressof(p))
+            ours.gu.view(torch.uint8).view(-1)[512 * 1024: 512 * 1024 + 128 * 16 * 8].zero_()
+            cfg.gridDimX, cfg.hStream = M1_CTAS, torch.cuda.current_stream().cuda_stream
+            torch.cuda.synchronize()
+            rt.check(cu.cuLaunchKernelEx(cfg, fn, ctypes.addressof(ptr), 0), "launch moe_ms (timed)")
+            torch.cuda.synchronize()
+            st = ours.gu.view(torch.uint8).view(-1)[512 * 1024: 512 * 1024 + 128 * 16 * 8].view(torch.int64).view(128, 16)
+            st = st.cpu().double()
+            if i >= 2:  # the first launches warm up
+                per.append(st)
+        stamps = torch.stack(per)  # [runs, 128, 16]
+        t0 = stamps[:, :, 0].min(dim=1, keepdim=True).values
+        rel = (stamps - t0.unsqueeze(-1)) / 1000.0  # µs from the first CTA's entry
+        rows = {}
+        for k, name in enumerate(STAMPS):
+            if name == "-":
+                continue
+            v = rel[:, :, k]
+            rows[name] = {"median_us": float(v.median()), "max_us": float(v.max(dim=1).values.median()),
+                          "min_us": float(v.min(dim=1).values.median())}
+        res[str(m)] = rows
+        print(f"moe_ms timeline at {m} token(s): µs from the first CTA's entry (median over CTAs / min / max, "
+              f"median of {len(per)} launches)")
+        for name, r in rows.items():
+            print(f"  {name:22s} {r['median_us']:7.2f} {r['min_us']:7.2f} {r['max_us']:7.2f}")
+    (out / "ms_timeline.json").write_text(json.dumps(res, indent=1))
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--build", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("/tmp/probe"))
     ap.add_argument("--reps", type=int, default=25)
+    ap.add_argument("--ms-timeline", action="store_true", help="only the moe_ms phase timeline (timed build)")
     args = ap.parse_args(argv)
     if args.build:
         build()
@@ -63,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     from netra.bench.kernels_moe import copy_bandwidth
 
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.ms_timeline:
+        ms_timeline(args.out)
+        return 0
     cu = rt.driver()
     torch.zeros(1, device="cuda")
     module = rt.check(cu.cuModuleLoadData(CUBIN.read_bytes()), "cuModuleLoadData stream_probe")

@@ -64,9 +64,10 @@
 #define OFF_XH (OFF_RING + MS_STAGES * STAGE_BYTES)   // 163840: x_q [8][XROW] | h_q [64][HROW] (phases apart)
 #define OFF_XS (OFF_XH + MAX_ROUTES * HROW)           // 197632: x_s [8][16] | h_s [64][4] floats
 #define OFF_Y (OFF_XS + MAX_ROUTES * 4 * 4)           // 198656: y [64][16] floats
-#define OFF_BAR (OFF_Y + MAX_ROUTES * 16 * 4)         // 202752: full[5], empty[5]
+#define OFF_BAR (OFF_Y + MAX_ROUTES * 16 * 4)         // 202752: full[5], empty[5], x
 #define MS_SMEM (OFF_BAR + 128)                       // 202880
 static_assert(MS_MAXM * XROW <= MAX_ROUTES * HROW, "x_q fits in the h_q region");
+static_assert(MS_MAXM * HID * 2 <= MAX_ROUTES * HROW, "x (BF16, staged by TMA) fits in the h_q region");
 static_assert(OFF_XH % 16 == 0 && OFF_BAR % 8 == 0 && XROW % 16 == 0, "alignment");
 
 struct MsParams {
@@ -89,7 +90,23 @@ extern "C" __device__ unsigned int netra_params_layout[] = {
     offsetof(MsParams, w13), offsetof(MsParams, w13_scale), offsetof(MsParams, w2), offsetof(MsParams, w2_scale),
     offsetof(MsParams, hbuf), offsetof(MsParams, out), offsetof(MsParams, bar), offsetof(MsParams, M)};
 
+#ifndef MS_TIMING
+#define MS_TIMING 0                   // 1 (exploration builds only): %globaltimer stamps per CTA and phase
+#endif
+#define MS_TIMING_OFFSET (512 * 1024) // bytes into hbuf: u64 [128 CTAs][16 stamps]
+
 namespace {
+
+__device__ __forceinline__ void stamp(const MsParams& p, int k) {
+#if MS_TIMING
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  reinterpret_cast<unsigned long long*>(reinterpret_cast<uint8_t*>(p.hbuf) + MS_TIMING_OFFSET)[blockIdx.x * 16 + k] = t;
+#else
+  (void)p;
+  (void)k;
+#endif
+}
 
 __device__ __forceinline__ void consumer_sync() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(MS_NCW * 32) : "memory");
@@ -106,6 +123,7 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
   float* s_y = reinterpret_cast<float*>(smem + OFF_Y);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + OFF_BAR);
   uint64_t* empty = full + MS_STAGES;
+  uint64_t* xbar = empty + MS_STAGES;  // x (BF16) staged into the x_q region by the producer's first copy
   __shared__ int s_ids[MAX_ROUTES];
   __shared__ float s_w[MAX_ROUTES];
   __shared__ int s_slot_expert[MAX_SLOTS];
@@ -116,12 +134,14 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
   const int c = blockIdx.x;
   const int M = p.M, R = M * TOPK;
 
+  if (tid == 0) stamp(p, 0);  // entry
   if (tid == 0) {
     if (gridDim.x != MS_CTAS || blockDim.x != MS_THREADS || M < 1 || M > MS_MAXM) __trap();
     for (int s = 0; s < MS_STAGES; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], 1);
     }
+    mbar_init(xbar, 1);
     mbar_fence_init();
   }
   if (tid < 8) s_bits[tid] = 0u;
@@ -149,6 +169,7 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
   __syncthreads();
   if (tid < R) s_route_of[s_slot_of[s_ids[tid]]][tid >> 3] = (signed char)(tid & 7);
   __syncthreads();
+  if (tid == 0) stamp(p, 1);  // metadata
 
   const int n_items = D * 64;
   const int n_gu = c < n_items ? (n_items - c + MS_CTAS - 1) / MS_CTAS : 0;  // this CTA's gate_up stages
@@ -156,6 +177,10 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
 
   if (wid == MS_NCW) {  // ------------------------------------------------ producer
     if (lane == 0) {
+      // x first: every load a consumer issues once the weight stream runs waits behind it (~5 us at 8
+      // tokens, round 6a's timeline), so x comes through the same queue, ahead of the weights
+      mbar_expect_tx(xbar, M * HID * 2);
+      bulk_g2s(s_xq, p.x, M * HID * 2, xbar);
       for (int s = 0; s < n_st; ++s) {
         const int slot = s % MS_STAGES;
         if (s >= MS_STAGES) mbar_wait(&empty[slot], ((s / MS_STAGES) - 1) & 1);
@@ -174,16 +199,29 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
                      SLICE_BYTES, &full[slot]);
         }
       }
+      stamp(p, 10);  // the producer's last copy issued
     }
     return;
   }
 
   // ------------------------------------------------------------------ consumers (warps 0 .. MS_NCW-1)
-  // x quantization (moe_align's quant_x_tile): (token, group) tasks over the consumer warps
-  for (int q = wid; q < M * 16; q += MS_NCW) {
+  // x quantization (moe_align's quant_x_tile): (token, group) tasks q over the consumer warps, from the
+  // staged BF16 x (group q at byte 256 q), every task's values read before any x_q byte overwrites them
+  constexpr int XT = (MS_MAXM * 16 + MS_NCW - 1) / MS_NCW;
+  uint2 xraw[XT];
+  mbar_wait(xbar, 0);
+#pragma unroll
+  for (int u = 0; u < XT; ++u) {
+    const int q = wid + MS_NCW * u;
+    xraw[u] = q < M * 16 ? *reinterpret_cast<const uint2*>(s_xq + q * 256 + lane * 8) : make_uint2(0u, 0u);
+  }
+  consumer_sync();
+#pragma unroll
+  for (int u = 0; u < XT; ++u) {
+    const int q = wid + MS_NCW * u;  // warp-uniform
+    if (q >= M * 16) break;
     const int tk = q >> 4, grp = q & 15;
-    const uint2 raw = __ldg(reinterpret_cast<const uint2*>(p.x + (size_t)tk * HID + grp * 128 + lane * 4));
-    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&xraw[u]);
     const float2 a = __bfloat1622float2(h2[0]), b = __bfloat1622float2(h2[1]);
     float amax = fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(b.x), fabsf(b.y)));
 #pragma unroll
@@ -193,6 +231,7 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
     if (lane == 0) s_xs[tk * 16 + grp] = sc;
   }
   consumer_sync();
+  if (tid == 0) stamp(p, 2);  // x quantized
 
   const int g = lane >> 2, t = lane & 3;
   // gate_up: stage s (s % MS_NCW == wid) = item c + 128 s; B column g = token g
@@ -205,6 +244,7 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
       // lanes 0-15: the gate rows' scale for K block lane, lanes 16-31: the up rows'
       const float wsl = __ldg(p.w13_scale + ((size_t)e * 8 + (lane < 16 ? (j >> 4) : 4 + (j >> 4))) * 16 + (lane & 15));
       mbar_wait(&full[wid], (s / MS_NCW) & 1);
+      if (tid == 0 && s == 0) stamp(p, 3);  // first stage in
       if (PROBE) {
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[wid]);
@@ -238,42 +278,46 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
 
   if (!PROBE) {
     consumer_sync();
+    if (tid == 0) stamp(p, 4);  // this CTA's gate_up done
     if (tid == 0) grid_arrive_wait(p.bar, gridDim.x);
     consumer_sync();
+    if (tid == 0) stamp(p, 5);  // grid barrier passed
     // h_q of every route (as act_quant / st8's fused prologue): (route, 128-group) pairs over the
-    // consumer half-warps, 16 lanes x 8 values, up to 4 pairs' loads in flight per half-warp
+    // consumer half-warps, 16 lanes x 8 values; every pair's load issued at once (one L2 round trip: the
+    // weight stream keeps the memory system saturated, round 6a lost ~10 us at 8 tokens to 7 serial rounds)
     const int hw = tid >> 4, sub = lane & 15;
     constexpr int NHW = MS_NCW * 2;
-    for (int base = hw; base < R * 4; base += 4 * NHW) {
-      uint4 v[4];
+    constexpr int HT = (MAX_ROUTES * 4 + NHW - 1) / NHW;
+    uint4 v[HT];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int idx = base + u * NHW;
-        v[u] = idx < R * 4 ? __ldcg(reinterpret_cast<const uint4*>(p.hbuf + (size_t)(idx >> 2) * INTER +
-                                                                    (idx & 3) * 128 + sub * 8))
-                           : make_uint4(0u, 0u, 0u, 0u);
-      }
+    for (int u = 0; u < HT; ++u) {
+      const int idx = hw + NHW * u;
+      v[u] = idx < R * 4 ? __ldcg(reinterpret_cast<const uint4*>(p.hbuf + (size_t)(idx >> 2) * INTER + (idx & 3) * 128 +
+                                                                 sub * 8))
+                         : make_uint4(0u, 0u, 0u, 0u);
+    }
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int idx = base + u * NHW;
-        float h[8];
-        moe::bf16x8_to_float(v[u], h);
-        float amax = 0.0f;
+    for (int u = 0; u < HT; ++u) {
+      const int idx = hw + NHW * u;
+      if (hw + NHW * u - (hw & 1) >= R * 4) break;  // warp-uniform (R * 4 is even): both half-warps stop together
+      float h[8];
+      moe::bf16x8_to_float(v[u], h);
+      float amax = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(h[i]));
+      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(h[i]));
 #pragma unroll
-        for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        if (idx < R * 4) {
-          const float sc = moe::group_scale(amax);
-          uint2 q;
-          q.x = moe::quant4(h[0], h[1], h[2], h[3], sc);
-          q.y = moe::quant4(h[4], h[5], h[6], h[7], sc);
-          *reinterpret_cast<uint2*>(s_hq + (idx >> 2) * HROW + (idx & 3) * 128 + sub * 8) = q;
-          if (sub == 0) s_hs[idx] = sc;  // [route][group]
-        }
+      for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      if (idx < R * 4) {
+        const float sc = moe::group_scale(amax);
+        uint2 q;
+        q.x = moe::quant4(h[0], h[1], h[2], h[3], sc);
+        q.y = moe::quant4(h[4], h[5], h[6], h[7], sc);
+        *reinterpret_cast<uint2*>(s_hq + (idx >> 2) * HROW + (idx & 3) * 128 + sub * 8) = q;
+        if (sub == 0) s_hs[idx] = sc;  // [route][group]
       }
     }
     consumer_sync();
+    if (tid == 0) stamp(p, 6);  // h quantized
   }
 
   // down: stage s >= n_gu (s % MS_NCW == wid) = slots [4 (s - n_gu), +4), output rows [16c, +16)
@@ -328,8 +372,10 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
       }
     }
   }
+  if (tid == 0) stamp(p, 7);  // warp 0's down stages done
   if (PROBE) return;
   consumer_sync();
+  if (tid == 0) stamp(p, 8);  // all down stages done
   if (tid < M * 16) {  // top-k sum in rank order (FP32), rounded once to BF16
     const int tk = tid >> 4, r = tid & 15;
     float sum = 0.0f;
