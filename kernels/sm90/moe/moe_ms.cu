@@ -57,6 +57,7 @@
 #define SLICE_BYTES 8192              // 16 rows x 512 B
 #define MAX_ROUTES (MS_MAXM * TOPK)   // 64
 #define MAX_SLOTS MAX_ROUTES
+#define MAX_GU_ITEMS (MAX_SLOTS * 64 / MS_CTAS)   // 32 gate_up items per CTA at most
 #define XROW 2064                     // x_q row stride in shared memory (2048 + 16: no bank conflicts)
 #define HROW 528                      // h_q row stride (as expert_stream.cu)
 // dynamic shared memory layout
@@ -64,10 +65,11 @@
 #define OFF_XH (OFF_RING + MS_STAGES * STAGE_BYTES)   // 163840: x_q [8][XROW] | h_q [64][HROW] (phases apart)
 #define OFF_XS (OFF_XH + MAX_ROUTES * HROW)           // 197632: x_s [8][16] | h_s [64][4] floats
 #define OFF_Y (OFF_XS + MAX_ROUTES * 4 * 4)           // 198656: y [64][16] floats
-#define OFF_BAR (OFF_Y + MAX_ROUTES * 16 * 4)         // 202752: full[5], empty[5], x
-#define MS_SMEM (OFF_BAR + 128)                       // 202880
+#define OFF_GSC (OFF_Y + MAX_ROUTES * 16 * 4)         // 202752: gate_up scales [32 items][gate 16 | up 16]
+#define OFF_DSC (OFF_GSC + MAX_GU_ITEMS * 32 * 4)      // 206848: down scales [64 slots][4]
+#define OFF_BAR (OFF_DSC + MAX_SLOTS * 4 * 4)         // 207872: full[5], empty[5]
+#define MS_SMEM (OFF_BAR + 128)                       // 208000
 static_assert(MS_MAXM * XROW <= MAX_ROUTES * HROW, "x_q fits in the h_q region");
-static_assert(MS_MAXM * HID * 2 <= MAX_ROUTES * HROW, "x (BF16, staged by TMA) fits in the h_q region");
 static_assert(OFF_XH % 16 == 0 && OFF_BAR % 8 == 0 && XROW % 16 == 0, "alignment");
 
 struct MsParams {
@@ -123,7 +125,8 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
   float* s_y = reinterpret_cast<float*>(smem + OFF_Y);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + OFF_BAR);
   uint64_t* empty = full + MS_STAGES;
-  uint64_t* xbar = empty + MS_STAGES;  // x (BF16) staged into the x_q region by the producer's first copy
+  float* s_gsc = reinterpret_cast<float*>(smem + OFF_GSC);
+  float* s_dsc = reinterpret_cast<float*>(smem + OFF_DSC);
   __shared__ int s_ids[MAX_ROUTES];
   __shared__ float s_w[MAX_ROUTES];
   __shared__ int s_slot_expert[MAX_SLOTS];
@@ -135,13 +138,26 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
   const int M = p.M, R = M * TOPK;
 
   if (tid == 0) stamp(p, 0);  // entry
+  // x first, before the weight stream saturates the memory system (round 6a/6b timelines: a load issued
+  // behind the stream waits ~1.5-5 us): every consumer lane's share of x (task q = wid + 5 u: token q / 16,
+  // group q % 16, 4 values per lane), all loads in flight at once
+  constexpr int XT = (MS_MAXM * 16 + MS_NCW - 1) / MS_NCW;
+  uint2 xraw[XT];
+#pragma unroll
+  for (int u = 0; u < XT; ++u) {
+    const int q = wid + MS_NCW * u;
+    xraw[u] = make_uint2(0u, 0u);
+    if (wid < MS_NCW && q < M * 16)
+      asm volatile("ld.global.nc.v2.u32 {%0,%1}, [%2];\n"
+                   : "=r"(xraw[u].x), "=r"(xraw[u].y)
+                   : "l"(p.x + (size_t)(q >> 4) * HID + (q & 15) * 128 + lane * 4));
+  }
   if (tid == 0) {
     if (gridDim.x != MS_CTAS || blockDim.x != MS_THREADS || M < 1 || M > MS_MAXM) __trap();
     for (int s = 0; s < MS_STAGES; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], 1);
     }
-    mbar_init(xbar, 1);
     mbar_fence_init();
   }
   if (tid < 8) s_bits[tid] = 0u;
@@ -177,10 +193,6 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
 
   if (wid == MS_NCW) {  // ------------------------------------------------ producer
     if (lane == 0) {
-      // x first: every load a consumer issues once the weight stream runs waits behind it (~5 us at 8
-      // tokens, round 6a's timeline), so x comes through the same queue, ahead of the weights
-      mbar_expect_tx(xbar, M * HID * 2);
-      bulk_g2s(s_xq, p.x, M * HID * 2, xbar);
       for (int s = 0; s < n_st; ++s) {
         const int slot = s % MS_STAGES;
         if (s >= MS_STAGES) mbar_wait(&empty[slot], ((s / MS_STAGES) - 1) & 1);
@@ -205,17 +217,34 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
   }
 
   // ------------------------------------------------------------------ consumers (warps 0 .. MS_NCW-1)
-  // x quantization (moe_align's quant_x_tile): (token, group) tasks q over the consumer warps, from the
-  // staged BF16 x (group q at byte 256 q), every task's values read before any x_q byte overwrites them
-  constexpr int XT = (MS_MAXM * 16 + MS_NCW - 1) / MS_NCW;
-  uint2 xraw[XT];
-  mbar_wait(xbar, 0);
+  // this CTA's weight scales into shared memory, every load in flight at once (one round trip instead of one
+  // per item): gate_up item q's 16 gate-row and 16 up-row K-block scales, each slot's 4 down scales of rows 16c
+  {
+    constexpr int GT = (MAX_GU_ITEMS * 32 + MS_NCW * 32 - 1) / (MS_NCW * 32), DT = (MAX_SLOTS * 4 + MS_NCW * 32 - 1) / (MS_NCW * 32);
+    float gv[GT], dv[DT];
 #pragma unroll
-  for (int u = 0; u < XT; ++u) {
-    const int q = wid + MS_NCW * u;
-    xraw[u] = q < M * 16 ? *reinterpret_cast<const uint2*>(s_xq + q * 256 + lane * 8) : make_uint2(0u, 0u);
+    for (int u = 0; u < GT; ++u) {
+      const int f = tid + MS_NCW * 32 * u, q = f >> 5, kk = f & 31;
+      gv[u] = 0.0f;
+      if (q < n_gu) {
+        const int i = c + MS_CTAS * q, j = i & 63;
+        const int rb = kk < 16 ? (j >> 4) : 4 + (j >> 4);
+        gv[u] = __ldg(p.w13_scale + ((size_t)s_slot_expert[i >> 6] * 8 + rb) * 16 + (kk & 15));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < DT; ++u) {
+      const int f = tid + MS_NCW * 32 * u;
+      dv[u] = f < D * 4 ? __ldg(p.w2_scale + ((size_t)s_slot_expert[f >> 2] * 16 + (c >> 3)) * 4 + (f & 3)) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < GT; ++u)
+      if (tid + MS_NCW * 32 * u < MAX_GU_ITEMS * 32) s_gsc[tid + MS_NCW * 32 * u] = gv[u];
+#pragma unroll
+    for (int u = 0; u < DT; ++u)
+      if (tid + MS_NCW * 32 * u < MAX_SLOTS * 4) s_dsc[tid + MS_NCW * 32 * u] = dv[u];
   }
-  consumer_sync();
+  // x quantization (moe_align's quant_x_tile) of the values loaded at entry
 #pragma unroll
   for (int u = 0; u < XT; ++u) {
     const int q = wid + MS_NCW * u;  // warp-uniform
@@ -240,9 +269,8 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
     const uint8_t* xrow = s_xq + g * XROW + t * 32;
     for (int s = wid; s < n_gu; s += MS_NCW) {
       const int i = c + MS_CTAS * s, sl = i >> 6, j = i & 63;
-      const int e = s_slot_expert[sl];
       // lanes 0-15: the gate rows' scale for K block lane, lanes 16-31: the up rows'
-      const float wsl = __ldg(p.w13_scale + ((size_t)e * 8 + (lane < 16 ? (j >> 4) : 4 + (j >> 4))) * 16 + (lane & 15));
+      const float wsl = s_gsc[s * 32 + lane];
       mbar_wait(&full[wid], (s / MS_NCW) & 1);
       if (tid == 0 && s == 0) stamp(p, 3);  // first stage in
       if (PROBE) {
@@ -292,9 +320,11 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
 #pragma unroll
     for (int u = 0; u < HT; ++u) {
       const int idx = hw + NHW * u;
-      v[u] = idx < R * 4 ? __ldcg(reinterpret_cast<const uint4*>(p.hbuf + (size_t)(idx >> 2) * INTER + (idx & 3) * 128 +
-                                                                 sub * 8))
-                         : make_uint4(0u, 0u, 0u, 0u);
+      v[u] = make_uint4(0u, 0u, 0u, 0u);
+      if (idx < R * 4)  // volatile: the compiler may not sink these loads to their uses
+        asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(v[u].x), "=r"(v[u].y), "=r"(v[u].z), "=r"(v[u].w)
+                     : "l"(p.hbuf + (size_t)(idx >> 2) * INTER + (idx & 3) * 128 + sub * 8));
     }
 #pragma unroll
     for (int u = 0; u < HT; ++u) {
@@ -336,8 +366,8 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
       for (int u = 0; u < 4; ++u) {
         acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.0f;
         if (u < nsl) {
-          const int sl = sl0 + u, e = s_slot_expert[sl];
-          const float wsl = lane < 4 ? __ldg(p.w2_scale + ((size_t)e * 16 + (c >> 3)) * 4 + lane) : 0.0f;
+          const int sl = sl0 + u;
+          const float wsl = lane < 4 ? s_dsc[sl * 4 + lane] : 0.0f;
           const int k = g < M ? s_route_of[sl][g] : -1;
           const bool valid = k >= 0;
           const int r = g * TOPK + (valid ? k : 0);
