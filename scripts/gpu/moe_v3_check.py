@@ -415,10 +415,10 @@ def step_sanitize_inner() -> dict[str, Any]:
     return {"done": True}
 
 
-NCU_PROVIDERS = ("v3", "v3p", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8", "v3st8w", "v3s3", "v3auto3", "v3m1")
+NCU_PROVIDERS = ("v3", "v3p", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8", "v3st8w", "v3s3", "v3auto3", "v3m1", "v3ms")
 # round 4: the changed down (st8w) against st8 (+ p6s at 1 token); v3auto is st8 (>= AUTO_STREAM_MIN_M
 # tokens) or p6s's down (below): no ncu rows of its own
-NCU_PLAN = ((1, ("v3st8", "v3m1")),)  # round 5 (--step ncu only); round 4: (128, st8 / st8w), (1, p6s / st8 / st8w / auto3)  # auto3@1 = the s3 pair  # (tokens, providers) in profiling order
+NCU_PLAN = ((8, ("v3ms",)), (1, ("v3ms",)))  # round 6 (round 5: (1, (v3st8, v3m1))) (--step ncu only); round 4: (128, st8 / st8w), (1, p6s / st8 / st8w / auto3)  # auto3@1 = the s3 pair  # (tokens, providers) in profiling order
 
 
 def ncu_plan() -> list[tuple[int, list[str]]]:
@@ -509,7 +509,7 @@ def run_step(step: str, out_dir: Path, names: list[str] | None = None, tag: str 
     sel = ["--builds", ",".join(names)] if names is not None else []
     cmd = [sys.executable, str(here), "--step", step, "--out", str(out_dir), "--tag", tag, *sel]
     if step == "ncu":  # kernels serialised by ncu (no PDL overlap): per-kernel DRAM rate / stalls
-        cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--kernel-name", "regex:moe_(gate_up|down|m1)",
+        cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--kernel-name", "regex:moe_(gate_up|down|m1|ms)",
                "--section", "SpeedOfLight", "--section", "Occupancy", "--section", "LaunchStats",
                "--section", "WarpStateStats", "--section", "SchedulerStats", "--section", "MemoryWorkloadAnalysis",
                sys.executable, str(here), "--step", "profile-inner", "--out", str(out_dir), *sel]

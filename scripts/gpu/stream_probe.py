@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT))
 CUBIN = ROOT / "build" / "explore" / "stream_probe.cubin"
 TIMED = ROOT / "build" / "explore" / "moe_ms_timed.cubin"  # kernels/sm90/moe/moe_ms.cu with -DMS_TIMING=1
 STAMPS = ("entry", "metadata", "x quantized", "first stage in", "gate_up done", "barrier passed", "h quantized",
-          "warp0 down done", "all down done", "-", "producer last issue")
+          "warp0 down done", "all down done", "-", "producer last issue", "h loads issued (w0)",
+          "h block 1 done (w0)", "h blocks done (w0)")
 SRC = ROOT / "scripts" / "gpu" / "stream_probe.cu"
 ROT = 8
 # name -> (threads, dynamic smem bytes, grid)

@@ -342,10 +342,12 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
                      : "=r"(v[u].x), "=r"(v[u].y), "=r"(v[u].z), "=r"(v[u].w)
                      : "l"(p.hbuf + (size_t)(idx >> 2) * INTER + (idx & 3) * 128 + sub * 8));
     }
+    if (tid == 0) stamp(p, 11);  // h loads issued (warp 0)
     // blocks of 8 pairs, each step interleaved over the block (as x above)
 #pragma unroll
     for (int u0 = 0; u0 < HT; u0 += 8) {
       if (hw + NHW * u0 - (hw & 1) >= R * 4) break;  // warp-uniform (R * 4 is even)
+      if (tid == 0 && u0 == 8) stamp(p, 12);  // warp 0's first block done
       float amax[8];
 #pragma unroll
       for (int v8 = 0; v8 < 8; ++v8) {
@@ -374,6 +376,7 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
         }
       }
     }
+    if (tid == 0) stamp(p, 13);  // warp 0's blocks done
     consumer_sync();
     if (tid == 0) stamp(p, 6);  // h quantized
   }
