@@ -24,6 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 CUBIN = ROOT / "build" / "explore" / "stream_probe.cubin"
 TIMED = ROOT / "build" / "explore" / "moe_ms_timed.cubin"  # kernels/sm90/moe/moe_ms.cu with -DMS_TIMING=1
+# exploration variants of the timed build: h exchanged as FP32 (whole-sector writes); no down copy before the barrier
+TIMED_VARIANTS = {"base": ([], TIMED), "hf32": (["-DMS_HF32=1"], TIMED.with_name("moe_ms_timed_f32.cubin")),
+                  "hold": (["-DMS_HOLD=1"], TIMED.with_name("moe_ms_timed_hold.cubin"))}
 STAMPS = ("entry", "metadata", "x quantized", "first stage in", "gate_up done", "barrier passed", "h quantized",
           "warp0 down done", "all down done", "-", "producer last issue", "h loads issued (w0)",
           "h block 1 done (w0)", "h blocks done (w0)")
@@ -50,13 +53,18 @@ def build() -> None:
            "-o", str(CUBIN), str(SRC)]
     subprocess.run(cmd, check=True)
     print("built", CUBIN)
-    cmd = ["nvcc", "-cubin", "-arch=sm_90a", "-O3", "-std=c++17", "-DMS_TIMING=1", "-o", str(TIMED),
-           str(ROOT / "kernels" / "sm90" / "moe" / "moe_ms.cu")]
-    subprocess.run(cmd, check=True)
-    print("built", TIMED)
+    for flags, path in TIMED_VARIANTS.values():
+        cmd = ["nvcc", "-cubin", "-arch=sm_90a", "-O3", "-std=c++17", "-DMS_TIMING=1", *flags, "-o", str(path),
+               str(ROOT / "kernels" / "sm90" / "moe" / "moe_ms.cu")]
+        subprocess.run(cmd, check=True)
+        print("built", path)
 
 
 def ms_timeline(out: Path) -> dict[str, Any]:
+    return {name: ms_timeline_one(out, name, path) for name, (_f, path) in TIMED_VARIANTS.items()}
+
+
+def ms_timeline_one(out: Path, variant: str, cubin: Path) -> dict[str, Any]:
     """Per-phase %globaltimer stamps of the moe_ms kernel (timed build), per CTA, at 1 and 8 tokens."""
     import torch
 
@@ -67,7 +75,7 @@ def ms_timeline(out: Path) -> dict[str, Any]:
     cu = rt.driver()
     ours = MoeSm90(0, variant="v3", tune="ms")
     t = ours.t["ms"]
-    module = rt.check(cu.cuModuleLoadData(TIMED.read_bytes()), "cuModuleLoadData moe_ms_timed")
+    module = rt.check(cu.cuModuleLoadData(cubin.read_bytes()), f"cuModuleLoadData {cubin.name}")
     fn = rt.check(cu.cuModuleGetFunction(module, b"moe_ms"), "moe_ms (timed)")
     attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     rt.check(cu.cuFuncSetAttribute(fn, attr, t.smem_bytes), "smem (timed)")
@@ -105,11 +113,11 @@ def ms_timeline(out: Path) -> dict[str, Any]:
             rows[name] = {"median_us": float(v.median()), "max_us": float(v.max(dim=1).values.median()),
                           "min_us": float(v.min(dim=1).values.median())}
         res[str(m)] = rows
-        print(f"moe_ms timeline at {m} token(s): µs from the first CTA's entry (median over CTAs / min / max, "
+        print(f"[{variant}] moe_ms timeline at {m} token(s): µs from the first CTA's entry (median over CTAs / min / max, "
               f"median of {len(per)} launches)")
         for name, r in rows.items():
             print(f"  {name:22s} {r['median_us']:7.2f} {r['min_us']:7.2f} {r['max_us']:7.2f}")
-    (out / "ms_timeline.json").write_text(json.dumps(res, indent=1))
+    (out / f"ms_timeline_{variant}.json").write_text(json.dumps(res, indent=1))
     return res
 
 

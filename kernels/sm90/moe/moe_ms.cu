@@ -96,6 +96,12 @@ extern "C" __device__ unsigned int netra_params_layout[] = {
 #define MS_TIMING 0                   // 1 (exploration builds only): %globaltimer stamps per CTA and phase
 #endif
 #define MS_TIMING_OFFSET (512 * 1024) // bytes into hbuf: u64 [128 CTAs][16 stamps]
+#ifndef MS_HOLD
+#define MS_HOLD 0                     // 1 (exploration): the producer issues no down stage before the grid barrier
+#endif
+#ifndef MS_HF32
+#define MS_HF32 0                     // 1 (exploration): h exchanged as FP32 (each item writes whole 32-byte
+#endif                                //    sectors; BF16 h leaves every sector half-written by two CTAs)
 
 namespace {
 
@@ -193,7 +199,17 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
 
   if (wid == MS_NCW) {  // ------------------------------------------------ producer
     if (lane == 0) {
+#if MS_HOLD
+      const unsigned gen0 = ld_acquire_gpu(p.bar + 32);
+#endif
       for (int s = 0; s < n_st; ++s) {
+#if MS_HOLD
+        if (s == n_gu) {
+          unsigned polls = 0;
+          while (ld_acquire_gpu(p.bar + 32) == gen0)
+            if (++polls == (1u << 26)) __trap();
+        }
+#endif
         const int slot = s % MS_STAGES;
         if (s >= MS_STAGES) mbar_wait(&empty[slot], ((s / MS_STAGES) - 1) & 1);
         uint8_t* dst = ring + slot * STAGE_BYTES;
@@ -314,7 +330,12 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
         if (k >= 0) {
           const float gt = __bfloat162float(__float2bfloat16_rn(acc[h2]));
           const float up = __bfloat162float(__float2bfloat16_rn(acc[2 + h2]));
+#if MS_HF32
+          reinterpret_cast<float*>(p.hbuf)[(size_t)(tk * TOPK + k) * INTER + 8 * j + g] =
+              __bfloat162float(__float2bfloat16_rn(moe::silu_mul(gt, up)));
+#else
           p.hbuf[(size_t)(tk * TOPK + k) * INTER + 8 * j + g] = __float2bfloat16_rn(moe::silu_mul(gt, up));
+#endif
         }
       }
     }
@@ -332,6 +353,53 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
     const int hw = tid >> 4, sub = lane & 15;
     constexpr int NHW = MS_NCW * 2;
     constexpr int HT = (MAX_ROUTES * 4 + NHW - 1) / NHW;
+#if MS_HF32
+    if (tid == 0) stamp(p, 11);
+#pragma unroll
+    for (int u0 = 0; u0 < HT; u0 += 8) {
+      if (hw + NHW * u0 - (hw & 1) >= R * 4) break;  // warp-uniform (R * 4 is even)
+      if (tid == 0 && u0 == 8) stamp(p, 12);
+      uint4 f[8][2];
+#pragma unroll
+      for (int v8 = 0; v8 < 8; ++v8) {
+        const int idx = hw + NHW * (u0 + v8);
+        f[v8][0] = f[v8][1] = make_uint4(0u, 0u, 0u, 0u);
+        if (u0 + v8 < HT && idx < R * 4) {
+          const float* src = reinterpret_cast<const float*>(p.hbuf) + (size_t)(idx >> 2) * INTER + (idx & 3) * 128 + sub * 8;
+          asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                       : "=r"(f[v8][0].x), "=r"(f[v8][0].y), "=r"(f[v8][0].z), "=r"(f[v8][0].w) : "l"(src));
+          asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                       : "=r"(f[v8][1].x), "=r"(f[v8][1].y), "=r"(f[v8][1].z), "=r"(f[v8][1].w) : "l"(src + 4));
+        }
+      }
+      float amax[8];
+#pragma unroll
+      for (int v8 = 0; v8 < 8; ++v8) {
+        const float* h = reinterpret_cast<const float*>(&f[v8][0]);
+        amax[v8] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) amax[v8] = fmaxf(amax[v8], fabsf(i < 4 ? h[i] : reinterpret_cast<const float*>(&f[v8][1])[i - 4]));
+      }
+#pragma unroll
+      for (int o = 8; o > 0; o >>= 1)
+#pragma unroll
+        for (int v8 = 0; v8 < 8; ++v8) amax[v8] = fmaxf(amax[v8], __shfl_xor_sync(0xffffffffu, amax[v8], o));
+#pragma unroll
+      for (int v8 = 0; v8 < 8; ++v8) {
+        const int idx = hw + NHW * (u0 + v8);
+        if (u0 + v8 < HT && idx < R * 4) {
+          const float* a = reinterpret_cast<const float*>(&f[v8][0]);
+          const float* b = reinterpret_cast<const float*>(&f[v8][1]);
+          const float sc = moe::group_scale(amax[v8]);
+          uint2 q;
+          q.x = moe::quant4(a[0], a[1], a[2], a[3], sc);
+          q.y = moe::quant4(b[0], b[1], b[2], b[3], sc);
+          *reinterpret_cast<uint2*>(s_hq + (idx >> 2) * HROW + (idx & 3) * 128 + sub * 8) = q;
+          if (sub == 0) s_hs[idx] = sc;
+        }
+      }
+    }
+#else
     uint4 v[HT];
 #pragma unroll
     for (int u = 0; u < HT; ++u) {
@@ -376,6 +444,7 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
         }
       }
     }
+#endif
     if (tid == 0) stamp(p, 13);  // warp 0's blocks done
     consumer_sync();
     if (tid == 0) stamp(p, 6);  // h quantized
