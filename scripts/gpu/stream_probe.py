@@ -25,11 +25,9 @@ sys.path.insert(0, str(ROOT))
 CUBIN = ROOT / "build" / "explore" / "stream_probe.cubin"
 TIMED = ROOT / "build" / "explore" / "moe_ms_timed.cubin"  # kernels/sm90/moe/moe_ms.cu with -DMS_TIMING=1
 # exploration variants of the timed build: h exchanged as FP32 (whole-sector writes); no down copy before the barrier
-TIMED_VARIANTS = {"base": ([], TIMED), "hf32": (["-DMS_HF32=1"], TIMED.with_name("moe_ms_timed_f32.cubin")),
-                  "hold": (["-DMS_HOLD=1"], TIMED.with_name("moe_ms_timed_hold.cubin"))}
-STAMPS = ("entry", "metadata", "x quantized", "first stage in", "gate_up done", "barrier passed", "h quantized",
-          "warp0 down done", "all down done", "-", "producer last issue", "h loads issued (w0)",
-          "h block 1 done (w0)", "h blocks done (w0)")
+TIMED_VARIANTS = {"base": ([], TIMED)}  # round 6e also timed -DMS_HF32=1 / -DMS_HOLD=1 (no gain; removed)
+STAMPS = ("entry", "metadata", "x quantized", "first gate_up stage in (w0)", "gate_up done", "barrier 1 passed",
+          "h_q in shared memory", "warp0 down done", "all down done", "-", "producer last issue", "barrier 2 passed")
 SRC = ROOT / "scripts" / "gpu" / "stream_probe.cu"
 ROT = 8
 # name -> (threads, dynamic smem bytes, grid)

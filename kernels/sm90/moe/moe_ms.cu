@@ -25,15 +25,20 @@
 //      j = i % 64: gate rows [8j, +8) and up rows [512 + 8j, +8), 16 KB each, one 16-row MMA tile whose
 //      rows g and g + 8 are the gate and up of the same column), then its down slices: output rows
 //      [16c, +16) of every slot's w2 (8 KB each, 4 slots per stage), so the top-k sum stays in the CTA.
-//   2. consumers: x quantized (all M tokens, redundantly per CTA, as moe_align) into shared memory; then
-//      per gate_up item one warp runs 16 K blocks over the 8 token columns (column = token), and writes
+//   2. stage 0 of the ring is x itself (M x 4 KB, BF16: first in the copy queue); the consumers quantize it
+//      (all M tokens, redundantly per CTA, as moe_align) into shared memory and release it; then per gate_up
+//      item one warp runs 16 K blocks over the 8 token columns (column = token), and writes
 //      h = bf16(SiLU(bf16 gate) * bf16 up) of the item's 8 columns for the tokens routed to the slot to
 //      hbuf [M * 8, 512] (global, rank order).
-//   3. grid barrier (consumer warps of every CTA; moe_sync.cuh), then every CTA quantizes all M * 8 routes'
-//      h (from L2) into shared memory, then per down stage one warp runs 4 slices x 4 K blocks with the
-//      slot's tokens' h as B columns, y = bf16(acc * w) into shared memory, and after a consumer barrier
-//      M * 16 threads sum the 8 routes in rank order into out[t, 16c + r].
-// Workspace: the grid barrier's words (self-resetting: replays need no memset). One stream at a time per
+//   3. grid barrier; CTA c quantizes (route, 128-group) pairs c and c + 128 of h into hq / hs (global);
+//      grid barrier; every CTA copies hq / hs (M * 8 x 512 B + scales) into shared memory (cp.async); then
+//      per down stage one warp runs 4 slices x 4 K blocks with the slot's tokens' h as B columns,
+//      y = bf16(acc * w) into shared memory, and after a consumer barrier M * 16 threads sum the 8 routes
+//      in rank order into out[t, 16c + r].
+// Code size matters: every instruction fetch that misses the instruction cache waits behind the weight
+// stream (round 6c-6e: fully unrolled per-task loops for x and h made those phases 7 and 35 us at 8 tokens),
+// so the per-task loops stay rolled.
+// Workspace: the grid barriers' words (self-resetting: replays need no memset). One stream at a time per
 // device (the workspace is per code object). The shared expert (a 9th route) is not supported here: the
 // host falls back to the st8 sequence.
 //
@@ -96,12 +101,8 @@ extern "C" __device__ unsigned int netra_params_layout[] = {
 #define MS_TIMING 0                   // 1 (exploration builds only): %globaltimer stamps per CTA and phase
 #endif
 #define MS_TIMING_OFFSET (512 * 1024) // bytes into hbuf: u64 [128 CTAs][16 stamps]
-#ifndef MS_HOLD
-#define MS_HOLD 0                     // 1 (exploration): the producer issues no down stage before the grid barrier
-#endif
-#ifndef MS_HF32
-#define MS_HF32 0                     // 1 (exploration): h exchanged as FP32 (each item writes whole 32-byte
-#endif                                //    sectors; BF16 h leaves every sector half-written by two CTAs)
+#define HQ_OFFSET (64 * 1024)        // bytes into hbuf: hq [64][512] e4m3, then hs [64][4] FP32
+#define HS_OFFSET (96 * 1024)
 
 namespace {
 
@@ -144,20 +145,6 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
   const int M = p.M, R = M * TOPK;
 
   if (tid == 0) stamp(p, 0);  // entry
-  // x first, before the weight stream saturates the memory system (round 6a/6b timelines: a load issued
-  // behind the stream waits ~1.5-5 us): every consumer lane's share of x (task q = wid + 5 u: token q / 16,
-  // group q % 16, 4 values per lane), all loads in flight at once
-  constexpr int XT = (MS_MAXM * 16 + MS_NCW - 1) / MS_NCW;
-  uint2 xraw[XT];
-#pragma unroll
-  for (int u = 0; u < XT; ++u) {
-    const int q = wid + MS_NCW * u;
-    xraw[u] = make_uint2(0u, 0u);
-    if (wid < MS_NCW && q < M * 16)
-      asm volatile("ld.global.nc.v2.u32 {%0,%1}, [%2];\n"
-                   : "=r"(xraw[u].x), "=r"(xraw[u].y)
-                   : "l"(p.x + (size_t)(q >> 4) * HID + (q & 15) * 128 + lane * 4));
-  }
   if (tid == 0) {
     if (gridDim.x != MS_CTAS || blockDim.x != MS_THREADS || M < 1 || M > MS_MAXM) __trap();
     for (int s = 0; s < MS_STAGES; ++s) {
@@ -169,6 +156,10 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
   if (tid < 8) s_bits[tid] = 0u;
   for (int i = tid; i < MAX_SLOTS * MS_MAXM; i += MS_THREADS) (&s_route_of[0][0])[i] = -1;
   __syncthreads();
+  if (tid == MS_NCW * 32) {  // the producer: x (BF16) as stage 0, first in this SM's copy queue
+    mbar_expect_tx(&full[0], M * HID * 2);
+    bulk_g2s(ring, p.x, M * HID * 2, &full[0]);
+  }
   if (tid < R) {
     const int e = __ldg(p.topk_ids + tid);
     s_ids[tid] = e;
@@ -193,34 +184,25 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
   __syncthreads();
   if (tid == 0) stamp(p, 1);  // metadata
 
+  // stages: 0 = x, 1 .. n_gu = gate_up items q = s - 1 (item c + 128 q), then the down stages
   const int n_items = D * 64;
-  const int n_gu = c < n_items ? (n_items - c + MS_CTAS - 1) / MS_CTAS : 0;  // this CTA's gate_up stages
-  const int n_st = n_gu + (D + 3) / 4;                                        // + its down stages
+  const int n_gu = c < n_items ? (n_items - c + MS_CTAS - 1) / MS_CTAS : 0;
+  const int n_st = 1 + n_gu + (D + 3) / 4;
 
   if (wid == MS_NCW) {  // ------------------------------------------------ producer
     if (lane == 0) {
-#if MS_HOLD
-      const unsigned gen0 = ld_acquire_gpu(p.bar + 32);
-#endif
-      for (int s = 0; s < n_st; ++s) {
-#if MS_HOLD
-        if (s == n_gu) {
-          unsigned polls = 0;
-          while (ld_acquire_gpu(p.bar + 32) == gen0)
-            if (++polls == (1u << 26)) __trap();
-        }
-#endif
+      for (int s = 1; s < n_st; ++s) {
         const int slot = s % MS_STAGES;
         if (s >= MS_STAGES) mbar_wait(&empty[slot], ((s / MS_STAGES) - 1) & 1);
         uint8_t* dst = ring + slot * STAGE_BYTES;
-        if (s < n_gu) {
-          const int i = c + MS_CTAS * s, j = i & 63;
+        if (s <= n_gu) {
+          const int i = c + MS_CTAS * (s - 1), j = i & 63;
           const uint8_t* base = p.w13 + (size_t)s_slot_expert[i >> 6] * 1024 * HID;
           mbar_expect_tx(&full[slot], STAGE_BYTES);
           bulk_g2s(dst, base + (size_t)(8 * j) * HID, HALF_BYTES, &full[slot]);
           bulk_g2s(dst + HALF_BYTES, base + (size_t)(512 + 8 * j) * HID, HALF_BYTES, &full[slot]);
         } else {
-          const int sl0 = 4 * (s - n_gu), nsl = min(4, D - sl0);
+          const int sl0 = 4 * (s - 1 - n_gu), nsl = min(4, D - sl0);
           mbar_expect_tx(&full[slot], nsl * SLICE_BYTES);
           for (int u = 0; u < nsl; ++u)
             bulk_g2s(dst + u * SLICE_BYTES, p.w2 + ((size_t)s_slot_expert[sl0 + u] * HID + c * 16) * INTER,
@@ -260,51 +242,36 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
     for (int u = 0; u < DT; ++u)
       if (tid + MS_NCW * 32 * u < MAX_SLOTS * 4) s_dsc[tid + MS_NCW * 32 * u] = dv[u];
   }
-  // x quantization (moe_align's quant_x_tile) of the values loaded at entry. Five warps per SM hide no
-  // latency, so tasks go in blocks of 8 with every step interleaved over the block (round 6c's one-task-
-  // at-a-time loop cost ~0.3 us per task: 8 us at 8 tokens)
+  // x quantization (moe_align's quant_x_tile) from stage 0: task q = (token q / 16, group q % 16)
+  mbar_wait(&full[0], 0);
+#pragma unroll 1
+  for (int q = wid; q < M * 16; q += MS_NCW) {
+    const int tk = q >> 4, grp = q & 15;
+    const uint2 raw = *reinterpret_cast<const uint2*>(ring + q * 256 + lane * 8);
+    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    const float2 a = __bfloat1622float2(h2[0]), b = __bfloat1622float2(h2[1]);
+    float amax = fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(b.x), fabsf(b.y)));
 #pragma unroll
-  for (int u0 = 0; u0 < XT; u0 += 8) {
-    if (wid + MS_NCW * u0 >= M * 16) break;  // warp-uniform
-    float amax[8];
-#pragma unroll
-    for (int v = 0; v < 8; ++v) {
-      const int u = u0 + v < XT ? u0 + v : XT - 1;
-      const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&xraw[u]);
-      const float2 a = __bfloat1622float2(h2[0]), b = __bfloat1622float2(h2[1]);
-      amax[v] = fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(b.x), fabsf(b.y)));
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-      for (int v = 0; v < 8; ++v) amax[v] = fmaxf(amax[v], __shfl_xor_sync(0xffffffffu, amax[v], o));
-#pragma unroll
-    for (int v = 0; v < 8; ++v) {
-      const int q = wid + MS_NCW * (u0 + v);
-      if (u0 + v < XT && q < M * 16) {
-        const int tk = q >> 4, grp = q & 15;
-        const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&xraw[u0 + v]);
-        const float2 a = __bfloat1622float2(h2[0]), b = __bfloat1622float2(h2[1]);
-        const float sc = moe::group_scale(amax[v]);
-        *reinterpret_cast<uint32_t*>(s_xq + tk * XROW + grp * 128 + lane * 4) = moe::quant4(a.x, a.y, b.x, b.y, sc);
-        if (lane == 0) s_xs[tk * 16 + grp] = sc;
-      }
-    }
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float sc = moe::group_scale(amax);
+    *reinterpret_cast<uint32_t*>(s_xq + tk * XROW + grp * 128 + lane * 4) = moe::quant4(a.x, a.y, b.x, b.y, sc);
+    if (lane == 0) s_xs[tk * 16 + grp] = sc;
   }
   consumer_sync();
+  if (tid == 0) mbar_arrive(&empty[0]);  // stage 0 (x) is read: warp 0 owns the slot from here on
   if (tid == 0) stamp(p, 2);  // x quantized
 
   const int g = lane >> 2, t = lane & 3;
-  // gate_up: stage s (s % MS_NCW == wid) = item c + 128 s; B column g = token g
+  // gate_up: stage s in [1, n_gu] (s % MS_NCW == wid) = item q = s - 1; B column g = token g
   {
     const bool valid = g < M;
     const uint8_t* xrow = s_xq + g * XROW + t * 32;
-    for (int s = wid; s < n_gu; s += MS_NCW) {
-      const int i = c + MS_CTAS * s, sl = i >> 6, j = i & 63;
+    for (int s = wid == 0 ? MS_NCW : wid; s <= n_gu; s += MS_NCW) {
+      const int q = s - 1, i = c + MS_CTAS * q, sl = i >> 6, j = i & 63;
       // lanes 0-15: the gate rows' scale for K block lane, lanes 16-31: the up rows'
-      const float wsl = s_gsc[s * 32 + lane];
+      const float wsl = s_gsc[q * 32 + lane];
       mbar_wait(&full[wid], (s / MS_NCW) & 1);
-      if (tid == 0 && s == 0) stamp(p, 3);  // first stage in
+      if (tid == 0 && s == MS_NCW) stamp(p, 3);  // warp 0's first gate_up stage in
       if (PROBE) {
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[wid]);
@@ -330,131 +297,66 @@ __device__ __forceinline__ void ms_body(const MsParams& p) {
         if (k >= 0) {
           const float gt = __bfloat162float(__float2bfloat16_rn(acc[h2]));
           const float up = __bfloat162float(__float2bfloat16_rn(acc[2 + h2]));
-#if MS_HF32
-          reinterpret_cast<float*>(p.hbuf)[(size_t)(tk * TOPK + k) * INTER + 8 * j + g] =
-              __bfloat162float(__float2bfloat16_rn(moe::silu_mul(gt, up)));
-#else
           p.hbuf[(size_t)(tk * TOPK + k) * INTER + 8 * j + g] = __float2bfloat16_rn(moe::silu_mul(gt, up));
-#endif
         }
       }
     }
   }
 
   if (!PROBE) {
+    uint8_t* hq_g = reinterpret_cast<uint8_t*>(p.hbuf) + HQ_OFFSET;
+    float* hs_g = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(p.hbuf) + HS_OFFSET);
     consumer_sync();
     if (tid == 0) stamp(p, 4);  // this CTA's gate_up done
     if (tid == 0) grid_arrive_wait(p.bar, gridDim.x);
     consumer_sync();
-    if (tid == 0) stamp(p, 5);  // grid barrier passed
-    // h_q of every route (as act_quant / st8's fused prologue): (route, 128-group) pairs over the
-    // consumer half-warps, 16 lanes x 8 values; every pair's load issued at once (one L2 round trip: the
-    // weight stream keeps the memory system saturated, round 6a lost ~10 us at 8 tokens to 7 serial rounds)
-    const int hw = tid >> 4, sub = lane & 15;
-    constexpr int NHW = MS_NCW * 2;
-    constexpr int HT = (MAX_ROUTES * 4 + NHW - 1) / NHW;
-#if MS_HF32
-    if (tid == 0) stamp(p, 11);
+    if (tid == 0) stamp(p, 5);  // grid barrier 1 passed
+    // h_q (as act_quant / st8's fused prologue), distributed: half-warp hw of warp 0 quantizes the
+    // (route, 128-group) pair c + 128 hw, 16 lanes x 8 values
+    if (wid == 0) {
+      const int hw = lane >> 4, sub = lane & 15, idx = c + MS_CTAS * hw;
+      const bool mine = idx < R * 4;
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (mine) v = __ldcg(reinterpret_cast<const uint4*>(p.hbuf + (size_t)(idx >> 2) * INTER + (idx & 3) * 128 + sub * 8));
+      float h[8];
+      moe::bf16x8_to_float(v, h);
+      float amax = 0.0f;
 #pragma unroll
-    for (int u0 = 0; u0 < HT; u0 += 8) {
-      if (hw + NHW * u0 - (hw & 1) >= R * 4) break;  // warp-uniform (R * 4 is even)
-      if (tid == 0 && u0 == 8) stamp(p, 12);
-      uint4 f[8][2];
+      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(h[i]));
 #pragma unroll
-      for (int v8 = 0; v8 < 8; ++v8) {
-        const int idx = hw + NHW * (u0 + v8);
-        f[v8][0] = f[v8][1] = make_uint4(0u, 0u, 0u, 0u);
-        if (u0 + v8 < HT && idx < R * 4) {
-          const float* src = reinterpret_cast<const float*>(p.hbuf) + (size_t)(idx >> 2) * INTER + (idx & 3) * 128 + sub * 8;
-          asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                       : "=r"(f[v8][0].x), "=r"(f[v8][0].y), "=r"(f[v8][0].z), "=r"(f[v8][0].w) : "l"(src));
-          asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                       : "=r"(f[v8][1].x), "=r"(f[v8][1].y), "=r"(f[v8][1].z), "=r"(f[v8][1].w) : "l"(src + 4));
-        }
-      }
-      float amax[8];
-#pragma unroll
-      for (int v8 = 0; v8 < 8; ++v8) {
-        const float* h = reinterpret_cast<const float*>(&f[v8][0]);
-        amax[v8] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) amax[v8] = fmaxf(amax[v8], fabsf(i < 4 ? h[i] : reinterpret_cast<const float*>(&f[v8][1])[i - 4]));
-      }
-#pragma unroll
-      for (int o = 8; o > 0; o >>= 1)
-#pragma unroll
-        for (int v8 = 0; v8 < 8; ++v8) amax[v8] = fmaxf(amax[v8], __shfl_xor_sync(0xffffffffu, amax[v8], o));
-#pragma unroll
-      for (int v8 = 0; v8 < 8; ++v8) {
-        const int idx = hw + NHW * (u0 + v8);
-        if (u0 + v8 < HT && idx < R * 4) {
-          const float* a = reinterpret_cast<const float*>(&f[v8][0]);
-          const float* b = reinterpret_cast<const float*>(&f[v8][1]);
-          const float sc = moe::group_scale(amax[v8]);
-          uint2 q;
-          q.x = moe::quant4(a[0], a[1], a[2], a[3], sc);
-          q.y = moe::quant4(b[0], b[1], b[2], b[3], sc);
-          *reinterpret_cast<uint2*>(s_hq + (idx >> 2) * HROW + (idx & 3) * 128 + sub * 8) = q;
-          if (sub == 0) s_hs[idx] = sc;
-        }
+      for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      if (mine) {
+        const float sc = moe::group_scale(amax);
+        uint2 q;
+        q.x = moe::quant4(h[0], h[1], h[2], h[3], sc);
+        q.y = moe::quant4(h[4], h[5], h[6], h[7], sc);
+        *reinterpret_cast<uint2*>(hq_g + (size_t)(idx >> 2) * INTER + (idx & 3) * 128 + sub * 8) = q;
+        if (sub == 0) hs_g[idx] = sc;  // [route][group]
       }
     }
-#else
-    uint4 v[HT];
-#pragma unroll
-    for (int u = 0; u < HT; ++u) {
-      const int idx = hw + NHW * u;
-      v[u] = make_uint4(0u, 0u, 0u, 0u);
-      if (idx < R * 4)  // volatile: the compiler may not sink these loads to their uses
-        asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(v[u].x), "=r"(v[u].y), "=r"(v[u].z), "=r"(v[u].w)
-                     : "l"(p.hbuf + (size_t)(idx >> 2) * INTER + (idx & 3) * 128 + sub * 8));
-    }
-    if (tid == 0) stamp(p, 11);  // h loads issued (warp 0)
-    // blocks of 8 pairs, each step interleaved over the block (as x above)
-#pragma unroll
-    for (int u0 = 0; u0 < HT; u0 += 8) {
-      if (hw + NHW * u0 - (hw & 1) >= R * 4) break;  // warp-uniform (R * 4 is even)
-      if (tid == 0 && u0 == 8) stamp(p, 12);  // warp 0's first block done
-      float amax[8];
-#pragma unroll
-      for (int v8 = 0; v8 < 8; ++v8) {
-        float h[8];
-        moe::bf16x8_to_float(v[u0 + v8 < HT ? u0 + v8 : HT - 1], h);
-        amax[v8] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) amax[v8] = fmaxf(amax[v8], fabsf(h[i]));
-      }
-#pragma unroll
-      for (int o = 8; o > 0; o >>= 1)
-#pragma unroll
-        for (int v8 = 0; v8 < 8; ++v8) amax[v8] = fmaxf(amax[v8], __shfl_xor_sync(0xffffffffu, amax[v8], o));
-#pragma unroll
-      for (int v8 = 0; v8 < 8; ++v8) {
-        const int idx = hw + NHW * (u0 + v8);
-        if (u0 + v8 < HT && idx < R * 4) {
-          float h[8];
-          moe::bf16x8_to_float(v[u0 + v8], h);
-          const float sc = moe::group_scale(amax[v8]);
-          uint2 q;
-          q.x = moe::quant4(h[0], h[1], h[2], h[3], sc);
-          q.y = moe::quant4(h[4], h[5], h[6], h[7], sc);
-          *reinterpret_cast<uint2*>(s_hq + (idx >> 2) * HROW + (idx & 3) * 128 + sub * 8) = q;
-          if (sub == 0) s_hs[idx] = sc;  // [route][group]
-        }
-      }
-    }
-#endif
-    if (tid == 0) stamp(p, 13);  // warp 0's blocks done
     consumer_sync();
-    if (tid == 0) stamp(p, 6);  // h quantized
+    if (tid == 0) grid_arrive_wait(p.bar, gridDim.x);
+    consumer_sync();
+    if (tid == 0) stamp(p, 11);  // grid barrier 2 passed
+    // every route's h_q / h_s into shared memory: 16-byte cp.async (L2), all in flight, one wait
+#pragma unroll 1
+    for (int i = tid; i < R * 32; i += MS_NCW * 32)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(s_hq + (i >> 5) * HROW + (i & 31) * 16)),
+                   "l"(hq_g + (size_t)i * 16) : "memory");
+#pragma unroll 1
+    for (int i = tid; i < R; i += MS_NCW * 32)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(s_hs + i * 4)), "l"(hs_g + i * 4)
+                   : "memory");
+    asm volatile("cp.async.commit_group;\ncp.async.wait_all;\n" ::: "memory");
+    consumer_sync();
+    if (tid == 0) stamp(p, 6);  // h_q in shared memory
   }
 
-  // down: stage s >= n_gu (s % MS_NCW == wid) = slots [4 (s - n_gu), +4), output rows [16c, +16)
+  // down: stage s > n_gu (s % MS_NCW == wid) = slots [4 (s - 1 - n_gu), +4), output rows [16c, +16)
   {
-    int s = n_gu + ((wid - n_gu % MS_NCW) + MS_NCW) % MS_NCW;
+    int s = (n_gu + 1) + ((wid - (n_gu + 1) % MS_NCW) + MS_NCW) % MS_NCW;
     for (; s < n_st; s += MS_NCW) {
-      const int sl0 = 4 * (s - n_gu), nsl = min(4, D - sl0);
+      const int sl0 = 4 * (s - 1 - n_gu), nsl = min(4, D - sl0);
       mbar_wait(&full[wid], (s / MS_NCW) & 1);
       if (PROBE) {
         __syncwarp();
