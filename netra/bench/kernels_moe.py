@@ -878,7 +878,12 @@ def write_records_v3(src: Path, out: Path, tag: str, git_sha: str, judge: str = 
                         "runs the one-kernel layer; runs before the check skipped deferred cases count them as "
                         "align mismatches (netra-v3 align meta/xq at tokens 1). The layer output is checked "
                         "(layer_within_tolerance) and moe_v3_check compares it bitwise with st8 "
-                        "(results/sm90/moe_runs/run12_m1)"] if doc.get("v3_tune") == "m1" else [])]}
+                        "(results/sm90/moe_runs/run12_m1)"] if doc.get("v3_tune") == "m1" else []),
+                     *(["tune m1s: one cooperative kernel per routed layer at 1 token (moe_m1) and at 2..8 tokens "
+                        "(moe_ms), the st8 sequence above; at <= 8 tokens align() defers (writes no metadata or "
+                        "quantised x) and the check counts those calls as deferred. The layer output is checked "
+                        "(layer_within_tolerance) and moe_v3_check compares it bitwise with st8 "
+                        "(results/sm90/moe_runs/run14_ms)"] if doc.get("v3_tune") in ("ms", "m1s") else [])]}
     if not rows:
         rec["verdict"] = "inconclusive"
     path = write_record(rec, out, f"moe_layer{tag}")

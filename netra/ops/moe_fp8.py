@@ -280,6 +280,10 @@ V3_TUNES: dict[str, dict[str, str]] = {
     # stream per SM (moe_ms.cu: gate_up items, then the CTA's w2 rows of every active expert, through one TMA
     # ring; grid barrier between the GEMMs while the producer keeps streaming); align + st8 otherwise
     "ms": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256", "ms": "moe_ms_e256_k8"},
+    # round 6: the fastest of each measured: m1 at 1 token, ms at 2..8 tokens, the st8 sequence above (or with
+    # the shared expert)
+    "m1s": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256", "m1": "moe_m1_e256_k8",
+            "ms": "moe_ms_e256_k8"},
 }
 M1_CTAS = 128  # moe_m1's / moe_ms's fixed grid (one CTA per SM, cooperative launch)
 ONE_KERNEL_MAX_TOKENS = {"m1": 1, "ms": 8}  # V3_TUNES key of the one-kernel layer -> the tokens it covers
@@ -538,7 +542,7 @@ class MoeSm90:
         pending, self._m1_pending = getattr(self, "_m1_pending", None), None
         if pending is not None:
             if m <= self._one_kernel_max() and not shared and pending[0].shape[0] == m:
-                if getattr(self, "_ms", None) is not None:
+                if getattr(self, "_ms", None) is not None and not (m == 1 and getattr(self, "_m1", None) is not None):
                     self._launch_ms(pending, w13, w13_scale, w2, w2_scale)
                 else:
                     self._launch_m1(pending, w13, w13_scale, w2, w2_scale)

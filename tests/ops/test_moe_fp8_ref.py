@@ -382,7 +382,7 @@ def test_m1_contract_struct_and_tune() -> None:
     assert {k: v for k, v in moe_fp8.V3_TUNES["m1nc"].items() if k != "m1"} == moe_fp8.V3_TUNES["st8"]
 
 
-@pytest.mark.parametrize("tune", ["m1", "ms"])
+@pytest.mark.parametrize("tune", ["m1", "ms", "m1s"])
 def test_one_kernel_host_dispatch(tune: str) -> None:
     """tune "m1" / "ms" on the host: align at 1 / up to 8 routed-only tokens launches nothing and experts
     launches the one-kernel layer once (grid M1_CTAS) with this instance's pointers; with the shared route,
@@ -419,7 +419,7 @@ def test_one_kernel_host_dispatch(tune: str) -> None:
             log.append((self.key, grid))
 
     t = {"align": _Tactic("align", moe_fp8._RouteParams), "gate_up": _Tactic("gate_up", moe_fp8._GemmParamsV3),
-         "down": _Tactic("down", moe_fp8._GemmParamsV3), tune: _Tactic(tune, moe_fp8._M1Params if tune == "m1" else moe_fp8._MsParams)}
+         "down": _Tactic("down", moe_fp8._GemmParamsV3), "m1": _Tactic("m1", moe_fp8._M1Params), "ms": _Tactic("ms", moe_fp8._MsParams)}
     o = object.__new__(moe_fp8.MoeSm90)
     o.t = t  # type: ignore[assignment]
     o.variant, o.fuse_act, o.num_sms = "v3", True, 132
@@ -431,8 +431,8 @@ def test_one_kernel_host_dispatch(tune: str) -> None:
     o._gu = moe_fp8._GemmParamsV3.from_buffer(t["gate_up"].params)
     o._dn = moe_fp8._GemmParamsV3.from_buffer(t["down"].params)
     o._gu_small = o._dn_small = None
-    o._m1 = moe_fp8._M1Params.from_buffer(t["m1"].params) if tune == "m1" else None
-    o._ms = moe_fp8._MsParams.from_buffer(t["ms"].params) if tune == "ms" else None
+    o._m1 = moe_fp8._M1Params.from_buffer(t["m1"].params) if tune in ("m1", "m1s") else None
+    o._ms = moe_fp8._MsParams.from_buffer(t["ms"].params) if tune in ("ms", "m1s") else None
     o._m1_pending = None
     o._stream = lambda: 0  # type: ignore[method-assign]
     w = [_Buf(0x100 * (i + 1), (moe_fp8.NUM_EXPERTS + 1, 1)) for i in range(4)]
@@ -447,17 +447,23 @@ def test_one_kernel_host_dispatch(tune: str) -> None:
         o.experts(x, *w, shared)  # type: ignore[arg-type,call-arg]
         return list(log)
 
-    top = moe_fp8.ONE_KERNEL_MAX_TOKENS[tune]
-    assert call(1, False, False) == [(tune, moe_fp8.M1_CTAS)]
-    p = o._m1 if tune == "m1" else o._ms
+    top = moe_fp8.ONE_KERNEL_MAX_TOKENS["m1" if tune == "m1" else "ms"]
+    one = "ms" if tune == "ms" else "m1"  # the kernel at one token
+    assert call(1, False, False) == [(one, moe_fp8.M1_CTAS)]
+    p = o._m1 if one == "m1" else o._ms
     assert p is not None
     assert (p.x, p.w13, p.w13_scale, p.w2, p.w2_scale) == (0x1, 0x100, 0x200, 0x300, 0x400)
     assert p.out == o.out.data_ptr() and p.bar == 0x9000
-    if tune == "m1":
+    if one == "m1":
         assert p.gu == o.gu.data_ptr() and p.dbg_hq is None
     else:
         assert p.hbuf == o.gu.data_ptr() and p.M == 1
-        assert call(top, False, False) == [(tune, moe_fp8.M1_CTAS)] and p.M == top
+    if tune != "m1":
+        q = o._ms
+        assert q is not None
+        assert call(top, False, False) == [("ms", moe_fp8.M1_CTAS)]
+        assert top == q.M
+        assert call(2, False, False) == [("ms", moe_fp8.M1_CTAS)] and q.M == 2
     st8 = [("gate_up", 132), ("down", 132)]
     assert call(1, True, True) == [("align", 2), *st8]
     assert call(1, False, True) == [("align", 2), *st8]  # deferred align, then run after all
