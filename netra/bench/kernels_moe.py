@@ -120,18 +120,30 @@ def time_eager(fn: Any, reps: int = 50, warm: int = 5) -> tuple[float, float]:
     return _events(fn, reps)
 
 
-def _events(fn: Any, reps: int) -> tuple[float, float]:
+def event_us(fn: Any) -> float:
+    """One call of ``fn`` timed by CUDA events on the current stream, in µs."""
     import torch
 
-    times = []
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return float(a.elapsed_time(b)) * 1000.0
+
+
+def interleaved_replay_us(graphs: dict[str, Any], reps: int, per_replay: int) -> dict[str, list[float]]:
+    """Replay every graph ``reps`` times round-robin (providers interleaved); µs per call
+    (a replay holds ``per_replay`` calls)."""
+    times: dict[str, list[float]] = {k: [] for k in graphs}
     for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0)
-    times.sort()
+        for name, g in graphs.items():
+            times[name].append(event_us(g.replay) / per_replay)
+    return times
+
+
+def _events(fn: Any, reps: int) -> tuple[float, float]:
+    times = sorted(event_us(fn) for _ in range(reps))
     return statistics.median(times), times[int(0.9 * (len(times) - 1))]
 
 

@@ -337,6 +337,14 @@ class _MsParams(ctypes.Structure):
         ("M", ctypes.c_int32), ("_pad", ctypes.c_int32)]
 
 
+def _fill_layer_inputs(p: _M1Params | _MsParams, pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                       w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor) -> None:
+    """The inputs of a one-kernel layer (x, top-k ids / weights, expert weights and scales) into its params."""
+    x, ids, tw = pending
+    p.x, p.topk_ids, p.topk_w = x.data_ptr(), ids.data_ptr(), tw.data_ptr()
+    p.w13, p.w13_scale, p.w2, p.w2_scale = w13.data_ptr(), w13_scale.data_ptr(), w2.data_ptr(), w2_scale.data_ptr()
+
+
 def max_slots(tokens: int, shared: bool) -> int:
     """Upper bound of active experts (grid size is derived from it; the kernel exits idle slots)."""
     return min(tokens * TOPK, NUM_EXPERTS) + (1 if shared else 0)
@@ -593,16 +601,13 @@ class MoeSm90:
 
     def _launch_ms(self, pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w13: torch.Tensor,
                    w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, probe: bool = False) -> None:
-        x, ids, tw = pending
         t = self.t["ms"]
         p = self._ms
         assert p is not None
         with t.lock:
-            p.x, p.topk_ids, p.topk_w = x.data_ptr(), ids.data_ptr(), tw.data_ptr()
-            p.w13, p.w13_scale, p.w2, p.w2_scale = (w13.data_ptr(), w13_scale.data_ptr(), w2.data_ptr(),
-                                                    w2_scale.data_ptr())
+            _fill_layer_inputs(p, pending, w13, w13_scale, w2, w2_scale)
             p.hbuf, p.out, p.bar = self.gu.data_ptr(), self.out.data_ptr(), t.workspace.data_ptr()
-            p.M = int(x.shape[0])
+            p.M = int(pending[0].shape[0])
             if not probe:
                 t.launch(M1_CTAS, self._stream())
                 return
@@ -632,14 +637,11 @@ class MoeSm90:
 
     def _launch_m1(self, pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w13: torch.Tensor,
                    w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor) -> None:
-        x, ids, tw = pending
         t = self.t["m1"]
         p = self._m1
         assert p is not None
         with t.lock:
-            p.x, p.topk_ids, p.topk_w = x.data_ptr(), ids.data_ptr(), tw.data_ptr()
-            p.w13, p.w13_scale, p.w2, p.w2_scale = (w13.data_ptr(), w13_scale.data_ptr(), w2.data_ptr(),
-                                                    w2_scale.data_ptr())
+            _fill_layer_inputs(p, pending, w13, w13_scale, w2, w2_scale)
             p.gu, p.out, p.bar = self.gu.data_ptr(), self.out.data_ptr(), t.workspace.data_ptr()
             p.dbg_hq = self.dbg_hq.data_ptr() if self.dbg_hq is not None else None
             p.dbg_hs = self.dbg_hs.data_ptr() if self.dbg_hs is not None else None

@@ -314,7 +314,7 @@ def _floor_us(ids_list: list[Any], bw: float, extra: int = 0) -> tuple[float, fl
 def step_time(out_dir: Path, reps: int = 40) -> dict[str, Any]:
     import torch
 
-    from netra.bench.kernels_moe import copy_bandwidth, make_weights
+    from netra.bench.kernels_moe import copy_bandwidth, interleaved_replay_us, make_weights
     from netra.ops.moe_fp8 import MoeSm90
 
     w = make_weights()
@@ -373,15 +373,7 @@ def step_time(out_dir: Path, reps: int = 40) -> dict[str, Any]:
                 traceback.print_exc()
                 torch.cuda.synchronize()
         torch.cuda.synchronize()
-        times: dict[str, list[float]] = {k: [] for k in graphs}
-        for _ in range(reps):  # interleaved providers
-            for name, g in graphs.items():
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                g.replay()
-                b.record()
-                b.synchronize()
-                times[name].append(a.elapsed_time(b) * 1000.0 / ROT)
+        times = interleaved_replay_us(graphs, reps, ROT)  # interleaved providers
         distinct, floor = _floor_us([i[1] for i in inputs], bw, extra=1 if shared else 0)
         row = {"tokens": m, "shared": shared, "distinct_experts": distinct, "floor_us": floor,
                "copy_bw_TBps": bw / 1e12, "errors": errors}

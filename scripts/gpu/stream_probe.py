@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from netra import runtime as rt
-    from netra.bench.kernels_moe import copy_bandwidth
+    from netra.bench.kernels_moe import copy_bandwidth, interleaved_replay_us
 
     args.out.mkdir(parents=True, exist_ok=True)
     if args.ms_timeline:
@@ -187,15 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             g.replay()
             graphs[name] = g
         torch.cuda.synchronize()
-        times: dict[str, list[float]] = {k: [] for k in graphs}
-        for _ in range(args.reps):
-            for name, g in graphs.items():
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                g.replay()
-                b.record()
-                b.synchronize()
-                times[name].append(a.elapsed_time(b) * 1000.0 / ROT)
+        times = interleaved_replay_us(graphs, args.reps, ROT)
         byts = d * 64 * 32768
         for name, ts in times.items():
             med = statistics.median(ts)

@@ -105,9 +105,9 @@ def test_v3_bad_shapes_are_refused() -> None:
         ours.experts(torch.zeros(129, 2048, dtype=torch.bfloat16, device="cuda"), *([torch.zeros(1)] * 4), False)
 
 
-def test_m1_bitwise_vs_st8_at_one_token() -> None:
-    """tune "m1" (one cooperative kernel at 1 token, routed only) is bitwise the st8 sequence, eager and
-    replayed, on ordinary and adversarial routings; with the shared route it falls back to st8."""
+def _bitwise_vs_st8(tune: str, cases: list[tuple[int, Any]]) -> None:
+    """The one-kernel tune is bitwise the st8 sequence, eager and replayed, on (tokens, routing kind) cases,
+    routed only and with the shared route (where it falls back to st8)."""
     import torch
 
     from netra.bench.kernels_moe import make_weights
@@ -115,53 +115,35 @@ def test_m1_bitwise_vs_st8_at_one_token() -> None:
 
     mod = _v3_script()
     w = make_weights()
-    st8, m1 = MoeSm90(0, variant="v3", tune="st8"), MoeSm90(0, variant="v3", tune="m1")
-    for kind in (False, *mod.ADVERSARIAL_1):
-        x, ids, wts, sw = mod.routing(1, kind, seed=11)
+    st8, one = MoeSm90(0, variant="v3", tune="st8"), MoeSm90(0, variant="v3", tune=tune)
+    for m, kind in cases:
+        x, ids, wts, sw = mod.routing(m, kind, seed=13 + m)
         for shared in (False, True):
             outs = []
-            for o in (st8, m1):
+            for o in (st8, one):
                 mod.poison(o)
                 o.align(x, ids, wts, sw if shared else None)
                 outs.append(o.experts(x, w["w13"], w["s13"], w["w2"], w["s2"], shared).clone())
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
-                m1.align(x, ids, wts, sw if shared else None)
-                m1.experts(x, w["w13"], w["s13"], w["w2"], w["s2"], shared)
-            mod.poison(m1)
+                one.align(x, ids, wts, sw if shared else None)
+                one.experts(x, w["w13"], w["s13"], w["w2"], w["s2"], shared)
+            mod.poison(one)
             g.replay()
             torch.cuda.synchronize()
-            assert torch.equal(mod._bits(outs[0]), mod._bits(outs[1])), (kind, shared)
-            assert torch.equal(mod._bits(outs[1]), mod._bits(m1.out[:1])), (kind, shared)
+            assert torch.equal(mod._bits(outs[0]), mod._bits(outs[1])), (m, kind, shared)
+            assert torch.equal(mod._bits(outs[1]), mod._bits(one.out[:m])), (m, kind, shared)
+
+
+def test_m1_bitwise_vs_st8_at_one_token() -> None:
+    """tune "m1" (one cooperative kernel at 1 token, routed only) is bitwise the st8 sequence, eager and
+    replayed, on ordinary and adversarial routings; with the shared route it falls back to st8."""
+    _bitwise_vs_st8("m1", [(1, k) for k in (False, *_v3_script().ADVERSARIAL_1)])
 
 
 def test_ms_bitwise_vs_st8_up_to_8_tokens() -> None:
     """tune "ms" (one cooperative kernel at 1..8 tokens, routed only) is bitwise the st8 sequence, eager and
     replayed, on ordinary and adversarial routings; with the shared route it falls back to st8."""
-    import torch
-
-    from netra.bench.kernels_moe import make_weights
-    from netra.ops.moe_fp8 import MoeSm90
-
     mod = _v3_script()
-    w = make_weights()
-    st8, ms = MoeSm90(0, variant="v3", tune="st8"), MoeSm90(0, variant="v3", tune="ms")
     cases = [(1, k) for k in (False, *mod.ADVERSARIAL_1)] + [(m, False) for m in range(2, 9)]
-    cases += [(8, True), (8, "ties"), (4, "lo_hi"), (8, "desc_edge")]
-    for m, kind in cases:
-        x, ids, wts, sw = mod.routing(m, kind, seed=13 + m)
-        for shared in (False, True):
-            outs = []
-            for o in (st8, ms):
-                mod.poison(o)
-                o.align(x, ids, wts, sw if shared else None)
-                outs.append(o.experts(x, w["w13"], w["s13"], w["w2"], w["s2"], shared).clone())
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                ms.align(x, ids, wts, sw if shared else None)
-                ms.experts(x, w["w13"], w["s13"], w["w2"], w["s2"], shared)
-            mod.poison(ms)
-            g.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(mod._bits(outs[0]), mod._bits(outs[1])), (m, kind, shared)
-            assert torch.equal(mod._bits(outs[1]), mod._bits(ms.out[:m])), (m, kind, shared)
+    _bitwise_vs_st8("ms", [*cases, (8, True), (8, "ties"), (4, "lo_hi"), (8, "desc_edge")])
