@@ -36,6 +36,18 @@ __device__ __forceinline__ uint32_t quant4(float a, float b, float c, float d, f
   return (l & 0xffffu) | (h << 16);
 }
 
+// One group of 128 BF16 values held 4 per lane across a warp: the group's scale (warp-wide amax) and this
+// lane's 4 e4m3 bytes (moe_align's x quantization, also in the one-kernel layers).
+__device__ __forceinline__ uint32_t quant_group_warp(const uint2 raw, float& scale) {
+  const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+  const float2 a = __bfloat1622float2(h2[0]), b = __bfloat1622float2(h2[1]);
+  float amax = fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(b.x), fabsf(b.y)));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  scale = group_scale(amax);
+  return quant4(a.x, a.y, b.x, b.y, scale);
+}
+
 __device__ __forceinline__ void bf16x8_to_float(const uint4 v, float (&f)[8]) {
   const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&v);
 #pragma unroll

@@ -136,14 +136,9 @@ extern "C" __global__ void __launch_bounds__(M1_THREADS, 1) moe_m1(const M1Param
 #pragma unroll
   for (int q = 0; q < 2; ++q) {
     const int grp = wid + 8 * q;
-    const uint2 raw = __ldg(reinterpret_cast<const uint2*>(p.x + grp * 128 + lane * 4));
-    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-    const float2 a = __bfloat1622float2(h2[0]), b = __bfloat1622float2(h2[1]);
-    float amax = fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(b.x), fabsf(b.y)));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float s = moe::group_scale(amax);
-    *reinterpret_cast<uint32_t*>(s_xq + grp * 128 + lane * 4) = moe::quant4(a.x, a.y, b.x, b.y, s);
+    float s;
+    *reinterpret_cast<uint32_t*>(s_xq + grp * 128 + lane * 4) =
+        moe::quant_group_warp(__ldg(reinterpret_cast<const uint2*>(p.x + grp * 128 + lane * 4)), s);
     if (lane == 0) s_xs[grp] = s;
   }
   __syncthreads();

@@ -152,14 +152,9 @@ __device__ void quant_x_tile(const RouteParams& p, int t0) {
   for (int gi = wid; gi < nt * (HIDDEN / 128); gi += blockDim.x / 32) {
     const int t = t0 + gi / (HIDDEN / 128), grp = gi % (HIDDEN / 128);
     const __nv_bfloat16* src = p.x + (size_t)t * HIDDEN + grp * 128 + lane * 4;
-    const uint2 raw = *reinterpret_cast<const uint2*>(src);
-    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-    const float2 a = __bfloat1622float2(h2[0]), b = __bfloat1622float2(h2[1]);
-    float amax = fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(b.x), fabsf(b.y)));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float s = moe::group_scale(amax);
-    *reinterpret_cast<uint32_t*>(p.xq + (size_t)t * HIDDEN + grp * 128 + lane * 4) = moe::quant4(a.x, a.y, b.x, b.y, s);
+    float s;
+    *reinterpret_cast<uint32_t*>(p.xq + (size_t)t * HIDDEN + grp * 128 + lane * 4) =
+        moe::quant_group_warp(*reinterpret_cast<const uint2*>(src), s);
     if (lane == 0) p.xs[t * (HIDDEN / 128) + grp] = s;
   }
 }
