@@ -1,7 +1,7 @@
 // Exploration (issue 7, round 6): how fast can one persistent CTA per SM stream MoE weight items from HBM,
 // by TMA 1D bulk copies into a shared-memory ring (depth / chunk / consumer warps varied) or by plain
-// 16-byte loads into registers? Not a contract: scripts/gpu/stream_probe.py builds-free loads this code
-// object (nvcc here: scripts/gpu/stream_probe.py --build) and times each entry point on the same items.
+// 16-byte loads into registers? Not a contract: scripts/gpu/stream_probe.py (--build: nvcc here) builds and loads this code
+// object and times each entry point on the same items.
 //
 // Items: the gate_up weights of D experts (2 MB each: 64 items of 32 KB), item i of CTA c = c + grid * q
 // (moe_ms's distribution). Every byte is read once; a checksum per CTA keeps the loads alive.
