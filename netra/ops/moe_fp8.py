@@ -284,9 +284,15 @@ V3_TUNES: dict[str, dict[str, str]] = {
     # the shared expert)
     "m1s": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256", "m1": "moe_m1_e256_k8",
             "ms": "moe_ms_e256_k8"},
+    # round 7 experiment: the routed layer for 1..128 tokens in one cooperative kernel (moe_ml.cu: every operand
+    # through the TMA queue, static expert-major item ranges, four grid barriers); align + st8 with the shared route
+    "ml": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256", "ml": "moe_ml_e256_k8"},
+    # round 7: m1 at 1 token, ms at 2..8, ml at 9..128, st8 with the shared route
+    "m1sl": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256", "m1": "moe_m1_e256_k8",
+             "ms": "moe_ms_e256_k8", "ml": "moe_ml_e256_k8"},
 }
-M1_CTAS = 128  # moe_m1's / moe_ms's fixed grid (one CTA per SM, cooperative launch)
-ONE_KERNEL_MAX_TOKENS = {"m1": 1, "ms": 8}  # V3_TUNES key of the one-kernel layer -> the tokens it covers
+M1_CTAS = 128  # moe_m1's / moe_ms's / moe_ml's fixed grid (one CTA per SM, cooperative launch)
+ONE_KERNEL_MAX_TOKENS = {"m1": 1, "ms": 8, "ml": MAX_TOKENS}  # V3_TUNES key of the one-kernel layer -> the tokens it covers
 MS_PROBE_SYMBOL = "moe_ms_probe"  # exploration entry point of moe_ms's code object: the weight stream alone
 # code objects that must share an SM with the next kernel: shared-memory carveout set to the maximum
 CARVEOUT_MAX = frozenset(("moe_gate_up_v3ps3_e256", "moe_down_v3w3s_e256"))
@@ -337,7 +343,15 @@ class _MsParams(ctypes.Structure):
         ("M", ctypes.c_int32), ("_pad", ctypes.c_int32)]
 
 
-def _fill_layer_inputs(p: _M1Params | _MsParams, pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+class _MlParams(ctypes.Structure):
+    """kernels/sm90/moe/moe_ml.cu MlParams (128 bytes)."""
+
+    _fields_ = [(n, ctypes.c_void_p) for n in (
+        "x", "topk_ids", "topk_w", "w13", "w13_scale", "w2", "w2_scale", "xq", "xs", "hbuf", "hq", "hs", "y", "out",
+        "bar")] + [("M", ctypes.c_int32), ("_pad", ctypes.c_int32)]
+
+
+def _fill_layer_inputs(p: _M1Params | _MsParams | _MlParams, pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                        w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor) -> None:
     """The inputs of a one-kernel layer (x, top-k ids / weights, expert weights and scales) into its params."""
     x, ids, tw = pending
@@ -434,6 +448,8 @@ class MoeSm90:
         self._m1 = _M1Params.from_buffer(self.t["m1"].params) if "m1" in self.t and self.num_sms >= M1_CTAS \
             else None
         self._ms = _MsParams.from_buffer(self.t["ms"].params) if "ms" in self.t and self.num_sms >= M1_CTAS \
+            else None
+        self._ml = _MlParams.from_buffer(self.t["ml"].params) if "ml" in self.t and self.num_sms >= M1_CTAS \
             else None
         self._probe: Any = None  # (function, launch config) of MS_PROBE_SYMBOL, made on first use (exploration)
         self._m1_pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
@@ -550,10 +566,7 @@ class MoeSm90:
         pending, self._m1_pending = getattr(self, "_m1_pending", None), None
         if pending is not None:
             if m <= self._one_kernel_max() and not shared and pending[0].shape[0] == m:
-                if getattr(self, "_ms", None) is not None and not (m == 1 and getattr(self, "_m1", None) is not None):
-                    self._launch_ms(pending, w13, w13_scale, w2, w2_scale)
-                else:
-                    self._launch_m1(pending, w13, w13_scale, w2, w2_scale)
+                self._launch_one_kernel(m, pending, w13, w13_scale, w2, w2_scale)
                 return self.out[:m]
             self._launch_align(pending[0], pending[1], pending[2], None)  # not the m1 case after all: the deferred align, then st8
         if self.variant == "v3":  # persistent grids; the work list comes from num_slots on the device
@@ -594,10 +607,37 @@ class MoeSm90:
             t.launch(grid, self._stream())
 
     def _one_kernel_max(self) -> int:
-        """The most tokens the one-kernel layer of this tune covers (0: none)."""
+        """The most tokens the one-kernel layers of this tune cover (0: none)."""
+        if getattr(self, "_ml", None) is not None:
+            return ONE_KERNEL_MAX_TOKENS["ml"]
         if getattr(self, "_ms", None) is not None:
             return ONE_KERNEL_MAX_TOKENS["ms"]
         return ONE_KERNEL_MAX_TOKENS["m1"] if getattr(self, "_m1", None) is not None else 0
+
+    def _launch_one_kernel(self, m: int, pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w13: torch.Tensor,
+                           w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor) -> None:
+        """The smallest one-kernel layer of this tune that covers m tokens: m1 (1), ms (<= 8), ml (<= 128)."""
+        if m == 1 and getattr(self, "_m1", None) is not None:
+            self._launch_m1(pending, w13, w13_scale, w2, w2_scale)
+        elif m <= ONE_KERNEL_MAX_TOKENS["ms"] and getattr(self, "_ms", None) is not None:
+            self._launch_ms(pending, w13, w13_scale, w2, w2_scale)
+        elif getattr(self, "_ml", None) is not None:
+            self._launch_ml(pending, w13, w13_scale, w2, w2_scale)
+        else:
+            self._launch_m1(pending, w13, w13_scale, w2, w2_scale)
+
+    def _launch_ml(self, pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w13: torch.Tensor,
+                   w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor) -> None:
+        t = self.t["ml"]
+        p = self._ml
+        assert p is not None
+        with t.lock:
+            _fill_layer_inputs(p, pending, w13, w13_scale, w2, w2_scale)
+            p.xq, p.xs, p.hbuf = self.xq.data_ptr(), self.xs.data_ptr(), self.gu.data_ptr()
+            p.hq, p.hs, p.y = self.aq_q.data_ptr(), self.aq_s.data_ptr(), self.y.data_ptr()
+            p.out, p.bar = self.out.data_ptr(), t.workspace.data_ptr()
+            p.M = int(pending[0].shape[0])
+            t.launch(M1_CTAS, self._stream())
 
     def _launch_ms(self, pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w13: torch.Tensor,
                    w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, probe: bool = False) -> None:

@@ -56,7 +56,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root (PYTHONPATH=. too)
 
 BATCHES = (1, 8, 16, 32, 64, 128)
-TIME_BATCHES = (1, 2, 4, 8)  # round 6 (round 5: 1, 2, 8): m1 at 1 token, == st8 above (round 4: 1, 2, 4, 8, 16, 32, 64, 128)
+TIME_BATCHES = (1, 8, 16, 32, 64, 128)  # round 7 (round 6: 1, 2, 4, 8) (round 5: 1, 2, 8): m1 at 1 token, == st8 above (round 4: 1, 2, 4, 8, 16, 32, 64, 128)
 # provider -> MoeSm90 kwargs (v3 variants; v1 is only the timing/difference baseline)
 V3_BUILDS: dict[str, dict[str, Any]] = {
     "v3": {"variant": "v3"},
@@ -80,14 +80,17 @@ V3_BUILDS: dict[str, dict[str, Any]] = {
     "v3m1nc": {"variant": "v3", "tune": "m1nc"},  # the same kernel, plain launch (--builds v3st8,v3m1,v3m1nc)
     # round 6: one cooperative kernel for the routed layer at 1..8 tokens, one continuous weight stream per SM
     "v3ms": {"variant": "v3", "tune": "ms"},
+    # round 7: one cooperative kernel for the routed layer at 1..128 tokens (every operand through the TMA queue)
+    "v3ml": {"variant": "v3", "tune": "ml"},
 }
 # round 3: the default run is the A/B of the streaming down against round 2's best (v3p6s); the other
 # builds stay reachable with --builds (their results are in .briefs/devruns/run8)
 # round 4: v3auto (p6s's down below 6 tokens) times as v3p6s / v3st8 (the same kernels): --builds adds it
-DEFAULT_BUILDS = ("v3st8", "v3m1", "v3ms")  # round 6 (round 5: v3st8, v3m1) (round 4: v3p6s, v3st8, v3st8w, v3s3, v3auto3)
+DEFAULT_BUILDS = ("v3st8", "v3ms", "v3ml")  # round 7 (round 6: v3st8, v3m1, v3ms) (round 5: v3st8, v3m1) (round 4: v3p6s, v3st8, v3st8w, v3s3, v3auto3)
 SPLITS = ("v3st8",)  # providers whose split points (align, align+gate_up) are timed (one gate_up build)
 SHARED_BATCHES = (1,)  # timed again with the shared expert as a 9th route (round 4: 16, 128)
-SHARED_PROVIDERS = ("v1", "v3", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8", "v3st8w", "v3auto", "v3s3", "v3auto3", "v3m1", "v3m1nc", "v3ms")
+SHARED_PROVIDERS = ("v1", "v3", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8", "v3st8w", "v3auto", "v3s3", "v3auto3", "v3m1", "v3m1nc", "v3ms",
+                    "v3ml")
 _ACTIVE: list[str] | None = None  # --builds: the V3_BUILDS this process uses (None: all)
 
 
@@ -108,9 +111,10 @@ def _auto_pick(m: int) -> str:
 # st8w: bitwise st8's (same items, MMAs and top-k order; only where the scales / the sum share come from)
 AUTO_PICKS = {"v3auto": _auto_pick, "v3auto3": _auto_pick, "v3s3": lambda _m: "v3p6s",
               "v3st8w": lambda _m: "v3st8",
-              "v3m1": lambda _m: "v3st8", "v3m1nc": lambda _m: "v3st8", "v3ms": lambda _m: "v3st8"}  # m1: the same numerics by construction (st8's kernels above 1 token)  # provider -> the provider it must equal bitwise for m tokens
+              "v3m1": lambda _m: "v3st8", "v3m1nc": lambda _m: "v3st8", "v3ms": lambda _m: "v3st8",
+              "v3ml": lambda _m: "v3st8"}  # m1: the same numerics by construction (st8's kernels above 1 token)  # provider -> the provider it must equal bitwise for m tokens
 # smoke runs once per build (3 x 25 s by default); worst case 325 s, typical ~2.5 min
-STEP_TIMEOUT = {"sass": 20, "smoke": 25, "check": 120, "time": 120, "ncu": 75, "sanitize": 60}
+STEP_TIMEOUT = {"sass": 20, "smoke": 25, "check": 170, "time": 170, "ncu": 75, "sanitize": 100}
 # (run5 took 6-7 s per step; the limits only bound a hang)
 SASS_OPS = ("HMMA", "UBLKCP", "SYNCS", "LDL", "STL", "MEMBAR", "FENCE", "ATOMG", "ACQBULK", "LDS", "LDG")
 RTOL, COS = 1e-2, 0.9999
@@ -147,6 +151,10 @@ def cases() -> list[tuple[int, bool, Any]]:
     # round 6 (ms covers 1..8 tokens): adversarial routings at 2..8 tokens
     out += [(8, False, True), (8, False, "ties"), (8, False, "desc_edge"), (4, False, "lo_hi"), (2, False, "adjacent"),
             (8, False, "wide_x"), (3, False, False), (5, False, "zero_x"), (7, False, False)]
+    # round 7 (ml covers 1..128 tokens): odd sizes and adversarial routings above 8 tokens ((128, same8) above:
+    # 128 tokens on one expert = 8 gate_up chunks and 2 down chunks per slot)
+    out += [(9, False, False), (17, False, "ties"), (33, False, False), (64, False, "desc_edge"),
+            (100, False, "adjacent"), (127, False, "lo_hi"), (128, False, "wide_x"), (64, False, True)]
     return out
 
 
@@ -220,7 +228,7 @@ def step_check(out_dir: Path) -> dict[str, Any]:
     # several instances on purpose: they share each contract's params buffer (run5's bug), so every
     # call must fill its own pointers
     # debug_h: the fused down kernel's h copy (ms keeps h in shared memory only: no copy, nothing to compare)
-    provs = {name: MoeSm90(0, **{**kw, "debug_h": bool(kw.get("fuse_act", True)) and kw.get("tune") != "ms"})
+    provs = {name: MoeSm90(0, **{**kw, "debug_h": bool(kw.get("fuse_act", True)) and kw.get("tune") not in ("ms", "ml")})
              for name, kw in builds().items()}
     v1 = MoeSm90(0, variant="v1")
     res: dict[str, Any] = {"cases": [], "ok": True}
@@ -286,7 +294,7 @@ def step_check(out_dir: Path) -> dict[str, Any]:
         from netra.bench.kernels_moe import check_align, check_route
 
         # the first instance, after the others ran (shared params); not m1, whose align defers at 1 token
-        first = next((o for n, o in provs.items() if str(V3_BUILDS[n].get("tune", "")) not in ("m1", "m1nc", "ms")),
+        first = next((o for n, o in provs.items() if str(V3_BUILDS[n].get("tune", "")) not in ("m1", "m1nc", "ms", "ml")),
                      None) \
             or MoeSm90(0, variant="v3", tune="st8")
         rt = check_route(first, w)
@@ -407,10 +415,11 @@ def step_sanitize_inner() -> dict[str, Any]:
     return {"done": True}
 
 
-NCU_PROVIDERS = ("v3", "v3p", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8", "v3st8w", "v3s3", "v3auto3", "v3m1", "v3ms")
+NCU_PROVIDERS = ("v3", "v3p", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8", "v3st8w", "v3s3", "v3auto3", "v3m1", "v3ms",
+                 "v3ml")
 # round 4: the changed down (st8w) against st8 (+ p6s at 1 token); v3auto is st8 (>= AUTO_STREAM_MIN_M
 # tokens) or p6s's down (below): no ncu rows of its own
-NCU_PLAN = ((8, ("v3ms",)), (1, ("v3ms",)))  # round 6 (round 5: (1, (v3st8, v3m1))) (--step ncu only); round 4: (128, st8 / st8w), (1, p6s / st8 / st8w / auto3)  # auto3@1 = the s3 pair  # (tokens, providers) in profiling order
+NCU_PLAN = ((128, ("v3ml",)), (16, ("v3ml",)))  # round 7 (round 6: (8, v3ms), (1, v3ms)) (round 5: (1, (v3st8, v3m1))) (--step ncu only); round 4: (128, st8 / st8w), (1, p6s / st8 / st8w / auto3)  # auto3@1 = the s3 pair  # (tokens, providers) in profiling order
 
 
 def ncu_plan() -> list[tuple[int, list[str]]]:
@@ -501,7 +510,7 @@ def run_step(step: str, out_dir: Path, names: list[str] | None = None, tag: str 
     sel = ["--builds", ",".join(names)] if names is not None else []
     cmd = [sys.executable, str(here), "--step", step, "--out", str(out_dir), "--tag", tag, *sel]
     if step == "ncu":  # kernels serialised by ncu (no PDL overlap): per-kernel DRAM rate / stalls
-        cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--kernel-name", "regex:moe_(gate_up|down|m1|ms)",
+        cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--kernel-name", "regex:moe_(gate_up|down|m1|ms|ml)",
                "--section", "SpeedOfLight", "--section", "Occupancy", "--section", "LaunchStats",
                "--section", "WarpStateStats", "--section", "SchedulerStats", "--section", "MemoryWorkloadAnalysis",
                sys.executable, str(here), "--step", "profile-inner", "--out", str(out_dir), *sel]
@@ -539,8 +548,8 @@ def table(out_dir: Path, steps: list[dict[str, Any]]) -> None:
         pk = [c for c in doc["cases"] if "auto_bitwise_vs_picked" in c]
         print(f"  bitwise vs sibling build (m1/auto*/s3/st8w vs st8/p6s): {sum(c['auto_bitwise_vs_picked'] for c in pk)}"
               f"/{len(pk)}")
-        for prov in ("v3m1", "v3m1nc", "v3ms"):
-            lim = 8 if prov == "v3ms" else 1
+        for prov in ("v3m1", "v3m1nc", "v3ms", "v3ml"):
+            lim = {"v3ms": 8, "v3ml": 128}.get(prov, 1)
             m1 = [c for c in doc["cases"] if c.get("provider") == prov and c.get("tokens") <= lim and not c.get("shared")]
             if not m1:
                 continue

@@ -147,3 +147,12 @@ def test_ms_bitwise_vs_st8_up_to_8_tokens() -> None:
     mod = _v3_script()
     cases = [(1, k) for k in (False, *mod.ADVERSARIAL_1)] + [(m, False) for m in range(2, 9)]
     _bitwise_vs_st8("ms", [*cases, (8, True), (8, "ties"), (4, "lo_hi"), (8, "desc_edge")])
+
+
+def test_ml_bitwise_vs_st8_up_to_128_tokens() -> None:
+    """tune "ml" (one cooperative kernel at 1..128 tokens, routed only) is bitwise the st8 sequence, eager and
+    replayed, at odd sizes and on adversarial routings (128 tokens on the same 8 experts: several gate_up and
+    down chunks per expert); with the shared route it falls back to st8."""
+    cases = [(m, False) for m in (1, 2, 8, 9, 16, 31, 64, 100, 128)]
+    _bitwise_vs_st8("ml", [*cases, (128, True), (17, "ties"), (64, "desc_edge"), (127, "lo_hi"), (1, "zero_x"),
+                           (128, "wide_x"), (33, "adjacent")])

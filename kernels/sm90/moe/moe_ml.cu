@@ -1,0 +1,523 @@
+// MoE ml: the whole routed MoE layer for 1..128 tokens in ONE cooperative kernel with a continuous weight
+// stream per SM (issue 7: "never slower than SGLang" at 16..128 tokens and the 128-token floor gate).
+//
+// Why: the st8 sequence (align -> gate_up -> down) at 128 tokens takes ~246 us for a 188 us byte floor:
+// align ~7 us, gate_up at ~0.87 of the copy rate, down at ~0.64 (ncu run11: DRAM 60%). Every consumer
+// load that waits behind a saturated weight stream costs 1-5 us (moe_ms round 6 timeline), and st8's down
+// reads its B operand (the gate|up cache) with consumer loads at every (slot, chunk) group. moe_ms showed
+// that a TMA ring fed by one producer warp streams at the copy rate when nothing else waits behind it.
+// ml keeps that, and moves EVERY operand through the TMA queue:
+//   * weights through a 4 x 32 KB ring (producer warp 4), as moe_ms;
+//   * B operands (the x_q rows of a chunk of an expert's tokens, or its h_q rows) and the expert's weight
+//     scales through two 34 KB "B buffers" (producer warp 5), one chunk ahead of the consumers.
+// Work is split statically in contiguous, expert-major item ranges (so a CTA sees ~2-3 experts per GEMM
+// and loads each expert's B once):
+//   gate_up item = (slot, 16-token chunk, 8 columns): gate rows [8j, +8) and up rows [512 + 8j, +8) of the
+//     expert (32 KB), one 16-row MMA tile whose rows g / g + 8 are gate / up of the same column, so
+//     h = bf16(SiLU(bf16 gate) * bf16 up) is computed in the epilogue (as moe_ms) and written to hbuf in
+//     slot order (row p = the route's position in the expert-major route list);
+//   down item = (slot, 64-token chunk, 64 output rows): w2 rows [64 r, +64) x 512 (32 KB, st8's item).
+// Phases (grid = 128 CTAs, cooperative; 4 consumer warps):
+//   0. every CTA: route metadata in shared memory from the top-8 ids (slots = active experts by increasing
+//      id, tokens increasing inside a slot, chunk tables); the producers start at once;
+//   1. CTA c quantizes token c (as moe_align) into x_q / x_s (global); grid barrier 1;
+//   2. gate_up items (B = the chunk's x_q rows); grid barrier 2;
+//   3. h quantized once across the grid: CTA c takes (row, 128-group) pairs c + 128 u into h_q / h_s (slot
+//      order, global); grid barrier 3 (the weight producer keeps streaming w2 through barriers 2-3);
+//   4. down items (B = the chunk's h_q rows): y = bf16(acc * w) per route into y [M * 8, 2048] (rank order);
+//      grid barrier 4;
+//   5. top-k sum: out[t, 8 columns] = bf16(sum over k in rank order, FP32) by (token, 8-column) units.
+// Numerics of the v3 st8 sequence by construction (bitwise): the same x and h quantization, the same
+// swapped-operand mma.sync m16n8k32 e4m3 core (moe_common.cuh) with the same K order and per-128-K-block
+// FP32 scaling per (row, token) element, gate/up rounded to BF16, y = bf16(acc * w), routes summed in rank
+// order in FP32 and rounded once. (An MMA element depends only on its row of A and its column of B.)
+// Protocols: ring stage s = local item j % 4 belongs to consumer warp s (full/empty mbarriers, parity waits,
+// as moe_ms). B buffer b % 2 holds the CTA's b-th chunk: bfull (1 arrival + tx bytes), bempty (4 warp
+// arrivals; a warp arrives once per chunk, after waiting for that chunk's bfull, so an early arrival can
+// never complete the phase of chunk b - 2). The B producer waits on gridok (phase 0: grid barrier 1,
+// phase 1: grid barrier 3) before the first gate_up / down chunk, then issues a proxy fence: x_q and h_q are
+// written by other CTAs' generic stores and read here by the async proxy.
+// Code size matters (moe_ms round 6): loops over tasks stay rolled.
+// Workspace: the grid barrier's words (self-resetting). One stream at a time per device. The shared expert
+// (a 9th route) is not supported: the host runs the st8 sequence for it.
+#include "moe_common.cuh"
+#include "moe_sync.cuh"
+#include <stddef.h>
+
+#define HID 2048
+#define INTER 512
+#define TOPK 8
+#define ML_MAXM 128
+#define ML_CTAS 128
+#define ML_NCW 4                      // consumer warps
+#define ML_STAGES 4                   // ring stages (== ML_NCW)
+#define ML_THREADS (32 * (ML_NCW + 2))  // + weight producer warp + B producer warp
+#define STAGE_BYTES 32768
+#define HALF_BYTES 16384              // 8 rows x 2048 B
+#define MAX_ROUTES (ML_MAXM * TOPK)   // 1024
+#define GCH 16                        // tokens per gate_up chunk (two 8-token MMA tiles)
+#define DCH 64                        // tokens per down chunk
+#define MAX_GCHUNKS (256 + MAX_ROUTES / GCH)
+#define MAX_DCHUNKS (256 + MAX_ROUTES / DCH)
+#define GU_PER_CHUNK 64               // 512 columns / 8
+#define DN_PER_CHUNK 32               // 2048 rows / 64
+#define XROW 2064                     // x_q row stride in a B buffer (2048 + 16: no bank conflicts)
+#define HROW 528                      // h_q row stride (512 + 16)
+// B buffer layout (gate_up chunk | down chunk)
+#define B_XS (GCH * XROW)             // 33024: x_s [16][16] FP32
+#define B_WS (B_XS + GCH * 16 * 4)    // 34048: w13 scales of the expert [8][16] FP32
+#define B_HS (DCH * HROW)             // 33792: h_s [64][4] FP32
+#define B_WS2 (B_HS + DCH * 4 * 4)    // 34816: w2 scales of the expert [16][4] FP32
+#define BBUF 35072
+static_assert(B_WS + 8 * 16 * 4 <= BBUF && B_WS2 + 16 * 4 * 4 <= BBUF && BBUF % 128 == 0, "B buffer layout");
+#define OFF_RING 0
+#define OFF_B (OFF_RING + ML_STAGES * STAGE_BYTES)   // 131072
+#define OFF_BAR (OFF_B + 2 * BBUF)                    // 201216
+#define ML_SMEM (OFF_BAR + 128)                       // 201344
+static_assert(XROW % 16 == 0 && HROW % 16 == 0 && OFF_B % 128 == 0, "bulk-copy alignment");
+
+struct MlParams {
+  const __nv_bfloat16* x;    // [M, 2048]
+  const int* topk_ids;       // [M, 8] int32, rank order, distinct per token
+  const float* topk_w;       // [M, 8] fp32
+  const uint8_t* w13;        // [E(+1), 1024, 2048] e4m3
+  const float* w13_scale;    // [E(+1), 8, 16]
+  const uint8_t* w2;         // [E(+1), 2048, 512] e4m3
+  const float* w2_scale;     // [E(+1), 16, 4]
+  uint8_t* xq;               // [M, 2048] e4m3 scratch
+  float* xs;                 // [M, 16]
+  __nv_bfloat16* hbuf;       // [M * 8, 512] BF16 h, slot order: scratch
+  uint8_t* hq;               // [M * 8, 512] e4m3, slot order
+  float* hs;                 // [M * 8, 4]
+  __nv_bfloat16* y;          // [M * 8, 2048] per-route contributions, rank order (row t * 8 + k)
+  __nv_bfloat16* out;        // [M, 2048]
+  unsigned* bar;             // workspace: word 0 arrival count, word 32 generation (zeroed once)
+  int M;
+  int _pad;
+};
+
+extern "C" __device__ unsigned int netra_params_layout[] = {
+    sizeof(MlParams), offsetof(MlParams, x), offsetof(MlParams, topk_ids), offsetof(MlParams, topk_w),
+    offsetof(MlParams, w13), offsetof(MlParams, w13_scale), offsetof(MlParams, w2), offsetof(MlParams, w2_scale),
+    offsetof(MlParams, xq), offsetof(MlParams, xs), offsetof(MlParams, hbuf), offsetof(MlParams, hq),
+    offsetof(MlParams, hs), offsetof(MlParams, y), offsetof(MlParams, out), offsetof(MlParams, bar),
+    offsetof(MlParams, M)};
+
+namespace {
+
+__device__ __forceinline__ void consumer_sync() {
+  asm volatile("bar.sync 1, %0;\n" ::"n"(ML_NCW * 32) : "memory");
+}
+// Generic-proxy global writes of other CTAs (ordered before by a grid barrier) -> this thread's bulk copies.
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+
+struct Meta {  // shared-memory route metadata (every CTA builds the same)
+  unsigned tm[256][4];                 // token bit mask per expert
+  int slot_start[257];                 // slot -> first position in the expert-major route list
+  short slot_expert[256];
+  int gchunk[MAX_GCHUNKS];             // gate_up chunk -> slot | chunk-in-slot << 16
+  int dchunk[MAX_DCHUNKS];
+  short prt[MAX_ROUTES];               // route-list position -> route (t * 8 + k)
+  float pw[MAX_ROUTES];                // route-list position -> routing weight
+  unsigned char slot_of[256];
+  int nslots, ngc, ndc;
+};
+
+__device__ __forceinline__ void chunk_of(const Meta& m, int entry, int csize, int& slot, int& p0, int& n, int& e) {
+  slot = entry & 0xffff;
+  const int cis = entry >> 16;
+  p0 = m.slot_start[slot] + cis * csize;
+  n = min(csize, m.slot_start[slot + 1] - p0);
+  e = m.slot_expert[slot];
+}
+
+__device__ __forceinline__ void split(int n_items, int c, int& lo, int& hi) {
+  lo = (int)(((long long)n_items * c) / ML_CTAS);
+  hi = (int)(((long long)n_items * (c + 1)) / ML_CTAS);
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParams p) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  __shared__ Meta m;
+  uint8_t* ring = smem + OFF_RING;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + OFF_BAR);
+  uint64_t* empty = full + ML_STAGES;
+  uint64_t* bfull = empty + ML_STAGES;
+  uint64_t* bempty = bfull + 2;
+  uint64_t* gridok = bempty + 2;
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  const int c = blockIdx.x;
+  const int M = p.M, R = M * TOPK;
+
+  if (tid == 0) {
+    if (gridDim.x != ML_CTAS || blockDim.x != ML_THREADS || M < 1 || M > ML_MAXM) __trap();
+    for (int s = 0; s < ML_STAGES; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 1);
+    }
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(&bfull[s], 1);
+      mbar_init(&bempty[s], ML_NCW);
+    }
+    mbar_init(gridok, 1);
+    mbar_fence_init();
+  }
+  // this CTA's token for phase 1 (token c): its 16 groups, 4 per consumer warp, loaded now (latency overlaps)
+  uint2 xraw[4];
+  if (wid < ML_NCW && c < M) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      xraw[u] = __ldg(reinterpret_cast<const uint2*>(p.x + (size_t)c * HID + (wid + ML_NCW * u) * 128 + lane * 4));
+  }
+  // the routes: ids and weights into registers (up to 6 per thread)
+  constexpr int RPT = (MAX_ROUTES + ML_THREADS - 1) / ML_THREADS;
+  int rid[RPT];
+  float rw[RPT];
+#pragma unroll
+  for (int u = 0; u < RPT; ++u) {
+    const int r = tid + ML_THREADS * u;
+    rid[u] = r < R ? __ldg(p.topk_ids + r) : -1;
+    rw[u] = r < R ? __ldg(p.topk_w + r) : 0.0f;
+  }
+  for (int i = tid; i < 256 * 4; i += ML_THREADS) (&m.tm[0][0])[i] = 0u;
+  __syncthreads();
+#pragma unroll
+  for (int u = 0; u < RPT; ++u) {
+    const int r = tid + ML_THREADS * u;
+    if (r < R) {
+      if ((unsigned)rid[u] >= 256u) __trap();  // the contract: ids in [0, 256), distinct per token
+      atomicOr(&m.tm[rid[u]][r >> 8], 1u << ((r >> 3) & 31));
+    }
+  }
+  __syncthreads();
+  if (wid == 0) {  // slots, route-list starts and chunk tables: lane l owns experts [8l, 8l + 8)
+    int cnt[8], ns = 0, nt = 0, ng = 0, nd = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int e = lane * 8 + i;
+      cnt[i] = __popc(m.tm[e][0]) + __popc(m.tm[e][1]) + __popc(m.tm[e][2]) + __popc(m.tm[e][3]);
+      ns += cnt[i] > 0;
+      nt += cnt[i];
+      ng += (cnt[i] + GCH - 1) / GCH;
+      nd += (cnt[i] + DCH - 1) / DCH;
+    }
+    int is = ns, it = nt, ig = ng, id = nd;  // inclusive warp scans
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int a = __shfl_up_sync(0xffffffffu, is, o), b = __shfl_up_sync(0xffffffffu, it, o);
+      const int cg = __shfl_up_sync(0xffffffffu, ig, o), cd = __shfl_up_sync(0xffffffffu, id, o);
+      if (lane >= o) {
+        is += a;
+        it += b;
+        ig += cg;
+        id += cd;
+      }
+    }
+    int sl = is - ns, pos = it - nt, gc = ig - ng, dc = id - nd;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int e = lane * 8 + i;
+      if (cnt[i] == 0) continue;
+      m.slot_of[e] = (unsigned char)sl;
+      m.slot_expert[sl] = (short)e;
+      m.slot_start[sl] = pos;
+      for (int u = 0; u < (cnt[i] + GCH - 1) / GCH; ++u) m.gchunk[gc++] = sl | (u << 16);
+      for (int u = 0; u < (cnt[i] + DCH - 1) / DCH; ++u) m.dchunk[dc++] = sl | (u << 16);
+      ++sl;
+      pos += cnt[i];
+    }
+    if (lane == 31) {
+      m.nslots = sl;
+      m.slot_start[sl] = pos;
+      m.ngc = gc;
+      m.ndc = dc;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int u = 0; u < RPT; ++u) {  // route r of token t to expert e -> position slot_start + (# tokens < t on e)
+    const int r = tid + ML_THREADS * u;
+    if (r < R) {
+      const int e = rid[u], t = r >> 3;
+      int before = __popc(m.tm[e][t >> 5] & ((1u << (t & 31)) - 1u));
+      for (int w = 0; w < (t >> 5); ++w) before += __popc(m.tm[e][w]);
+      const int q = m.slot_start[m.slot_of[e]] + before;
+      m.prt[q] = (short)r;
+      m.pw[q] = rw[u];
+    }
+  }
+  __syncthreads();
+
+  int gb, ge, db, de;
+  split(m.ngc * GU_PER_CHUNK, c, gb, ge);
+  split(m.ndc * DN_PER_CHUNK, c, db, de);
+  const int ng = ge - gb, nd = de - db;                             // this CTA's items (ng, nd >= 4)
+  const int gc0 = gb / GU_PER_CHUNK, nbg = (ge - 1) / GU_PER_CHUNK - gc0 + 1;
+  const int dc0 = db / DN_PER_CHUNK, nbd = (de - 1) / DN_PER_CHUNK - dc0 + 1;
+
+  if (wid == ML_NCW) {  // ------------------------------------------------ weight producer
+    if (lane == 0) {
+      for (int j = 0; j < ng + nd; ++j) {
+        const int s = j % ML_STAGES;
+        if (j >= ML_STAGES) mbar_wait(&empty[s], ((j / ML_STAGES) - 1) & 1);
+        uint8_t* dst = ring + s * STAGE_BYTES;
+        mbar_expect_tx(&full[s], STAGE_BYTES);
+        if (j < ng) {
+          const int i = gb + j, col8 = i % GU_PER_CHUNK;
+          const int e = m.slot_expert[m.gchunk[i / GU_PER_CHUNK] & 0xffff];
+          const uint8_t* base = p.w13 + (size_t)e * 1024 * HID;
+          bulk_g2s(dst, base + (size_t)(8 * col8) * HID, HALF_BYTES, &full[s]);
+          bulk_g2s(dst + HALF_BYTES, base + (size_t)(512 + 8 * col8) * HID, HALF_BYTES, &full[s]);
+        } else {
+          const int i = db + (j - ng), r64 = i % DN_PER_CHUNK;
+          const int e = m.slot_expert[m.dchunk[i / DN_PER_CHUNK] & 0xffff];
+          bulk_g2s(dst, p.w2 + ((size_t)e * HID + r64 * 64) * INTER, STAGE_BYTES, &full[s]);
+        }
+      }
+    }
+    return;
+  }
+  if (wid == ML_NCW + 1) {  // ------------------------------------------------ B producer
+    if (lane == 0) {
+      for (int b = 0; b < nbg + nbd; ++b) {
+        const int s = b & 1;
+        if (b >= 2) mbar_wait(&bempty[s], ((b >> 1) - 1) & 1);
+        if (b == 0 || b == nbg) {
+          mbar_wait(gridok, b == 0 ? 0 : 1);
+          fence_proxy_async_global();
+        }
+        uint8_t* dst = smem + OFF_B + s * BBUF;
+        int slot, p0, n, e;
+        if (b < nbg) {
+          chunk_of(m, m.gchunk[gc0 + b], GCH, slot, p0, n, e);
+          mbar_expect_tx(&bfull[s], n * (HID + 64) + 512);
+          bulk_g2s(dst + B_WS, p.w13_scale + (size_t)e * 128, 512, &bfull[s]);
+          for (int i = 0; i < n; ++i) {
+            const int t = m.prt[p0 + i] >> 3;
+            bulk_g2s(dst + i * XROW, p.xq + (size_t)t * HID, HID, &bfull[s]);
+            bulk_g2s(dst + B_XS + i * 64, p.xs + (size_t)t * 16, 64, &bfull[s]);
+          }
+        } else {
+          chunk_of(m, m.dchunk[dc0 + (b - nbg)], DCH, slot, p0, n, e);
+          mbar_expect_tx(&bfull[s], n * (INTER + 16) + 256);
+          bulk_g2s(dst + B_WS2, p.w2_scale + (size_t)e * 64, 256, &bfull[s]);
+          bulk_g2s(dst + B_HS, p.hs + (size_t)p0 * 4, n * 16, &bfull[s]);
+          for (int i = 0; i < n; ++i) bulk_g2s(dst + i * HROW, p.hq + (size_t)(p0 + i) * INTER, INTER, &bfull[s]);
+        }
+      }
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------------ consumers (warps 0 .. ML_NCW-1)
+  const int g = lane >> 2, t = lane & 3;
+  // phase 1: x quantization of token c (moe_align's mapping), then grid barrier 1
+  if (c < M) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int grp = wid + ML_NCW * u;
+      float sc;
+      const uint32_t q = moe::quant_group_warp(xraw[u], sc);
+      *reinterpret_cast<uint32_t*>(p.xq + (size_t)c * HID + grp * 128 + lane * 4) = q;
+      if (lane == 0) p.xs[c * 16 + grp] = sc;
+    }
+  }
+  fence_proxy_async_global();
+  consumer_sync();
+  if (tid == 0) {
+    grid_arrive_wait(p.bar, gridDim.x);
+    mbar_arrive(gridok);  // phase 0: x_q of every token is written
+  }
+  __syncwarp();
+
+  // phase 2: gate_up items; local item j = i - gb goes to stage / warp j % 4
+  for (int b = 0; b < nbg; ++b) {
+    const int gci = gc0 + b;
+    int slot, p0, n, e;
+    chunk_of(m, m.gchunk[gci], GCH, slot, p0, n, e);
+    const uint8_t* bb = smem + OFF_B + (b & 1) * BBUF;
+    const float* bxs = reinterpret_cast<const float*>(bb + B_XS);
+    const float* bws = reinterpret_cast<const float*>(bb + B_WS);
+    mbar_wait(&bfull[b & 1], (b >> 1) & 1);
+    const int lo = max(gb, gci * GU_PER_CHUNK), hi = min(ge, (gci + 1) * GU_PER_CHUNK);
+    const int ntile = (n + 7) >> 3;
+#pragma unroll 1
+    for (int i = lo + (((wid - (lo - gb)) % ML_NCW) + ML_NCW) % ML_NCW; i < hi; i += ML_NCW) {
+      const int j = i - gb, col8 = i % GU_PER_CHUNK;
+      mbar_wait(&full[wid], (j / ML_STAGES) & 1);
+      const uint8_t* tile = ring + wid * STAGE_BYTES + g * HID + t * 32;
+      const float* wsg = bws + (col8 >> 4) * 16;
+      const float* wsu = bws + (4 + (col8 >> 4)) * 16;
+      float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        if (nt >= ntile) break;  // warp-uniform
+        const int col = nt * 8 + g;
+        const bool valid = col < n;
+        const uint8_t* xrow = bb + col * XROW + t * 32;
+#pragma unroll 4
+        for (int kb = 0; kb < 16; ++kb) {
+          uint32_t bf[8];
+          moe::load_b(xrow + kb * 128, valid, bf);
+          const float st = valid ? bxs[col * 16 + kb] : 0.0f;
+          uint4 a[4];
+          moe::load_a(a, tile + kb * 128, HID);
+          moe::kblock_mma2(acc[nt], a, bf, wsg[kb], wsu[kb], st, t);
+        }
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[wid]);  // the stage is read: the producer may refill it
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {  // acc[nt][h2]: gate (row g), acc[nt][2 + h2]: up, column nt*8 + 2t + h2
+          const int col = nt * 8 + 2 * t + h2;
+          if (col < n) {
+            const float gt = __bfloat162float(__float2bfloat16_rn(acc[nt][h2]));
+            const float up = __bfloat162float(__float2bfloat16_rn(acc[nt][2 + h2]));
+            p.hbuf[(size_t)(p0 + col) * INTER + 8 * col8 + g] = __float2bfloat16_rn(moe::silu_mul(gt, up));
+          }
+        }
+      }
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&bempty[b & 1]);
+  }
+
+  // phase 3: grid barrier 2, h quantized once across the grid, grid barrier 3
+  consumer_sync();
+  if (tid == 0) grid_arrive_wait(p.bar, gridDim.x);
+  consumer_sync();
+  {
+    // 8 half-warps, one (row, group) pair each per step; pair u of this CTA is idx = u * 128 + c; the trip
+    // count is warp-uniform (shuffles below)
+    const int hw = wid * 2 + (lane >> 4), sub = lane & 15;
+    const int np = c < R * 4 ? (R * 4 - c + ML_CTAS - 1) / ML_CTAS : 0;
+#pragma unroll 1
+    for (int u0 = 0; u0 < np; u0 += 8 * 4) {
+      uint4 v[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {  // four pairs' loads in flight
+        const int u = u0 + hw + 8 * k, idx = u * ML_CTAS + c;
+        v[k] = u < np ? __ldcg(reinterpret_cast<const uint4*>(p.hbuf + (size_t)(idx >> 2) * INTER + (idx & 3) * 128 + sub * 8))
+                      : make_uint4(0u, 0u, 0u, 0u);
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int u = u0 + hw + 8 * k, idx = u * ML_CTAS + c;
+        float h[8];
+        moe::bf16x8_to_float(v[k], h);
+        float amax = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(h[i]));
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        if (u < np) {
+          const float sc = moe::group_scale(amax);
+          uint2 q;
+          q.x = moe::quant4(h[0], h[1], h[2], h[3], sc);
+          q.y = moe::quant4(h[4], h[5], h[6], h[7], sc);
+          *reinterpret_cast<uint2*>(p.hq + (size_t)(idx >> 2) * INTER + (idx & 3) * 128 + sub * 8) = q;
+          if (sub == 0) p.hs[idx] = sc;  // [row][group]
+        }
+      }
+    }
+  }
+  fence_proxy_async_global();
+  consumer_sync();
+  if (tid == 0) {
+    grid_arrive_wait(p.bar, gridDim.x);
+    mbar_arrive(gridok);  // phase 1: h_q of every route is written
+  }
+  __syncwarp();
+
+  // phase 4: down items; local item j = ng + (i - db)
+  for (int b = nbg; b < nbg + nbd; ++b) {
+    const int dci = dc0 + (b - nbg);
+    int slot, p0, n, e;
+    chunk_of(m, m.dchunk[dci], DCH, slot, p0, n, e);
+    const uint8_t* bb = smem + OFF_B + (b & 1) * BBUF;
+    const float* bhs = reinterpret_cast<const float*>(bb + B_HS);
+    const float* bws = reinterpret_cast<const float*>(bb + B_WS2);
+    mbar_wait(&bfull[b & 1], (b >> 1) & 1);
+    const int lo = max(db, dci * DN_PER_CHUNK), hi = min(de, (dci + 1) * DN_PER_CHUNK);
+    const int ntile = (n + 7) >> 3;
+#pragma unroll 1
+    for (int i = lo + (((wid - (ng + lo - db)) % ML_NCW) + ML_NCW) % ML_NCW; i < hi; i += ML_NCW) {
+      const int j = ng + (i - db), r64 = i % DN_PER_CHUNK;
+      mbar_wait(&full[wid], (j / ML_STAGES) & 1);
+      const uint8_t* tile = ring + wid * STAGE_BYTES + g * INTER + t * 32;
+      const float* ws = bws + (r64 >> 1) * 4;
+#pragma unroll 1
+      for (int nt = 0; nt < ntile; ++nt) {
+        const int col = nt * 8 + g;
+        const bool valid = col < n;
+        const uint8_t* hrow = bb + col * HROW + t * 32;
+        float acc[4][4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.0f;
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) {
+          uint32_t bf[8];
+          moe::load_b(hrow + kb * 128, valid, bf);
+          const float st = valid ? bhs[col * 4 + kb] : 0.0f;
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            uint4 a[4];
+            moe::load_a(a, tile + q * 16 * INTER + kb * 128, INTER);
+            moe::kblock_mma(acc[q], a, bf, ws[kb], st, t);
+          }
+        }
+        if (nt == ntile - 1) {  // the stage is read: release it before the last tile's stores
+          __syncwarp();
+          if (lane == 0) mbar_arrive(&empty[wid]);
+        }
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {  // token column nt*8 + 2t + h2: acc[q][h2] row q*16 + g, acc[q][2 + h2] row + 8
+          const int cc = nt * 8 + 2 * t + h2;
+          if (cc < n) {
+            const int r = m.prt[p0 + cc];
+            const float w = m.pw[p0 + cc];
+            __nv_bfloat16* yr = p.y + (size_t)r * HID + r64 * 64 + g;
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              yr[q * 16] = __float2bfloat16_rn(acc[q][h2] * w);
+              yr[q * 16 + 8] = __float2bfloat16_rn(acc[q][2 + h2] * w);
+            }
+          }
+        }
+      }
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&bempty[b & 1]);
+  }
+
+  // phase 5: grid barrier 4, top-k sum in rank order (FP32), rounded once to BF16
+  consumer_sync();
+  if (tid == 0) grid_arrive_wait(p.bar, gridDim.x);
+  consumer_sync();
+#pragma unroll 1
+  for (int u = c * (ML_NCW * 32) + tid; u < M * (HID / 8); u += ML_CTAS * ML_NCW * 32) {
+    const int tk = u / (HID / 8), col = (u % (HID / 8)) * 8;
+    uint4 v[TOPK];
+#pragma unroll
+    for (int k = 0; k < TOPK; ++k) v[k] = __ldcg(reinterpret_cast<const uint4*>(p.y + (size_t)(tk * TOPK + k) * HID + col));
+    float s[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[i] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < TOPK; ++k) {
+      float f[8];
+      moe::bf16x8_to_float(v[k], f);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s[i] += f[i];
+    }
+    uint4 o;
+    __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) o2[i] = __floats2bfloat162_rn(s[2 * i], s[2 * i + 1]);
+    *reinterpret_cast<uint4*>(p.out + (size_t)tk * HID + col) = o;
+  }
+}
