@@ -28,6 +28,12 @@ TIMED = ROOT / "build" / "explore" / "moe_ms_timed.cubin"  # kernels/sm90/moe/mo
 TIMED_VARIANTS = {"base": ([], TIMED)}  # round 6e also timed -DMS_HF32=1 / -DMS_HOLD=1 (no gain; removed)
 STAMPS = ("entry", "metadata", "x quantized", "first gate_up stage in (w0)", "gate_up done", "barrier 1 passed",
           "h_q in shared memory", "warp0 down done", "all down done", "-", "producer last issue", "barrier 2 passed")
+# round 7: kernels/sm90/moe/moe_ml.cu with -DML_TIMING=1 (stamps at y row 1024), timed at 16 / 64 / 128 tokens
+ML_TIMED = ROOT / "build" / "explore" / "moe_ml_timed.cubin"
+ML_STAMPS = ("entry", "metadata", "x quantized", "barrier 1 passed", "first gate_up B in", "gate_up done",
+             "barrier 2 passed", "h quantized", "barrier 3 passed", "first down B in", "down done", "barrier 4 passed",
+             "top-k sum done", "producer: first down copy", "producer: last copy")
+ML_TOKENS = (16, 64, 128)
 SRC = ROOT / "scripts" / "gpu" / "stream_probe.cu"
 ROT = 8
 # name -> (threads, dynamic smem bytes, grid)
@@ -56,6 +62,74 @@ def build() -> None:
                str(ROOT / "kernels" / "sm90" / "moe" / "moe_ms.cu")]
         subprocess.run(cmd, check=True)
         print("built", path)
+    cmd = ["nvcc", "-cubin", "-arch=sm_90a", "-O3", "-std=c++17", "-DML_TIMING=1", "-o", str(ML_TIMED),
+           str(ROOT / "kernels" / "sm90" / "moe" / "moe_ml.cu")]
+    subprocess.run(cmd, check=True)
+    print("built", ML_TIMED)
+
+
+def _stamp_rows(stamps: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """stamps [runs, CTAs, 16] ns -> per name: median over CTAs / min / max (µs from the first CTA's entry)."""
+    t0 = stamps[:, :, 0].min(dim=1, keepdim=True).values
+    rel = (stamps - t0.unsqueeze(-1)) / 1000.0
+    rows = {}
+    for k, name in enumerate(names):
+        if name == "-":
+            continue
+        v = rel[:, :, k]
+        rows[name] = {"median_us": float(v.median()), "max_us": float(v.max(dim=1).values.median()),
+                      "min_us": float(v.min(dim=1).values.median())}
+    return rows
+
+
+def ml_timeline(out: Path) -> dict[str, Any]:
+    """Per-phase %globaltimer stamps of moe_ml (timed build), per CTA, at ML_TOKENS."""
+    import torch
+
+    from netra import runtime as rt
+    from netra.bench.kernels_moe import make_routing, make_weights
+    from netra.ops.moe_fp8 import HIDDEN, M1_CTAS, MoeSm90, _MlParams
+
+    cu = rt.driver()
+    ours = MoeSm90(0, variant="v3", tune="ml")
+    t = ours.t["ml"]
+    module = rt.check(cu.cuModuleLoadData(ML_TIMED.read_bytes()), f"cuModuleLoadData {ML_TIMED.name}")
+    fn = rt.check(cu.cuModuleGetFunction(module, b"moe_ml"), "moe_ml (timed)")
+    attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    rt.check(cu.cuFuncSetAttribute(fn, attr, t.smem_bytes), "smem (timed)")
+    cfg = rt._launch_config(t.block, t.smem_bytes, cooperative=True)
+    ws = torch.zeros(256, dtype=torch.uint8, device="cuda")
+    w = make_weights()
+    res: dict[str, Any] = {}
+    base = 1024 * HIDDEN * 2  # bytes into y
+    for m in ML_TOKENS:
+        per: list[Any] = []
+        for i in range(10):
+            x, ids, wts, _sw = make_routing(m, seed=900 + 31 * i + m)
+            p = _MlParams()
+            p.x, p.topk_ids, p.topk_w = x.data_ptr(), ids.data_ptr(), wts.data_ptr()
+            p.w13, p.w13_scale, p.w2, p.w2_scale = (w["w13"].data_ptr(), w["s13"].data_ptr(), w["w2"].data_ptr(),
+                                                    w["s2"].data_ptr())
+            p.xq, p.xs, p.hbuf = ours.xq.data_ptr(), ours.xs.data_ptr(), ours.gu.data_ptr()
+            p.hq, p.hs, p.y = ours.aq_q.data_ptr(), ours.aq_s.data_ptr(), ours.y.data_ptr()
+            p.out, p.bar, p.M = ours.out.data_ptr(), ws.data_ptr(), m
+            ptr = (ctypes.c_void_p * 1)(ctypes.addressof(p))
+            flat = ours.y.view(torch.uint8).view(-1)
+            flat[base: base + 128 * 16 * 8].zero_()
+            cfg.gridDimX, cfg.hStream = M1_CTAS, torch.cuda.current_stream().cuda_stream
+            torch.cuda.synchronize()
+            rt.check(cu.cuLaunchKernelEx(cfg, fn, ctypes.addressof(ptr), 0), "launch moe_ml (timed)")
+            torch.cuda.synchronize()
+            if i >= 2:
+                per.append(flat[base: base + 128 * 16 * 8].view(torch.int64).view(128, 16).cpu().double())
+        rows = _stamp_rows(torch.stack(per), ML_STAMPS)
+        res[str(m)] = rows
+        print(f"moe_ml timeline at {m} tokens: µs from the first CTA's entry (median over CTAs / min / max, "
+              f"median of {len(per)} launches)")
+        for name, r in rows.items():
+            print(f"  {name:26s} {r['median_us']:7.2f} {r['min_us']:7.2f} {r['max_us']:7.2f}")
+    (out / "ml_timeline.json").write_text(json.dumps(res, indent=1))
+    return res
 
 
 def ms_timeline(out: Path) -> dict[str, Any]:
@@ -125,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("/tmp/probe"))
     ap.add_argument("--reps", type=int, default=25)
     ap.add_argument("--ms-timeline", action="store_true", help="only the moe_ms phase timeline (timed build)")
+    ap.add_argument("--ml-timeline", action="store_true", help="only the moe_ml phase timeline (timed build)")
     args = ap.parse_args(argv)
     if args.build:
         build()
@@ -137,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.ms_timeline:
         ms_timeline(args.out)
+        return 0
+    if args.ml_timeline:
+        ml_timeline(args.out)
         return 0
     cu = rt.driver()
     torch.zeros(1, device="cuda")

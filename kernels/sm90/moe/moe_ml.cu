@@ -103,7 +103,23 @@ extern "C" __device__ unsigned int netra_params_layout[] = {
     offsetof(MlParams, hs), offsetof(MlParams, y), offsetof(MlParams, out), offsetof(MlParams, bar),
     offsetof(MlParams, M)};
 
+#ifndef ML_TIMING
+#define ML_TIMING 0                   // 1 (exploration builds only): %globaltimer stamps per CTA and phase
+#endif
+#define ML_TIMING_ROW 1024            // stamps at y row 1024 (past the M * 8 routes): u64 [128 CTAs][16]
+
 namespace {
+
+__device__ __forceinline__ void stamp(const MlParams& p, int k) {
+#if ML_TIMING
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  reinterpret_cast<unsigned long long*>(p.y + (size_t)ML_TIMING_ROW * HID)[blockIdx.x * 16 + k] = t;
+#else
+  (void)p;
+  (void)k;
+#endif
+}
 
 __device__ __forceinline__ void consumer_sync() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(ML_NCW * 32) : "memory");
@@ -151,6 +167,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   const int c = blockIdx.x;
   const int M = p.M, R = M * TOPK;
 
+  if (tid == 0) stamp(p, 0);  // entry
   if (tid == 0) {
     if (gridDim.x != ML_CTAS || blockDim.x != ML_THREADS || M < 1 || M > ML_MAXM) __trap();
     for (int s = 0; s < ML_STAGES; ++s) {
@@ -249,6 +266,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     }
   }
   __syncthreads();
+  if (tid == 0) stamp(p, 1);  // metadata
 
   int gb, ge, db, de;
   split(m.ngc * GU_PER_CHUNK, c, gb, ge);
@@ -262,6 +280,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
       for (int j = 0; j < ng + nd; ++j) {
         const int s = j % ML_STAGES;
         if (j >= ML_STAGES) mbar_wait(&empty[s], ((j / ML_STAGES) - 1) & 1);
+        if (j == ng) stamp(p, 13);  // the first down copy issued
         uint8_t* dst = ring + s * STAGE_BYTES;
         mbar_expect_tx(&full[s], STAGE_BYTES);
         if (j < ng) {
@@ -276,6 +295,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
           bulk_g2s(dst, p.w2 + ((size_t)e * HID + r64 * 64) * INTER, STAGE_BYTES, &full[s]);
         }
       }
+      stamp(p, 14);  // the last copy issued
     }
     return;
   }
@@ -327,7 +347,9 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   fence_proxy_async_global();
   consumer_sync();
   if (tid == 0) {
+    stamp(p, 2);  // x quantized
     grid_arrive_wait(p.bar, gridDim.x);
+    stamp(p, 3);  // grid barrier 1 passed
     mbar_arrive(gridok);  // phase 0: x_q of every token is written
   }
   __syncwarp();
@@ -341,6 +363,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     const float* bxs = reinterpret_cast<const float*>(bb + B_XS);
     const float* bws = reinterpret_cast<const float*>(bb + B_WS);
     mbar_wait(&bfull[b & 1], (b >> 1) & 1);
+    if (tid == 0 && b == 0) stamp(p, 4);  // the first gate_up B chunk in
     const int lo = max(gb, gci * GU_PER_CHUNK), hi = min(ge, (gci + 1) * GU_PER_CHUNK);
     const int ntile = (n + 7) >> 3;
 #pragma unroll 1
@@ -388,7 +411,11 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
 
   // phase 3: grid barrier 2, h quantized once across the grid, grid barrier 3
   consumer_sync();
-  if (tid == 0) grid_arrive_wait(p.bar, gridDim.x);
+  if (tid == 0) {
+    stamp(p, 5);  // gate_up done
+    grid_arrive_wait(p.bar, gridDim.x);
+    stamp(p, 6);  // grid barrier 2 passed
+  }
   consumer_sync();
   {
     // 8 half-warps, one (row, group) pair each per step; pair u of this CTA is idx = u * 128 + c; the trip
@@ -428,7 +455,9 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   fence_proxy_async_global();
   consumer_sync();
   if (tid == 0) {
+    stamp(p, 7);  // h quantized
     grid_arrive_wait(p.bar, gridDim.x);
+    stamp(p, 8);  // grid barrier 3 passed
     mbar_arrive(gridok);  // phase 1: h_q of every route is written
   }
   __syncwarp();
@@ -442,6 +471,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     const float* bhs = reinterpret_cast<const float*>(bb + B_HS);
     const float* bws = reinterpret_cast<const float*>(bb + B_WS2);
     mbar_wait(&bfull[b & 1], (b >> 1) & 1);
+    if (tid == 0 && b == nbg) stamp(p, 9);  // the first down B chunk in
     const int lo = max(db, dci * DN_PER_CHUNK), hi = min(de, (dci + 1) * DN_PER_CHUNK);
     const int ntile = (n + 7) >> 3;
 #pragma unroll 1
@@ -496,7 +526,11 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
 
   // phase 5: grid barrier 4, top-k sum in rank order (FP32), rounded once to BF16
   consumer_sync();
-  if (tid == 0) grid_arrive_wait(p.bar, gridDim.x);
+  if (tid == 0) {
+    stamp(p, 10);  // down done
+    grid_arrive_wait(p.bar, gridDim.x);
+    stamp(p, 11);  // grid barrier 4 passed
+  }
   consumer_sync();
 #pragma unroll 1
   for (int u = c * (ML_NCW * 32) + tid; u < M * (HID / 8); u += ML_CTAS * ML_NCW * 32) {
@@ -520,4 +554,5 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     for (int i = 0; i < 4; ++i) o2[i] = __floats2bfloat162_rn(s[2 * i], s[2 * i + 1]);
     *reinterpret_cast<uint4*>(p.out + (size_t)tk * HID + col) = o;
   }
+  if (tid == 0) stamp(p, 12);  // top-k sum done (thread 0)
 }
