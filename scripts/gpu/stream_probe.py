@@ -82,6 +82,24 @@ def _stamp_rows(stamps: Any, names: tuple[str, ...]) -> dict[str, Any]:
     return rows
 
 
+def _ml_stragglers(st: Any, ids: Any, m: int) -> None:
+    """The 3 CTAs that finish gate_up / down last in one launch, with what their static item ranges hold."""
+    counts = [int(v) for v in (ids.flatten().cpu().bincount(minlength=256))]
+    slots = [(e, c) for e, c in enumerate(counts) if c > 0]
+    gch = [(e, c, u) for e, c in slots for u in range((c + 15) // 16)]  # gate_up chunks (expert, T, chunk)
+    dch = [(e, c, u) for e, c in slots for u in range((c + 63) // 64)]
+    rel = (st - st[:, 0].min()) / 1000.0
+    for k, per_chunk, chunks, label in ((5, 64, gch, "gate_up"), (10, 32, dch, "down")):
+        n = len(chunks) * per_chunk
+        order = sorted(range(128), key=lambda c: -float(rel[c, k]))[:3]
+        desc = []
+        for c in order:
+            lo, hi = n * c // 128, n * (c + 1) // 128
+            held = sorted({chunks[i // per_chunk][:2] for i in range(lo, hi)})
+            desc.append(f"CTA {c} {float(rel[c, k]):.1f} us (items {hi - lo}, expert:T {held})")
+        print(f"    m={m} last {label}: " + "; ".join(desc) + f"; median {float(rel[:, k].median()):.1f}")
+
+
 def ml_timeline(out: Path) -> dict[str, Any]:
     """Per-phase %globaltimer stamps of moe_ml (timed build), per CTA, at ML_TOKENS."""
     import torch
@@ -122,6 +140,7 @@ def ml_timeline(out: Path) -> dict[str, Any]:
             torch.cuda.synchronize()
             if i >= 2:
                 per.append(flat[base: base + 128 * 16 * 8].view(torch.int64).view(128, 16).cpu().double())
+                _ml_stragglers(per[-1], ids, m)
         rows = _stamp_rows(torch.stack(per), ML_STAMPS)
         res[str(m)] = rows
         print(f"moe_ml timeline at {m} tokens: µs from the first CTA's entry (median over CTAs / min / max, "
