@@ -91,21 +91,34 @@ __device__ __forceinline__ void load_a(uint4 (&a)[4], const uint8_t* row_g, Stri
   a[3] = *reinterpret_cast<const uint4*>(row_g + 8 * row_stride + 16);
 }
 
-// kblock_mma for a tile whose rows g (0-7) and g + 8 (8-15) come from different 128-row scale blocks
-// (moe_ms.cu: rows 0-7 gate, rows 8-15 up of the same 8 columns): the same arithmetic per element.
-__device__ __forceinline__ void kblock_mma2(float (&acc)[4], const uint4 (&a)[4], const uint32_t (&b)[8], float ws_lo,
-                                            float ws_hi, float s_tok, int t) {
+// One K block's 4 MMA steps into a fresh fragment d (no scaling): the expensive half of kblock_mma2, which
+// moe_ml.cu runs in a second warp ahead of the scaled accumulation chain.
+__device__ __forceinline__ void kblock_d(float (&d)[4], const uint4 (&a)[4], const uint32_t (&b)[8]) {
   const uint32_t* lo = reinterpret_cast<const uint32_t*>(&a[0]);
   const uint32_t* hi = reinterpret_cast<const uint32_t*>(&a[2]);
-  float d[4] = {0.f, 0.f, 0.f, 0.f};
+  d[0] = d[1] = d[2] = d[3] = 0.f;
 #pragma unroll
   for (int s = 0; s < 4; ++s) mma_e4m3(d, lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1], b[2 * s], b[2 * s + 1]);
+}
+
+// acc += d * weight scale (rows g: ws_lo, rows g + 8: ws_hi) * token scale (columns 2t, 2t + 1).
+__device__ __forceinline__ void kblock_acc2(float (&acc)[4], const float (&d)[4], float ws_lo, float ws_hi, float s_tok,
+                                            int t) {
   const float s0 = __shfl_sync(0xffffffffu, s_tok, (2 * t) * 4);
   const float s1 = __shfl_sync(0xffffffffu, s_tok, (2 * t + 1) * 4);
   acc[0] = fmaf(d[0], ws_lo * s0, acc[0]);
   acc[1] = fmaf(d[1], ws_lo * s1, acc[1]);
   acc[2] = fmaf(d[2], ws_hi * s0, acc[2]);
   acc[3] = fmaf(d[3], ws_hi * s1, acc[3]);
+}
+
+// kblock_mma for a tile whose rows g (0-7) and g + 8 (8-15) come from different 128-row scale blocks
+// (moe_ms.cu: rows 0-7 gate, rows 8-15 up of the same 8 columns): the same arithmetic per element.
+__device__ __forceinline__ void kblock_mma2(float (&acc)[4], const uint4 (&a)[4], const uint32_t (&b)[8], float ws_lo,
+                                            float ws_hi, float s_tok, int t) {
+  float d[4];
+  kblock_d(d, a, b);
+  kblock_acc2(acc, d, ws_lo, ws_hi, s_tok, t);
 }
 
 // One K block for one 16-row weight tile and one 8-token tile: 4 MMA steps into a fresh

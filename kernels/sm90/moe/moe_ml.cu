@@ -49,8 +49,8 @@
 #define TOPK 8
 #define ML_MAXM 128
 #define ML_CTAS 128
-#define ML_NCW 4                      // consumer warps
-#define ML_STAGES 4                   // ring stages (== ML_NCW)
+#define ML_NCW 8                      // consumer warps: a pair per ring stage
+#define ML_STAGES 4                   // ring stages (== ML_NCW / 2)
 #define ML_THREADS (32 * (ML_NCW + 2))  // + weight producer warp + B producer warp
 #define STAGE_BYTES 32768
 #define HALF_BYTES 16384              // 8 rows x 2048 B
@@ -72,8 +72,9 @@
 static_assert(B_WS + 8 * 16 * 4 <= BBUF && B_WS2 + 16 * 4 * 4 <= BBUF && BBUF % 128 == 0, "B buffer layout");
 #define OFF_RING 0
 #define OFF_B (OFF_RING + ML_STAGES * STAGE_BYTES)   // 131072
-#define OFF_BAR (OFF_B + 2 * BBUF)                    // 201216
-#define ML_SMEM (OFF_BAR + 128)                       // 201344
+#define OFF_XCH (OFF_B + 2 * BBUF)                    // 201216: gate_up pair exchange [2][4 pairs][2 tiles][4][32] FP32
+#define OFF_BAR (OFF_XCH + 2 * ML_STAGES * 2 * 4 * 32 * 4)  // 209408
+#define ML_SMEM (OFF_BAR + 128)                       // 209536
 static_assert(XROW % 16 == 0 && HROW % 16 == 0 && OFF_B % 128 == 0, "bulk-copy alignment");
 
 struct MlParams {
@@ -172,7 +173,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     if (gridDim.x != ML_CTAS || blockDim.x != ML_THREADS || M < 1 || M > ML_MAXM) __trap();
     for (int s = 0; s < ML_STAGES; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 1);
+      mbar_init(&empty[s], 2);  // both warps of the stage's pair
     }
     for (int s = 0; s < 2; ++s) {
       mbar_init(&bfull[s], 1);
@@ -182,10 +183,10 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     mbar_fence_init();
   }
   // this CTA's token for phase 1 (token c): its 16 groups, 4 per consumer warp, loaded now (latency overlaps)
-  uint2 xraw[4];
+  uint2 xraw[2];
   if (wid < ML_NCW && c < M) {
 #pragma unroll
-    for (int u = 0; u < 4; ++u)
+    for (int u = 0; u < 2; ++u)
       xraw[u] = __ldg(reinterpret_cast<const uint2*>(p.x + (size_t)c * HID + (wid + ML_NCW * u) * 128 + lane * 4));
   }
   // the routes: ids and weights into registers (up to 6 per thread)
@@ -336,7 +337,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   // phase 1: x quantization of token c (moe_align's mapping), then grid barrier 1
   if (c < M) {
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < 2; ++u) {
       const int grp = wid + ML_NCW * u;
       float sc;
       const uint32_t q = moe::quant_group_warp(xraw[u], sc);
@@ -354,7 +355,13 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   }
   __syncwarp();
 
-  // phase 2: gate_up items; local item j = i - gb goes to stage / warp j % 4
+  // phase 2: gate_up items; local item j = i - gb goes to stage j % 4 and to its warp pair (sw, sw + 4). The pair
+  // splits the 16 K blocks with the numerics of one warp: warp sw runs the scaled accumulation chain over
+  // K blocks 0-7; warp sw + 4 runs the MMAs of K blocks 8-15 (the expensive part: FP8 unpacking + HMMA) at the
+  // same time, keeps their raw fragments, takes sw's partial sums through shared memory and continues the chain
+  // in K order (acc = fma(d, scales, acc), as kblock_mma2), then writes h.
+  const int sw = wid & 3, half = wid >> 2;
+  float* xch = reinterpret_cast<float*>(smem + OFF_XCH);
   for (int b = 0; b < nbg; ++b) {
     const int gci = gc0 + b;
     int slot, p0, n, e;
@@ -367,31 +374,68 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     const int lo = max(gb, gci * GU_PER_CHUNK), hi = min(ge, (gci + 1) * GU_PER_CHUNK);
     const int ntile = (n + 7) >> 3;
 #pragma unroll 1
-    for (int i = lo + (((wid - (lo - gb)) % ML_NCW) + ML_NCW) % ML_NCW; i < hi; i += ML_NCW) {
+    for (int i = lo + (((sw - (lo - gb)) % ML_STAGES) + ML_STAGES) % ML_STAGES; i < hi; i += ML_STAGES) {
       const int j = i - gb, col8 = i % GU_PER_CHUNK;
-      mbar_wait(&full[wid], (j / ML_STAGES) & 1);
-      const uint8_t* tile = ring + wid * STAGE_BYTES + g * HID + t * 32;
+      mbar_wait(&full[sw], (j / ML_STAGES) & 1);
+      const uint8_t* tile = ring + sw * STAGE_BYTES + g * HID + t * 32;
       const float* wsg = bws + (col8 >> 4) * 16;
       const float* wsu = bws + (4 + (col8 >> 4)) * 16;
+      float* xb = xch + ((((j / ML_STAGES) & 1) * ML_STAGES + sw) * 2) * 4 * 32;  // [tile][4][lane]
       float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+      if (half == 0) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          if (nt >= ntile) continue;  // warp-uniform
+          const int col = nt * 8 + g;
+          const bool valid = col < n;
+          const uint8_t* xrow = bb + col * XROW + t * 32;
+#pragma unroll 4
+          for (int kb = 0; kb < 8; ++kb) {
+            uint32_t bf[8];
+            moe::load_b(xrow + kb * 128, valid, bf);
+            const float st = valid ? bxs[col * 16 + kb] : 0.0f;
+            uint4 a[4];
+            moe::load_a(a, tile + kb * 128, HID);
+            moe::kblock_mma2(acc[nt], a, bf, wsg[kb], wsu[kb], st, t);
+          }
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[sw]);
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int z = 0; z < 4; ++z) xb[(nt * 4 + z) * 32 + lane] = acc[nt][z];
+        asm volatile("bar.sync %0, 64;\n" ::"r"(2 + sw) : "memory");
+        continue;
+      }
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
-        if (nt >= ntile) break;  // warp-uniform
-        const int col = nt * 8 + g;
-        const bool valid = col < n;
-        const uint8_t* xrow = bb + col * XROW + t * 32;
-#pragma unroll 4
-        for (int kb = 0; kb < 16; ++kb) {
-          uint32_t bf[8];
-          moe::load_b(xrow + kb * 128, valid, bf);
-          const float st = valid ? bxs[col * 16 + kb] : 0.0f;
-          uint4 a[4];
-          moe::load_a(a, tile + kb * 128, HID);
-          moe::kblock_mma2(acc[nt], a, bf, wsg[kb], wsu[kb], st, t);
+        if (nt < ntile) {  // warp-uniform
+          const int col = nt * 8 + g;
+          const bool valid = col < n;
+          const uint8_t* xrow = bb + col * XROW + t * 32;
+          float d[8][4], sts[8];
+#pragma unroll
+          for (int kk = 0; kk < 8; ++kk) {
+            const int kb = 8 + kk;
+            uint32_t bf[8];
+            moe::load_b(xrow + kb * 128, valid, bf);
+            sts[kk] = valid ? bxs[col * 16 + kb] : 0.0f;
+            uint4 a[4];
+            moe::load_a(a, tile + kb * 128, HID);
+            moe::kblock_d(d[kk], a, bf);
+          }
+          if (nt == ntile - 1) {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[sw]);  // the stage is read: the producer may refill it
+          }
+          if (nt == 0) asm volatile("bar.sync %0, 64;\n" ::"r"(2 + sw) : "memory");  // sw's partial sums
+#pragma unroll
+          for (int z = 0; z < 4; ++z) acc[nt][z] = xb[(nt * 4 + z) * 32 + lane];
+#pragma unroll
+          for (int kk = 0; kk < 8; ++kk) moe::kblock_acc2(acc[nt], d[kk], wsg[8 + kk], wsu[8 + kk], sts[kk], t);
         }
       }
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[wid]);  // the stage is read: the producer may refill it
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
@@ -418,22 +462,22 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   }
   consumer_sync();
   {
-    // 8 half-warps, one (row, group) pair each per step; pair u of this CTA is idx = u * 128 + c; the trip
+    // 16 half-warps, one (row, group) pair each per step; pair u of this CTA is idx = u * 128 + c; the trip
     // count is warp-uniform (shuffles below)
     const int hw = wid * 2 + (lane >> 4), sub = lane & 15;
     const int np = c < R * 4 ? (R * 4 - c + ML_CTAS - 1) / ML_CTAS : 0;
 #pragma unroll 1
-    for (int u0 = 0; u0 < np; u0 += 8 * 4) {
-      uint4 v[4];
+    for (int u0 = 0; u0 < np; u0 += 2 * ML_NCW * 2) {
+      uint4 v[2];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {  // four pairs' loads in flight
-        const int u = u0 + hw + 8 * k, idx = u * ML_CTAS + c;
+      for (int k = 0; k < 2; ++k) {  // two pairs' loads in flight per half-warp
+        const int u = u0 + hw + 2 * ML_NCW * k, idx = u * ML_CTAS + c;
         v[k] = u < np ? __ldcg(reinterpret_cast<const uint4*>(p.hbuf + (size_t)(idx >> 2) * INTER + (idx & 3) * 128 + sub * 8))
                       : make_uint4(0u, 0u, 0u, 0u);
       }
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int u = u0 + hw + 8 * k, idx = u * ML_CTAS + c;
+      for (int k = 0; k < 2; ++k) {
+        const int u = u0 + hw + 2 * ML_NCW * k, idx = u * ML_CTAS + c;
         float h[8];
         moe::bf16x8_to_float(v[k], h);
         float amax = 0.0f;
@@ -475,26 +519,27 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     const int lo = max(db, dci * DN_PER_CHUNK), hi = min(de, (dci + 1) * DN_PER_CHUNK);
     const int ntile = (n + 7) >> 3;
 #pragma unroll 1
-    for (int i = lo + (((wid - (ng + lo - db)) % ML_NCW) + ML_NCW) % ML_NCW; i < hi; i += ML_NCW) {
+    for (int i = lo + (((sw - (ng + lo - db)) % ML_STAGES) + ML_STAGES) % ML_STAGES; i < hi; i += ML_STAGES) {
       const int j = ng + (i - db), r64 = i % DN_PER_CHUNK;
-      mbar_wait(&full[wid], (j / ML_STAGES) & 1);
-      const uint8_t* tile = ring + wid * STAGE_BYTES + g * INTER + t * 32;
+      mbar_wait(&full[sw], (j / ML_STAGES) & 1);
+      // the pair splits the item's 4 row tiles: warp sw rows [0, 32), warp sw + 4 rows [32, 64)
+      const uint8_t* tile = ring + sw * STAGE_BYTES + (half * 32 + g) * INTER + t * 32;
       const float* ws = bws + (r64 >> 1) * 4;
 #pragma unroll 1
       for (int nt = 0; nt < ntile; ++nt) {
         const int col = nt * 8 + g;
         const bool valid = col < n;
         const uint8_t* hrow = bb + col * HROW + t * 32;
-        float acc[4][4];
+        float acc[2][4];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.0f;
+        for (int q = 0; q < 2; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.0f;
 #pragma unroll
         for (int kb = 0; kb < 4; ++kb) {
           uint32_t bf[8];
           moe::load_b(hrow + kb * 128, valid, bf);
           const float st = valid ? bhs[col * 4 + kb] : 0.0f;
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
+          for (int q = 0; q < 2; ++q) {
             uint4 a[4];
             moe::load_a(a, tile + q * 16 * INTER + kb * 128, INTER);
             moe::kblock_mma(acc[q], a, bf, ws[kb], st, t);
@@ -502,7 +547,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
         }
         if (nt == ntile - 1) {  // the stage is read: release it before the last tile's stores
           __syncwarp();
-          if (lane == 0) mbar_arrive(&empty[wid]);
+          if (lane == 0) mbar_arrive(&empty[sw]);
         }
 #pragma unroll
         for (int h2 = 0; h2 < 2; ++h2) {  // token column nt*8 + 2t + h2: acc[q][h2] row q*16 + g, acc[q][2 + h2] row + 8
@@ -510,9 +555,9 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
           if (cc < n) {
             const int r = m.prt[p0 + cc];
             const float w = m.pw[p0 + cc];
-            __nv_bfloat16* yr = p.y + (size_t)r * HID + r64 * 64 + g;
+            __nv_bfloat16* yr = p.y + (size_t)r * HID + r64 * 64 + half * 32 + g;
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {
+            for (int q = 0; q < 2; ++q) {
               yr[q * 16] = __float2bfloat16_rn(acc[q][h2] * w);
               yr[q * 16 + 8] = __float2bfloat16_rn(acc[q][2 + h2] * w);
             }
