@@ -30,6 +30,20 @@ STAMPS = ("entry", "metadata", "x quantized", "first gate_up stage in (w0)", "ga
           "h_q in shared memory", "warp0 down done", "all down done", "-", "producer last issue", "barrier 2 passed")
 # round 7: kernels/sm90/moe/moe_ml.cu with -DML_TIMING=1 (stamps at y row 1024), timed at 16 / 64 / 128 tokens
 ML_TIMED = ROOT / "build" / "explore" / "moe_ml_timed.cubin"
+# exploration builds of moe_ml (timed): name -> (ML_STAGES, GCH, DCH); "base" = the contract's build
+ML_VARIANTS = {"base": (4, 16, 64), "g8": (4, 8, 64), "g8d8": (4, 8, 8), "s5g8d8": (5, 8, 8), "s5g8d32": (5, 8, 32)}
+
+
+def ml_launch_shape(stages: int, gch: int, dch: int) -> tuple[int, int]:
+    """(threads, dynamic smem bytes) of a moe_ml build (the kernel's layout macros)."""
+    bws = gch * 2064 + gch * 64 + 512
+    bws2 = dch * 528 + dch * 16 + 256
+    bbuf = (max(bws, bws2) + 127) // 128 * 128
+    return 32 * (2 * stages + 2), stages * 32768 + 2 * bbuf + 2 * stages * 2 * 4 * 32 * 4 + 128
+
+
+def ml_cubin(name: str) -> Path:
+    return ML_TIMED if name == "base" else ML_TIMED.with_name(f"moe_ml_timed_{name}.cubin")
 ML_STAMPS = ("entry", "metadata", "x quantized", "barrier 1 passed", "first gate_up B in", "gate_up done",
              "barrier 2 passed", "h quantized", "barrier 3 passed", "first down B in", "down done", "barrier 4 passed",
              "top-k sum done", "producer: first down copy", "producer: last copy")
@@ -62,10 +76,11 @@ def build() -> None:
                str(ROOT / "kernels" / "sm90" / "moe" / "moe_ms.cu")]
         subprocess.run(cmd, check=True)
         print("built", path)
-    cmd = ["nvcc", "-cubin", "-arch=sm_90a", "-O3", "-std=c++17", "-DML_TIMING=1", "-o", str(ML_TIMED),
-           str(ROOT / "kernels" / "sm90" / "moe" / "moe_ml.cu")]
-    subprocess.run(cmd, check=True)
-    print("built", ML_TIMED)
+    for name, (st, gch, dch) in ML_VARIANTS.items():
+        cmd = ["nvcc", "-cubin", "-arch=sm_90a", "-O3", "-std=c++17", "-DML_TIMING=1", f"-DML_STAGES={st}",
+               f"-DGCH={gch}", f"-DDCH={dch}", "-o", str(ml_cubin(name)), str(ROOT / "kernels" / "sm90" / "moe" / "moe_ml.cu")]
+        subprocess.run(cmd, check=True)
+        print("built", ml_cubin(name))
 
 
 def _stamp_rows(stamps: Any, names: tuple[str, ...]) -> dict[str, Any]:
@@ -101,7 +116,16 @@ def _ml_stragglers(st: Any, ids: Any, m: int) -> None:
 
 
 def ml_timeline(out: Path) -> dict[str, Any]:
-    """Per-phase %globaltimer stamps of moe_ml (timed build), per CTA, at ML_TOKENS."""
+    """Per-phase %globaltimer stamps of moe_ml (timed builds), per CTA, at ML_TOKENS, per ML_VARIANTS build."""
+    res = {name: ml_timeline_one(name) for name in ML_VARIANTS}
+    print("moe_ml exploration builds: median launch time (top-k sum done, µs) by tokens")
+    for name, r in res.items():
+        print(f"  {name:10s} " + "  ".join(f"{m}: {r[str(m)]['top-k sum done']['median_us']:7.2f}" for m in ML_TOKENS))
+    (out / "ml_timeline.json").write_text(json.dumps(res, indent=1))
+    return res
+
+
+def ml_timeline_one(variant: str) -> dict[str, Any]:
     import torch
 
     from netra import runtime as rt
@@ -111,11 +135,15 @@ def ml_timeline(out: Path) -> dict[str, Any]:
     cu = rt.driver()
     ours = MoeSm90(0, variant="v3", tune="ml")
     t = ours.t["ml"]
-    module = rt.check(cu.cuModuleLoadData(ML_TIMED.read_bytes()), f"cuModuleLoadData {ML_TIMED.name}")
+    cubin = ml_cubin(variant)
+    module = rt.check(cu.cuModuleLoadData(cubin.read_bytes()), f"cuModuleLoadData {cubin.name}")
     fn = rt.check(cu.cuModuleGetFunction(module, b"moe_ml"), "moe_ml (timed)")
+    threads, smem = ml_launch_shape(*ML_VARIANTS[variant])
+    if variant == "base" and (threads, smem) != (t.block, t.smem_bytes):
+        raise SystemExit(f"ml_launch_shape {threads, smem} != the contract's {t.block, t.smem_bytes}")
     attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    rt.check(cu.cuFuncSetAttribute(fn, attr, t.smem_bytes), "smem (timed)")
-    cfg = rt._launch_config(t.block, t.smem_bytes, cooperative=True)
+    rt.check(cu.cuFuncSetAttribute(fn, attr, smem), "smem (timed)")
+    cfg = rt._launch_config(threads, smem, cooperative=True)
     ws = torch.zeros(256, dtype=torch.uint8, device="cuda")
     w = make_weights()
     res: dict[str, Any] = {}
@@ -143,11 +171,10 @@ def ml_timeline(out: Path) -> dict[str, Any]:
                 _ml_stragglers(per[-1], ids, m)
         rows = _stamp_rows(torch.stack(per), ML_STAMPS)
         res[str(m)] = rows
-        print(f"moe_ml timeline at {m} tokens: µs from the first CTA's entry (median over CTAs / min / max, "
+        print(f"[{variant}] moe_ml timeline at {m} tokens: µs from the first CTA's entry (median over CTAs / min / max, "
               f"median of {len(per)} launches)")
         for name, r in rows.items():
             print(f"  {name:26s} {r['median_us']:7.2f} {r['min_us']:7.2f} {r['max_us']:7.2f}")
-    (out / "ml_timeline.json").write_text(json.dumps(res, indent=1))
     return res
 
 

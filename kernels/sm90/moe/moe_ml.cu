@@ -49,32 +49,40 @@
 #define TOPK 8
 #define ML_MAXM 128
 #define ML_CTAS 128
-#define ML_NCW 8                      // consumer warps: a pair per ring stage
-#define ML_STAGES 4                   // ring stages (== ML_NCW / 2)
+#ifndef ML_STAGES
+#define ML_STAGES 4                   // ring stages (exploration builds: -DML_STAGES=5 with smaller chunks)
+#endif
+#define ML_NCW (2 * ML_STAGES)        // consumer warps: a pair per ring stage
 #define ML_THREADS (32 * (ML_NCW + 2))  // + weight producer warp + B producer warp
 #define STAGE_BYTES 32768
 #define HALF_BYTES 16384              // 8 rows x 2048 B
 #define MAX_ROUTES (ML_MAXM * TOPK)   // 1024
-#define GCH 16                        // tokens per gate_up chunk (two 8-token MMA tiles)
+#ifndef GCH
+#define GCH 16                        // tokens per gate_up chunk (two 8-token MMA tiles; 8: one)
+#endif
+#ifndef DCH
 #define DCH 64                        // tokens per down chunk
+#endif
+static_assert(GCH == 8 || GCH == 16, "a gate_up chunk is one or two MMA token tiles");
 #define MAX_GCHUNKS (256 + MAX_ROUTES / GCH)
 #define MAX_DCHUNKS (256 + MAX_ROUTES / DCH)
 #define GU_PER_CHUNK 64               // 512 columns / 8
 #define DN_PER_CHUNK 32               // 2048 rows / 64
 #define XROW 2064                     // x_q row stride in a B buffer (2048 + 16: no bank conflicts)
 #define HROW 528                      // h_q row stride (512 + 16)
-// B buffer layout (gate_up chunk | down chunk)
+// B buffer layout (gate_up chunk | down chunk); sizes for the default GCH 16 / DCH 64 / 4 stages
 #define B_XS (GCH * XROW)             // 33024: x_s [16][16] FP32
 #define B_WS (B_XS + GCH * 16 * 4)    // 34048: w13 scales of the expert [8][16] FP32
 #define B_HS (DCH * HROW)             // 33792: h_s [64][4] FP32
 #define B_WS2 (B_HS + DCH * 4 * 4)    // 34816: w2 scales of the expert [16][4] FP32
-#define BBUF 35072
-static_assert(B_WS + 8 * 16 * 4 <= BBUF && B_WS2 + 16 * 4 * 4 <= BBUF && BBUF % 128 == 0, "B buffer layout");
+#define ML_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define BBUF ((ML_MAX(B_WS + 512, B_WS2 + 256) + 127) / 128 * 128)   // 35072
+static_assert(BBUF % 128 == 0, "B buffer layout");
 #define OFF_RING 0
 #define OFF_B (OFF_RING + ML_STAGES * STAGE_BYTES)   // 131072
-#define OFF_XCH (OFF_B + 2 * BBUF)                    // 201216: gate_up pair exchange [2][4 pairs][2 tiles][4][32] FP32
+#define OFF_XCH (OFF_B + 2 * BBUF)                    // 201216: gate_up pair exchange [2][pairs][2 tiles][4][32] FP32
 #define OFF_BAR (OFF_XCH + 2 * ML_STAGES * 2 * 4 * 32 * 4)  // 209408
-#define ML_SMEM (OFF_BAR + 128)                       // 209536
+#define ML_SMEM (OFF_BAR + 128)                       // 209536 (scripts/gpu/stream_probe.py: ml_launch_shape)
 static_assert(XROW % 16 == 0 && HROW % 16 == 0 && OFF_B % 128 == 0, "bulk-copy alignment");
 
 struct MlParams {
@@ -183,11 +191,11 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     mbar_fence_init();
   }
   // this CTA's token for phase 1 (token c): its 16 groups, 4 per consumer warp, loaded now (latency overlaps)
-  uint2 xraw[2];
+  uint2 xraw[2] = {make_uint2(0u, 0u), make_uint2(0u, 0u)};
   if (wid < ML_NCW && c < M) {
 #pragma unroll
     for (int u = 0; u < 2; ++u)
-      xraw[u] = __ldg(reinterpret_cast<const uint2*>(p.x + (size_t)c * HID + (wid + ML_NCW * u) * 128 + lane * 4));
+      if (wid + ML_NCW * u < 16) xraw[u] = __ldg(reinterpret_cast<const uint2*>(p.x + (size_t)c * HID + (wid + ML_NCW * u) * 128 + lane * 4));
   }
   // the routes: ids and weights into registers (up to 6 per thread)
   constexpr int RPT = (MAX_ROUTES + ML_THREADS - 1) / ML_THREADS;
@@ -339,6 +347,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int grp = wid + ML_NCW * u;
+      if (grp >= 16) break;  // warp-uniform
       float sc;
       const uint32_t q = moe::quant_group_warp(xraw[u], sc);
       *reinterpret_cast<uint32_t*>(p.xq + (size_t)c * HID + grp * 128 + lane * 4) = q;
@@ -360,7 +369,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   // K blocks 0-7; warp sw + 4 runs the MMAs of K blocks 8-15 (the expensive part: FP8 unpacking + HMMA) at the
   // same time, keeps their raw fragments, takes sw's partial sums through shared memory and continues the chain
   // in K order (acc = fma(d, scales, acc), as kblock_mma2), then writes h.
-  const int sw = wid & 3, half = wid >> 2;
+  const int sw = wid % ML_STAGES, half = wid / ML_STAGES;
   float* xch = reinterpret_cast<float*>(smem + OFF_XCH);
   for (int b = 0; b < nbg; ++b) {
     const int gci = gc0 + b;
@@ -522,7 +531,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     for (int i = lo + (((sw - (ng + lo - db)) % ML_STAGES) + ML_STAGES) % ML_STAGES; i < hi; i += ML_STAGES) {
       const int j = ng + (i - db), r64 = i % DN_PER_CHUNK;
       mbar_wait(&full[sw], (j / ML_STAGES) & 1);
-      // the pair splits the item's 4 row tiles: warp sw rows [0, 32), warp sw + 4 rows [32, 64)
+      // the pair splits the item's 4 row tiles: warp sw rows [0, 32), warp sw + ML_STAGES rows [32, 64)
       const uint8_t* tile = ring + sw * STAGE_BYTES + (half * 32 + g) * INTER + t * 32;
       const float* ws = bws + (r64 >> 1) * 4;
 #pragma unroll 1
