@@ -31,20 +31,22 @@ STAMPS = ("entry", "metadata", "x quantized", "first gate_up stage in (w0)", "ga
 # round 7: kernels/sm90/moe/moe_ml.cu with -DML_TIMING=1 (stamps at y row 1024), timed at 16 / 64 / 128 tokens
 ML_TIMED = ROOT / "build" / "explore" / "moe_ml_timed.cubin"
 # exploration builds of moe_ml (timed): name -> (ML_STAGES, GCH, DCH); "base" = the contract's build
-ML_VARIANTS = {"base": (4, 16, 64), "g8": (4, 8, 64), "g8d8": (4, 8, 8), "s5g8d8": (5, 8, 8), "s5g8d32": (5, 8, 32)}
+# round 7b measured (xq via global + barrier 1): base (4, 16, 64) 244.5 us at 128 tokens, g8 (4, 8, 64) 219.7,
+# g8d8 215.3, s5g8d8 215.6, s5g8d32 217.9; round 7c: x quantized in the B buffer, GCH fixed at 8
+ML_VARIANTS = {"base": (4, 8, 8), "d16": (4, 8, 16), "s5": (5, 8, 8)}
 
 
 def ml_launch_shape(stages: int, gch: int, dch: int) -> tuple[int, int]:
     """(threads, dynamic smem bytes) of a moe_ml build (the kernel's layout macros)."""
-    bws = gch * 2064 + gch * 64 + 512
+    bws = gch * 4096 + gch * 64 + 512
     bws2 = dch * 528 + dch * 16 + 256
     bbuf = (max(bws, bws2) + 127) // 128 * 128
-    return 32 * (2 * stages + 2), stages * 32768 + 2 * bbuf + 2 * stages * 2 * 4 * 32 * 4 + 128
+    return 32 * (2 * stages + 2), stages * 32768 + 2 * bbuf + 2 * stages * 4 * 32 * 4 + 128
 
 
 def ml_cubin(name: str) -> Path:
     return ML_TIMED if name == "base" else ML_TIMED.with_name(f"moe_ml_timed_{name}.cubin")
-ML_STAMPS = ("entry", "metadata", "x quantized", "barrier 1 passed", "first gate_up B in", "gate_up done",
+ML_STAMPS = ("entry", "metadata", "first chunk's x quantized", "-", "first gate_up B in", "gate_up done",
              "barrier 2 passed", "h quantized", "barrier 3 passed", "first down B in", "down done", "barrier 4 passed",
              "top-k sum done", "producer: first down copy", "producer: last copy")
 ML_TOKENS = (16, 64, 128)
@@ -77,8 +79,9 @@ def build() -> None:
         subprocess.run(cmd, check=True)
         print("built", path)
     for name, (st, gch, dch) in ML_VARIANTS.items():
+        assert gch == 8, "moe_ml's gate_up chunk is 8 tokens (round 7c)"
         cmd = ["nvcc", "-cubin", "-arch=sm_90a", "-O3", "-std=c++17", "-DML_TIMING=1", f"-DML_STAGES={st}",
-               f"-DGCH={gch}", f"-DDCH={dch}", "-o", str(ml_cubin(name)), str(ROOT / "kernels" / "sm90" / "moe" / "moe_ml.cu")]
+               f"-DDCH={dch}", "-o", str(ml_cubin(name)), str(ROOT / "kernels" / "sm90" / "moe" / "moe_ml.cu")]
         subprocess.run(cmd, check=True)
         print("built", ml_cubin(name))
 
@@ -101,8 +104,8 @@ def _ml_stragglers(st: Any, ids: Any, m: int) -> None:
     """The 3 CTAs that finish gate_up / down last in one launch, with what their static item ranges hold."""
     counts = [int(v) for v in (ids.flatten().cpu().bincount(minlength=256))]
     slots = [(e, c) for e, c in enumerate(counts) if c > 0]
-    gch = [(e, c, u) for e, c in slots for u in range((c + 15) // 16)]  # gate_up chunks (expert, T, chunk)
-    dch = [(e, c, u) for e, c in slots for u in range((c + 63) // 64)]
+    gch = [(e, c, u) for e, c in slots for u in range((c + 7) // 8)]  # gate_up chunks (expert, T, chunk)
+    dch = [(e, c, u) for e, c in slots for u in range((c + 7) // 8)]
     rel = (st - st[:, 0].min()) / 1000.0
     for k, per_chunk, chunks, label in ((5, 64, gch, "gate_up"), (10, 32, dch, "down")):
         n = len(chunks) * per_chunk
@@ -156,7 +159,7 @@ def ml_timeline_one(variant: str) -> dict[str, Any]:
             p.x, p.topk_ids, p.topk_w = x.data_ptr(), ids.data_ptr(), wts.data_ptr()
             p.w13, p.w13_scale, p.w2, p.w2_scale = (w["w13"].data_ptr(), w["s13"].data_ptr(), w["w2"].data_ptr(),
                                                     w["s2"].data_ptr())
-            p.xq, p.xs, p.hbuf = ours.xq.data_ptr(), ours.xs.data_ptr(), ours.gu.data_ptr()
+            p.hbuf = ours.gu.data_ptr()
             p.hq, p.hs, p.y = ours.aq_q.data_ptr(), ours.aq_s.data_ptr(), ours.y.data_ptr()
             p.out, p.bar, p.M = ours.out.data_ptr(), ws.data_ptr(), m
             ptr = (ctypes.c_void_p * 1)(ctypes.addressof(p))

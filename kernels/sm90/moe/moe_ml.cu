@@ -57,32 +57,30 @@
 #define STAGE_BYTES 32768
 #define HALF_BYTES 16384              // 8 rows x 2048 B
 #define MAX_ROUTES (ML_MAXM * TOPK)   // 1024
-#ifndef GCH
-#define GCH 16                        // tokens per gate_up chunk (two 8-token MMA tiles; 8: one)
-#endif
+#define GCH 8                         // tokens per gate_up chunk: one 8-token MMA tile (round 7: 16 = two tiles
+                                      // made the CTAs holding an expert with > 8 tokens the stragglers)
 #ifndef DCH
-#define DCH 64                        // tokens per down chunk
+#define DCH 8                         // tokens per down chunk (round 7: 8 against 64 / 32, the same stragglers)
 #endif
-static_assert(GCH == 8 || GCH == 16, "a gate_up chunk is one or two MMA token tiles");
 #define MAX_GCHUNKS (256 + MAX_ROUTES / GCH)
 #define MAX_DCHUNKS (256 + MAX_ROUTES / DCH)
 #define GU_PER_CHUNK 64               // 512 columns / 8
 #define DN_PER_CHUNK 32               // 2048 rows / 64
-#define XROW 2064                     // x_q row stride in a B buffer (2048 + 16: no bank conflicts)
-#define HROW 528                      // h_q row stride (512 + 16)
-// B buffer layout (gate_up chunk | down chunk); sizes for the default GCH 16 / DCH 64 / 4 stages
-#define B_XS (GCH * XROW)             // 33024: x_s [16][16] FP32
-#define B_WS (B_XS + GCH * 16 * 4)    // 34048: w13 scales of the expert [8][16] FP32
-#define B_HS (DCH * HROW)             // 33792: h_s [64][4] FP32
-#define B_WS2 (B_HS + DCH * 4 * 4)    // 34816: w2 scales of the expert [16][4] FP32
+#define XROW 4096                     // x row stride in a B buffer: BF16 as copied, E4M3 after the in-place quantization
+#define HROW 528                      // h_q row stride (512 + 16: no bank conflicts)
+// B buffer layout (gate_up chunk | down chunk), sizes for the default DCH 8 / 4 stages
+#define B_XS (GCH * XROW)             // 32768: x_s [8][16] FP32
+#define B_WS (B_XS + GCH * 16 * 4)    // 33280: w13 scales of the expert [8][16] FP32
+#define B_HS (DCH * HROW)             // 4224: h_s [8][4] FP32
+#define B_WS2 (B_HS + DCH * 4 * 4)    // 4352: w2 scales of the expert [16][4] FP32
 #define ML_MAX(a, b) ((a) > (b) ? (a) : (b))
-#define BBUF ((ML_MAX(B_WS + 512, B_WS2 + 256) + 127) / 128 * 128)   // 35072
+#define BBUF ((ML_MAX(B_WS + 512, B_WS2 + 256) + 127) / 128 * 128)   // 33792
 static_assert(BBUF % 128 == 0, "B buffer layout");
 #define OFF_RING 0
 #define OFF_B (OFF_RING + ML_STAGES * STAGE_BYTES)   // 131072
-#define OFF_XCH (OFF_B + 2 * BBUF)                    // 201216: gate_up pair exchange [2][pairs][2 tiles][4][32] FP32
-#define OFF_BAR (OFF_XCH + 2 * ML_STAGES * 2 * 4 * 32 * 4)  // 209408
-#define ML_SMEM (OFF_BAR + 128)                       // 209536 (scripts/gpu/stream_probe.py: ml_launch_shape)
+#define OFF_XCH (OFF_B + 2 * BBUF)                    // 198656: gate_up pair exchange [2][pairs][4][32] FP32
+#define OFF_BAR (OFF_XCH + 2 * ML_STAGES * 4 * 32 * 4)  // 202752
+#define ML_SMEM (OFF_BAR + 128)                       // 202880 (scripts/gpu/stream_probe.py: ml_launch_shape)
 static_assert(XROW % 16 == 0 && HROW % 16 == 0 && OFF_B % 128 == 0, "bulk-copy alignment");
 
 struct MlParams {
@@ -93,8 +91,6 @@ struct MlParams {
   const float* w13_scale;    // [E(+1), 8, 16]
   const uint8_t* w2;         // [E(+1), 2048, 512] e4m3
   const float* w2_scale;     // [E(+1), 16, 4]
-  uint8_t* xq;               // [M, 2048] e4m3 scratch
-  float* xs;                 // [M, 16]
   __nv_bfloat16* hbuf;       // [M * 8, 512] BF16 h, slot order: scratch
   uint8_t* hq;               // [M * 8, 512] e4m3, slot order
   float* hs;                 // [M * 8, 4]
@@ -108,7 +104,7 @@ struct MlParams {
 extern "C" __device__ unsigned int netra_params_layout[] = {
     sizeof(MlParams), offsetof(MlParams, x), offsetof(MlParams, topk_ids), offsetof(MlParams, topk_w),
     offsetof(MlParams, w13), offsetof(MlParams, w13_scale), offsetof(MlParams, w2), offsetof(MlParams, w2_scale),
-    offsetof(MlParams, xq), offsetof(MlParams, xs), offsetof(MlParams, hbuf), offsetof(MlParams, hq),
+    offsetof(MlParams, hbuf), offsetof(MlParams, hq),
     offsetof(MlParams, hs), offsetof(MlParams, y), offsetof(MlParams, out), offsetof(MlParams, bar),
     offsetof(MlParams, M)};
 
@@ -189,13 +185,6 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     }
     mbar_init(gridok, 1);
     mbar_fence_init();
-  }
-  // this CTA's token for phase 1 (token c): its 16 groups, 4 per consumer warp, loaded now (latency overlaps)
-  uint2 xraw[2] = {make_uint2(0u, 0u), make_uint2(0u, 0u)};
-  if (wid < ML_NCW && c < M) {
-#pragma unroll
-    for (int u = 0; u < 2; ++u)
-      if (wid + ML_NCW * u < 16) xraw[u] = __ldg(reinterpret_cast<const uint2*>(p.x + (size_t)c * HID + (wid + ML_NCW * u) * 128 + lane * 4));
   }
   // the routes: ids and weights into registers (up to 6 per thread)
   constexpr int RPT = (MAX_ROUTES + ML_THREADS - 1) / ML_THREADS;
@@ -313,21 +302,18 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
       for (int b = 0; b < nbg + nbd; ++b) {
         const int s = b & 1;
         if (b >= 2) mbar_wait(&bempty[s], ((b >> 1) - 1) & 1);
-        if (b == 0 || b == nbg) {
-          mbar_wait(gridok, b == 0 ? 0 : 1);
+        if (b == nbg) {  // h_q is written by every CTA's generic stores: after grid barrier 3
+          mbar_wait(gridok, 0);
           fence_proxy_async_global();
         }
         uint8_t* dst = smem + OFF_B + s * BBUF;
         int slot, p0, n, e;
         if (b < nbg) {
           chunk_of(m, m.gchunk[gc0 + b], GCH, slot, p0, n, e);
-          mbar_expect_tx(&bfull[s], n * (HID + 64) + 512);
+          mbar_expect_tx(&bfull[s], n * HID * 2 + 512);
           bulk_g2s(dst + B_WS, p.w13_scale + (size_t)e * 128, 512, &bfull[s]);
-          for (int i = 0; i < n; ++i) {
-            const int t = m.prt[p0 + i] >> 3;
-            bulk_g2s(dst + i * XROW, p.xq + (size_t)t * HID, HID, &bfull[s]);
-            bulk_g2s(dst + B_XS + i * 64, p.xs + (size_t)t * 16, 64, &bfull[s]);
-          }
+          for (int i = 0; i < n; ++i)  // the chunk's tokens' x rows, BF16
+            bulk_g2s(dst + i * XROW, p.x + (size_t)(m.prt[p0 + i] >> 3) * HID, HID * 2, &bfull[s]);
         } else {
           chunk_of(m, m.dchunk[dc0 + (b - nbg)], DCH, slot, p0, n, e);
           mbar_expect_tx(&bfull[s], n * (INTER + 16) + 256);
@@ -342,46 +328,40 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
 
   // ------------------------------------------------------------------ consumers (warps 0 .. ML_NCW-1)
   const int g = lane >> 2, t = lane & 3;
-  // phase 1: x quantization of token c (moe_align's mapping), then grid barrier 1
-  if (c < M) {
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int grp = wid + ML_NCW * u;
-      if (grp >= 16) break;  // warp-uniform
-      float sc;
-      const uint32_t q = moe::quant_group_warp(xraw[u], sc);
-      *reinterpret_cast<uint32_t*>(p.xq + (size_t)c * HID + grp * 128 + lane * 4) = q;
-      if (lane == 0) p.xs[c * 16 + grp] = sc;
-    }
-  }
-  fence_proxy_async_global();
-  consumer_sync();
-  if (tid == 0) {
-    stamp(p, 2);  // x quantized
-    grid_arrive_wait(p.bar, gridDim.x);
-    stamp(p, 3);  // grid barrier 1 passed
-    mbar_arrive(gridok);  // phase 0: x_q of every token is written
-  }
-  __syncwarp();
-
-  // phase 2: gate_up items; local item j = i - gb goes to stage j % 4 and to its warp pair (sw, sw + 4). The pair
-  // splits the 16 K blocks with the numerics of one warp: warp sw runs the scaled accumulation chain over
-  // K blocks 0-7; warp sw + 4 runs the MMAs of K blocks 8-15 (the expensive part: FP8 unpacking + HMMA) at the
-  // same time, keeps their raw fragments, takes sw's partial sums through shared memory and continues the chain
-  // in K order (acc = fma(d, scales, acc), as kblock_mma2), then writes h.
+  // phase 2: gate_up. Per chunk (an expert's <= 8 tokens): its x rows arrive in BF16; consumer warp w quantizes
+  // row w in place (moe_align's x quantization, group by group in increasing order: group q's 128 E4M3 bytes
+  // land on bytes [128 q, 128 q + 128) of the row, which only groups <= q / 2 occupied); then the chunk's items.
+  // Local item j = i - gb goes to stage j % ML_STAGES and to its warp pair (sw, sw + ML_STAGES). The pair splits
+  // the 16 K blocks with the numerics of one warp: warp sw runs the scaled accumulation chain over K blocks 0-7;
+  // warp sw + ML_STAGES runs the MMAs of K blocks 8-15 (the expensive part: FP8 unpacking + HMMA) at the same
+  // time, keeps their raw fragments, takes sw's partial sums through shared memory and continues the chain in
+  // K order (acc = fma(d, scales, acc), as kblock_mma2), then writes h.
   const int sw = wid % ML_STAGES, half = wid / ML_STAGES;
   float* xch = reinterpret_cast<float*>(smem + OFF_XCH);
   for (int b = 0; b < nbg; ++b) {
     const int gci = gc0 + b;
     int slot, p0, n, e;
     chunk_of(m, m.gchunk[gci], GCH, slot, p0, n, e);
-    const uint8_t* bb = smem + OFF_B + (b & 1) * BBUF;
-    const float* bxs = reinterpret_cast<const float*>(bb + B_XS);
+    uint8_t* bb = smem + OFF_B + (b & 1) * BBUF;
+    float* bxs = reinterpret_cast<float*>(bb + B_XS);
     const float* bws = reinterpret_cast<const float*>(bb + B_WS);
     mbar_wait(&bfull[b & 1], (b >> 1) & 1);
     if (tid == 0 && b == 0) stamp(p, 4);  // the first gate_up B chunk in
+    if (wid < n) {
+      uint8_t* row = bb + wid * XROW;
+#pragma unroll 1
+      for (int grp = 0; grp < 16; ++grp) {
+        const uint2 raw = *reinterpret_cast<const uint2*>(row + grp * 256 + lane * 8);
+        __syncwarp();  // group 0: every lane has read before any lane writes over it
+        float sc;
+        const uint32_t q = moe::quant_group_warp(raw, sc);
+        *reinterpret_cast<uint32_t*>(row + grp * 128 + lane * 4) = q;
+        if (lane == 0) bxs[wid * 16 + grp] = sc;
+      }
+    }
+    consumer_sync();
+    if (tid == 0 && b == 0) stamp(p, 2);  // the first chunk's x quantized
     const int lo = max(gb, gci * GU_PER_CHUNK), hi = min(ge, (gci + 1) * GU_PER_CHUNK);
-    const int ntile = (n + 7) >> 3;
 #pragma unroll 1
     for (int i = lo + (((sw - (lo - gb)) % ML_STAGES) + ML_STAGES) % ML_STAGES; i < hi; i += ML_STAGES) {
       const int j = i - gb, col8 = i % GU_PER_CHUNK;
@@ -389,75 +369,57 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
       const uint8_t* tile = ring + sw * STAGE_BYTES + g * HID + t * 32;
       const float* wsg = bws + (col8 >> 4) * 16;
       const float* wsu = bws + (4 + (col8 >> 4)) * 16;
-      float* xb = xch + ((((j / ML_STAGES) & 1) * ML_STAGES + sw) * 2) * 4 * 32;  // [tile][4][lane]
-      float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+      float* xb = xch + (((j / ML_STAGES) & 1) * ML_STAGES + sw) * 4 * 32;  // [4][lane]
+      const bool valid = g < n;
+      const uint8_t* xrow = bb + g * XROW + t * 32;
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
       if (half == 0) {
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          if (nt >= ntile) continue;  // warp-uniform
-          const int col = nt * 8 + g;
-          const bool valid = col < n;
-          const uint8_t* xrow = bb + col * XROW + t * 32;
 #pragma unroll 4
-          for (int kb = 0; kb < 8; ++kb) {
-            uint32_t bf[8];
-            moe::load_b(xrow + kb * 128, valid, bf);
-            const float st = valid ? bxs[col * 16 + kb] : 0.0f;
-            uint4 a[4];
-            moe::load_a(a, tile + kb * 128, HID);
-            moe::kblock_mma2(acc[nt], a, bf, wsg[kb], wsu[kb], st, t);
-          }
+        for (int kb = 0; kb < 8; ++kb) {
+          uint32_t bf[8];
+          moe::load_b(xrow + kb * 128, valid, bf);
+          const float st = valid ? bxs[g * 16 + kb] : 0.0f;
+          uint4 a[4];
+          moe::load_a(a, tile + kb * 128, HID);
+          moe::kblock_mma2(acc, a, bf, wsg[kb], wsu[kb], st, t);
         }
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[sw]);
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-          for (int z = 0; z < 4; ++z) xb[(nt * 4 + z) * 32 + lane] = acc[nt][z];
+        for (int z = 0; z < 4; ++z) xb[z * 32 + lane] = acc[z];
         asm volatile("bar.sync %0, 64;\n" ::"r"(2 + sw) : "memory");
         continue;
       }
+      float d[8][4], sts[8];
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        if (nt < ntile) {  // warp-uniform
-          const int col = nt * 8 + g;
-          const bool valid = col < n;
-          const uint8_t* xrow = bb + col * XROW + t * 32;
-          float d[8][4], sts[8];
-#pragma unroll
-          for (int kk = 0; kk < 8; ++kk) {
-            const int kb = 8 + kk;
-            uint32_t bf[8];
-            moe::load_b(xrow + kb * 128, valid, bf);
-            sts[kk] = valid ? bxs[col * 16 + kb] : 0.0f;
-            uint4 a[4];
-            moe::load_a(a, tile + kb * 128, HID);
-            moe::kblock_d(d[kk], a, bf);
-          }
-          if (nt == ntile - 1) {
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[sw]);  // the stage is read: the producer may refill it
-          }
-          if (nt == 0) asm volatile("bar.sync %0, 64;\n" ::"r"(2 + sw) : "memory");  // sw's partial sums
-#pragma unroll
-          for (int z = 0; z < 4; ++z) acc[nt][z] = xb[(nt * 4 + z) * 32 + lane];
-#pragma unroll
-          for (int kk = 0; kk < 8; ++kk) moe::kblock_acc2(acc[nt], d[kk], wsg[8 + kk], wsu[8 + kk], sts[kk], t);
-        }
+      for (int kk = 0; kk < 8; ++kk) {
+        const int kb = 8 + kk;
+        uint32_t bf[8];
+        moe::load_b(xrow + kb * 128, valid, bf);
+        sts[kk] = valid ? bxs[g * 16 + kb] : 0.0f;
+        uint4 a[4];
+        moe::load_a(a, tile + kb * 128, HID);
+        moe::kblock_d(d[kk], a, bf);
       }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[sw]);  // the stage is read: the producer may refill it
+      asm volatile("bar.sync %0, 64;\n" ::"r"(2 + sw) : "memory");  // sw's partial sums
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
+      for (int z = 0; z < 4; ++z) acc[z] = xb[z * 32 + lane];
 #pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {  // acc[nt][h2]: gate (row g), acc[nt][2 + h2]: up, column nt*8 + 2t + h2
-          const int col = nt * 8 + 2 * t + h2;
-          if (col < n) {
-            const float gt = __bfloat162float(__float2bfloat16_rn(acc[nt][h2]));
-            const float up = __bfloat162float(__float2bfloat16_rn(acc[nt][2 + h2]));
-            p.hbuf[(size_t)(p0 + col) * INTER + 8 * col8 + g] = __float2bfloat16_rn(moe::silu_mul(gt, up));
-          }
+      for (int kk = 0; kk < 8; ++kk) moe::kblock_acc2(acc, d[kk], wsg[8 + kk], wsu[8 + kk], sts[kk], t);
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2) {  // acc[h2]: gate (row g), acc[2 + h2]: up, token column 2t + h2
+        const int col = 2 * t + h2;
+        if (col < n) {
+          const float gt = __bfloat162float(__float2bfloat16_rn(acc[h2]));
+          const float up = __bfloat162float(__float2bfloat16_rn(acc[2 + h2]));
+          p.hbuf[(size_t)(p0 + col) * INTER + 8 * col8 + g] = __float2bfloat16_rn(moe::silu_mul(gt, up));
         }
       }
     }
+    // this warp's generic writes to the buffer (the in-place quantization) before the bulk copies that refill it
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncwarp();
     if (lane == 0) mbar_arrive(&bempty[b & 1]);
   }
@@ -511,7 +473,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     stamp(p, 7);  // h quantized
     grid_arrive_wait(p.bar, gridDim.x);
     stamp(p, 8);  // grid barrier 3 passed
-    mbar_arrive(gridok);  // phase 1: h_q of every route is written
+    mbar_arrive(gridok);  // h_q of every route is written
   }
   __syncwarp();
 
