@@ -168,6 +168,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   uint64_t* bfull = empty + ML_STAGES;
   uint64_t* bempty = bfull + 2;
   uint64_t* gridok = bempty + 2;
+  uint64_t* bstart = gridok + 1;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const int c = blockIdx.x;
   const int M = p.M, R = M * TOPK;
@@ -184,6 +185,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
       mbar_init(&bempty[s], ML_NCW);
     }
     mbar_init(gridok, 1);
+    mbar_init(bstart, 1);
     mbar_fence_init();
   }
   // the routes: ids and weights into registers (up to 6 per thread)
@@ -275,6 +277,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
 
   if (wid == ML_NCW) {  // ------------------------------------------------ weight producer
     if (lane == 0) {
+      mbar_wait(bstart, 0);  // the first chunk's x rows go first in this SM's copy queue
       for (int j = 0; j < ng + nd; ++j) {
         const int s = j % ML_STAGES;
         if (j >= ML_STAGES) mbar_wait(&empty[s], ((j / ML_STAGES) - 1) & 1);
@@ -314,6 +317,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
           bulk_g2s(dst + B_WS, p.w13_scale + (size_t)e * 128, 512, &bfull[s]);
           for (int i = 0; i < n; ++i)  // the chunk's tokens' x rows, BF16
             bulk_g2s(dst + i * XROW, p.x + (size_t)(m.prt[p0 + i] >> 3) * HID, HID * 2, &bfull[s]);
+          if (b == 0) mbar_arrive(bstart);
         } else {
           chunk_of(m, m.dchunk[dc0 + (b - nbg)], DCH, slot, p0, n, e);
           mbar_expect_tx(&bfull[s], n * (INTER + 16) + 256);
@@ -347,16 +351,32 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     const float* bws = reinterpret_cast<const float*>(bb + B_WS);
     mbar_wait(&bfull[b & 1], (b >> 1) & 1);
     if (tid == 0 && b == 0) stamp(p, 4);  // the first gate_up B chunk in
-    if (wid < n) {
-      uint8_t* row = bb + wid * XROW;
+    if (wid < n) {  // row wid, four groups per round (their steps interleaved); round k's outputs overwrite the
+      uint8_t* row = bb + wid * XROW;  // inputs of groups 2k, 2k + 1 only, which rounds <= k have read
 #pragma unroll 1
-      for (int grp = 0; grp < 16; ++grp) {
-        const uint2 raw = *reinterpret_cast<const uint2*>(row + grp * 256 + lane * 8);
-        __syncwarp();  // group 0: every lane has read before any lane writes over it
-        float sc;
-        const uint32_t q = moe::quant_group_warp(raw, sc);
-        *reinterpret_cast<uint32_t*>(row + grp * 128 + lane * 4) = q;
-        if (lane == 0) bxs[wid * 16 + grp] = sc;
+      for (int g0 = 0; g0 < 16; g0 += 4) {
+        uint2 raw[4];
+        float amax[4];
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+          raw[v] = *reinterpret_cast<const uint2*>(row + (g0 + v) * 256 + lane * 8);
+          const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw[v]);
+          const float2 a = __bfloat1622float2(h2[0]), b2 = __bfloat1622float2(h2[1]);
+          amax[v] = fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(b2.x), fabsf(b2.y)));
+        }
+        __syncwarp();  // every lane has read this round's groups before any lane writes
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+          for (int v = 0; v < 4; ++v) amax[v] = fmaxf(amax[v], __shfl_xor_sync(0xffffffffu, amax[v], o));
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {  // moe::quant_group_warp's arithmetic, four groups at once
+          const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw[v]);
+          const float2 a = __bfloat1622float2(h2[0]), b2 = __bfloat1622float2(h2[1]);
+          const float sc = moe::group_scale(amax[v]);
+          *reinterpret_cast<uint32_t*>(row + (g0 + v) * 128 + lane * 4) = moe::quant4(a.x, a.y, b2.x, b2.y, sc);
+          if (lane == 0) bxs[wid * 16 + g0 + v] = sc;
+        }
       }
     }
     consumer_sync();
