@@ -344,10 +344,10 @@ class _MsParams(ctypes.Structure):
 
 
 class _MlParams(ctypes.Structure):
-    """kernels/sm90/moe/moe_ml.cu MlParams (112 bytes)."""
+    """kernels/sm90/moe/moe_ml.cu MlParams (96 bytes)."""
 
     _fields_ = [(n, ctypes.c_void_p) for n in (
-        "x", "topk_ids", "topk_w", "w13", "w13_scale", "w2", "w2_scale", "hbuf", "hq", "hs", "y", "out",
+        "x", "topk_ids", "topk_w", "w13", "w13_scale", "w2", "w2_scale", "hbuf", "y", "out",
         "bar")] + [("M", ctypes.c_int32), ("_pad", ctypes.c_int32)]
 
 
@@ -633,8 +633,7 @@ class MoeSm90:
         assert p is not None
         with t.lock:
             _fill_layer_inputs(p, pending, w13, w13_scale, w2, w2_scale)
-            p.hbuf = self.gu.data_ptr()
-            p.hq, p.hs, p.y = self.aq_q.data_ptr(), self.aq_s.data_ptr(), self.y.data_ptr()
+            p.hbuf, p.y = self.gu.data_ptr(), self.y.data_ptr()
             p.out, p.bar = self.out.data_ptr(), t.workspace.data_ptr()
             p.M = int(pending[0].shape[0])
             t.launch(M1_CTAS, self._stream())

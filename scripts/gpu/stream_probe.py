@@ -39,7 +39,7 @@ ML_VARIANTS = {"base": (4, 8, 8), "d16": (4, 8, 16), "s5": (5, 8, 8)}
 def ml_launch_shape(stages: int, gch: int, dch: int) -> tuple[int, int]:
     """(threads, dynamic smem bytes) of a moe_ml build (the kernel's layout macros)."""
     bws = gch * 4096 + gch * 64 + 512
-    bws2 = dch * 528 + dch * 16 + 256
+    bws2 = dch * 1024 + dch * 16 + 256
     bbuf = (max(bws, bws2) + 127) // 128 * 128
     return 32 * (2 * stages + 2), stages * 32768 + 2 * bbuf + 2 * stages * 4 * 32 * 4 + 128
 
@@ -47,7 +47,7 @@ def ml_launch_shape(stages: int, gch: int, dch: int) -> tuple[int, int]:
 def ml_cubin(name: str) -> Path:
     return ML_TIMED if name == "base" else ML_TIMED.with_name(f"moe_ml_timed_{name}.cubin")
 ML_STAMPS = ("entry", "metadata", "first chunk's x quantized", "-", "first gate_up B in", "gate_up done",
-             "barrier 2 passed", "h quantized", "barrier 3 passed", "first down B in", "down done", "barrier 4 passed",
+             "barrier 2 passed", "first down chunk's h quantized", "-", "first down B in", "down done", "barrier 3 passed",
              "top-k sum done", "producer: first down copy", "producer: last copy")
 ML_TOKENS = (16, 64, 128)
 SRC = ROOT / "scripts" / "gpu" / "stream_probe.cu"
@@ -159,8 +159,7 @@ def ml_timeline_one(variant: str) -> dict[str, Any]:
             p.x, p.topk_ids, p.topk_w = x.data_ptr(), ids.data_ptr(), wts.data_ptr()
             p.w13, p.w13_scale, p.w2, p.w2_scale = (w["w13"].data_ptr(), w["s13"].data_ptr(), w["w2"].data_ptr(),
                                                     w["s2"].data_ptr())
-            p.hbuf = ours.gu.data_ptr()
-            p.hq, p.hs, p.y = ours.aq_q.data_ptr(), ours.aq_s.data_ptr(), ours.y.data_ptr()
+            p.hbuf, p.y = ours.gu.data_ptr(), ours.y.data_ptr()
             p.out, p.bar, p.M = ours.out.data_ptr(), ws.data_ptr(), m
             ptr = (ctypes.c_void_p * 1)(ctypes.addressof(p))
             flat = ours.y.view(torch.uint8).view(-1)

@@ -67,12 +67,12 @@
 #define GU_PER_CHUNK 64               // 512 columns / 8
 #define DN_PER_CHUNK 32               // 2048 rows / 64
 #define XROW 4096                     // x row stride in a B buffer: BF16 as copied, E4M3 after the in-place quantization
-#define HROW 528                      // h_q row stride (512 + 16: no bank conflicts)
+#define HROW 1024                     // h row stride in a B buffer: BF16 as copied, E4M3 after the in-place quantization
 // B buffer layout (gate_up chunk | down chunk), sizes for the default DCH 8 / 4 stages
 #define B_XS (GCH * XROW)             // 32768: x_s [8][16] FP32
 #define B_WS (B_XS + GCH * 16 * 4)    // 33280: w13 scales of the expert [8][16] FP32
-#define B_HS (DCH * HROW)             // 4224: h_s [8][4] FP32
-#define B_WS2 (B_HS + DCH * 4 * 4)    // 4352: w2 scales of the expert [16][4] FP32
+#define B_HS (DCH * HROW)             // 8192: h_s [8][4] FP32
+#define B_WS2 (B_HS + DCH * 4 * 4)    // 8320: w2 scales of the expert [16][4] FP32
 #define ML_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define BBUF ((ML_MAX(B_WS + 512, B_WS2 + 256) + 127) / 128 * 128)   // 33792
 static_assert(BBUF % 128 == 0, "B buffer layout");
@@ -92,8 +92,6 @@ struct MlParams {
   const uint8_t* w2;         // [E(+1), 2048, 512] e4m3
   const float* w2_scale;     // [E(+1), 16, 4]
   __nv_bfloat16* hbuf;       // [M * 8, 512] BF16 h, slot order: scratch
-  uint8_t* hq;               // [M * 8, 512] e4m3, slot order
-  float* hs;                 // [M * 8, 4]
   __nv_bfloat16* y;          // [M * 8, 2048] per-route contributions, rank order (row t * 8 + k)
   __nv_bfloat16* out;        // [M, 2048]
   unsigned* bar;             // workspace: word 0 arrival count, word 32 generation (zeroed once)
@@ -104,8 +102,7 @@ struct MlParams {
 extern "C" __device__ unsigned int netra_params_layout[] = {
     sizeof(MlParams), offsetof(MlParams, x), offsetof(MlParams, topk_ids), offsetof(MlParams, topk_w),
     offsetof(MlParams, w13), offsetof(MlParams, w13_scale), offsetof(MlParams, w2), offsetof(MlParams, w2_scale),
-    offsetof(MlParams, hbuf), offsetof(MlParams, hq),
-    offsetof(MlParams, hs), offsetof(MlParams, y), offsetof(MlParams, out), offsetof(MlParams, bar),
+    offsetof(MlParams, hbuf), offsetof(MlParams, y), offsetof(MlParams, out), offsetof(MlParams, bar),
     offsetof(MlParams, M)};
 
 #ifndef ML_TIMING
@@ -131,6 +128,38 @@ __device__ __forceinline__ void consumer_sync() {
 }
 // Generic-proxy global writes of other CTAs (ordered before by a grid barrier) -> this thread's bulk copies.
 __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+
+// A BF16 row of ngroups x 128 values, quantized in place into E4M3 (moe_align's x / st8's h quantization:
+// one scale per 128-group, IEEE divisions): group q's 128 bytes land on bytes [128 q, 128 q + 128), four groups
+// per round with their steps interleaved. Round k overwrites only the inputs of groups 2k, 2k + 1, which rounds
+// <= k have already read (every lane reads its round before any lane writes). One warp per row.
+__device__ __forceinline__ void quant_row_inplace(uint8_t* row, int ngroups, float* scales, int lane) {
+#pragma unroll 1
+  for (int g0 = 0; g0 < ngroups; g0 += 4) {
+    uint2 raw[4];
+    float amax[4];
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      raw[v] = *reinterpret_cast<const uint2*>(row + (g0 + v) * 256 + lane * 8);
+      const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw[v]);
+      const float2 a = __bfloat1622float2(h2[0]), b = __bfloat1622float2(h2[1]);
+      amax[v] = fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(b.x), fabsf(b.y)));
+    }
+    __syncwarp();
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) amax[v] = fmaxf(amax[v], __shfl_xor_sync(0xffffffffu, amax[v], o));
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {  // moe::quant_group_warp's arithmetic, four groups at once
+      const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw[v]);
+      const float2 a = __bfloat1622float2(h2[0]), b = __bfloat1622float2(h2[1]);
+      const float sc = moe::group_scale(amax[v]);
+      *reinterpret_cast<uint32_t*>(row + (g0 + v) * 128 + lane * 4) = moe::quant4(a.x, a.y, b.x, b.y, sc);
+      if (lane == 0) scales[g0 + v] = sc;
+    }
+  }
+}
 
 struct Meta {  // shared-memory route metadata (every CTA builds the same)
   unsigned tm[256][4];                 // token bit mask per expert
@@ -305,7 +334,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
       for (int b = 0; b < nbg + nbd; ++b) {
         const int s = b & 1;
         if (b >= 2) mbar_wait(&bempty[s], ((b >> 1) - 1) & 1);
-        if (b == nbg) {  // h_q is written by every CTA's generic stores: after grid barrier 3
+        if (b == nbg) {  // h is written by every CTA's generic stores: after grid barrier 2
           mbar_wait(gridok, 0);
           fence_proxy_async_global();
         }
@@ -320,10 +349,10 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
           if (b == 0) mbar_arrive(bstart);
         } else {
           chunk_of(m, m.dchunk[dc0 + (b - nbg)], DCH, slot, p0, n, e);
-          mbar_expect_tx(&bfull[s], n * (INTER + 16) + 256);
+          mbar_expect_tx(&bfull[s], n * INTER * 2 + 256);
           bulk_g2s(dst + B_WS2, p.w2_scale + (size_t)e * 64, 256, &bfull[s]);
-          bulk_g2s(dst + B_HS, p.hs + (size_t)p0 * 4, n * 16, &bfull[s]);
-          for (int i = 0; i < n; ++i) bulk_g2s(dst + i * HROW, p.hq + (size_t)(p0 + i) * INTER, INTER, &bfull[s]);
+          for (int i = 0; i < n; ++i)  // the chunk's h rows, BF16 (slot order: contiguous)
+            bulk_g2s(dst + i * HROW, p.hbuf + (size_t)(p0 + i) * INTER, INTER * 2, &bfull[s]);
         }
       }
     }
@@ -351,34 +380,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     const float* bws = reinterpret_cast<const float*>(bb + B_WS);
     mbar_wait(&bfull[b & 1], (b >> 1) & 1);
     if (tid == 0 && b == 0) stamp(p, 4);  // the first gate_up B chunk in
-    if (wid < n) {  // row wid, four groups per round (their steps interleaved); round k's outputs overwrite the
-      uint8_t* row = bb + wid * XROW;  // inputs of groups 2k, 2k + 1 only, which rounds <= k have read
-#pragma unroll 1
-      for (int g0 = 0; g0 < 16; g0 += 4) {
-        uint2 raw[4];
-        float amax[4];
-#pragma unroll
-        for (int v = 0; v < 4; ++v) {
-          raw[v] = *reinterpret_cast<const uint2*>(row + (g0 + v) * 256 + lane * 8);
-          const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw[v]);
-          const float2 a = __bfloat1622float2(h2[0]), b2 = __bfloat1622float2(h2[1]);
-          amax[v] = fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(b2.x), fabsf(b2.y)));
-        }
-        __syncwarp();  // every lane has read this round's groups before any lane writes
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-          for (int v = 0; v < 4; ++v) amax[v] = fmaxf(amax[v], __shfl_xor_sync(0xffffffffu, amax[v], o));
-#pragma unroll
-        for (int v = 0; v < 4; ++v) {  // moe::quant_group_warp's arithmetic, four groups at once
-          const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw[v]);
-          const float2 a = __bfloat1622float2(h2[0]), b2 = __bfloat1622float2(h2[1]);
-          const float sc = moe::group_scale(amax[v]);
-          *reinterpret_cast<uint32_t*>(row + (g0 + v) * 128 + lane * 4) = moe::quant4(a.x, a.y, b2.x, b2.y, sc);
-          if (lane == 0) bxs[wid * 16 + g0 + v] = sc;
-        }
-      }
-    }
+    for (int r = wid; r < n; r += ML_NCW) quant_row_inplace(bb + r * XROW, 16, bxs + r * 16, lane);
     consumer_sync();
     if (tid == 0 && b == 0) stamp(p, 2);  // the first chunk's x quantized
     const int lo = max(gb, gci * GU_PER_CHUNK), hi = min(ge, (gci + 1) * GU_PER_CHUNK);
@@ -444,56 +446,14 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     if (lane == 0) mbar_arrive(&bempty[b & 1]);
   }
 
-  // phase 3: grid barrier 2, h quantized once across the grid, grid barrier 3
+  // phase 3: grid barrier 2 (h of every route is in hbuf); the B producer then copies each down chunk's h rows
+  fence_proxy_async_global();  // this thread's h stores, before other CTAs' bulk copies read them
   consumer_sync();
   if (tid == 0) {
     stamp(p, 5);  // gate_up done
     grid_arrive_wait(p.bar, gridDim.x);
     stamp(p, 6);  // grid barrier 2 passed
-  }
-  consumer_sync();
-  {
-    // 16 half-warps, one (row, group) pair each per step; pair u of this CTA is idx = u * 128 + c; the trip
-    // count is warp-uniform (shuffles below)
-    const int hw = wid * 2 + (lane >> 4), sub = lane & 15;
-    const int np = c < R * 4 ? (R * 4 - c + ML_CTAS - 1) / ML_CTAS : 0;
-#pragma unroll 1
-    for (int u0 = 0; u0 < np; u0 += 2 * ML_NCW * 2) {
-      uint4 v[2];
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {  // two pairs' loads in flight per half-warp
-        const int u = u0 + hw + 2 * ML_NCW * k, idx = u * ML_CTAS + c;
-        v[k] = u < np ? __ldcg(reinterpret_cast<const uint4*>(p.hbuf + (size_t)(idx >> 2) * INTER + (idx & 3) * 128 + sub * 8))
-                      : make_uint4(0u, 0u, 0u, 0u);
-      }
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        const int u = u0 + hw + 2 * ML_NCW * k, idx = u * ML_CTAS + c;
-        float h[8];
-        moe::bf16x8_to_float(v[k], h);
-        float amax = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(h[i]));
-#pragma unroll
-        for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        if (u < np) {
-          const float sc = moe::group_scale(amax);
-          uint2 q;
-          q.x = moe::quant4(h[0], h[1], h[2], h[3], sc);
-          q.y = moe::quant4(h[4], h[5], h[6], h[7], sc);
-          *reinterpret_cast<uint2*>(p.hq + (size_t)(idx >> 2) * INTER + (idx & 3) * 128 + sub * 8) = q;
-          if (sub == 0) p.hs[idx] = sc;  // [row][group]
-        }
-      }
-    }
-  }
-  fence_proxy_async_global();
-  consumer_sync();
-  if (tid == 0) {
-    stamp(p, 7);  // h quantized
-    grid_arrive_wait(p.bar, gridDim.x);
-    stamp(p, 8);  // grid barrier 3 passed
-    mbar_arrive(gridok);  // h_q of every route is written
+    mbar_arrive(gridok);
   }
   __syncwarp();
 
@@ -502,11 +462,14 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     const int dci = dc0 + (b - nbg);
     int slot, p0, n, e;
     chunk_of(m, m.dchunk[dci], DCH, slot, p0, n, e);
-    const uint8_t* bb = smem + OFF_B + (b & 1) * BBUF;
-    const float* bhs = reinterpret_cast<const float*>(bb + B_HS);
+    uint8_t* bb = smem + OFF_B + (b & 1) * BBUF;
+    float* bhs = reinterpret_cast<float*>(bb + B_HS);
     const float* bws = reinterpret_cast<const float*>(bb + B_WS2);
     mbar_wait(&bfull[b & 1], (b >> 1) & 1);
     if (tid == 0 && b == nbg) stamp(p, 9);  // the first down B chunk in
+    for (int r = wid; r < n; r += ML_NCW) quant_row_inplace(bb + r * HROW, 4, bhs + r * 4, lane);  // h rows
+    consumer_sync();
+    if (tid == 0 && b == nbg) stamp(p, 7);  // the first down chunk's h quantized
     const int lo = max(db, dci * DN_PER_CHUNK), hi = min(de, (dci + 1) * DN_PER_CHUNK);
     const int ntile = (n + 7) >> 3;
 #pragma unroll 1
@@ -556,6 +519,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
         }
       }
     }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the in-place h quantization, as above
     __syncwarp();
     if (lane == 0) mbar_arrive(&bempty[b & 1]);
   }
@@ -565,7 +529,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   if (tid == 0) {
     stamp(p, 10);  // down done
     grid_arrive_wait(p.bar, gridDim.x);
-    stamp(p, 11);  // grid barrier 4 passed
+    stamp(p, 11);  // grid barrier 3 passed
   }
   consumer_sync();
 #pragma unroll 1
