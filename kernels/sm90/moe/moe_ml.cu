@@ -129,34 +129,41 @@ __device__ __forceinline__ void consumer_sync() {
 // Generic-proxy global writes of other CTAs (ordered before by a grid barrier) -> this thread's bulk copies.
 __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 
-// A BF16 row of ngroups x 128 values, quantized in place into E4M3 (moe_align's x / st8's h quantization:
-// one scale per 128-group, IEEE divisions): group q's 128 bytes land on bytes [128 q, 128 q + 128), four groups
-// per round with their steps interleaved. Round k overwrites only the inputs of groups 2k, 2k + 1, which rounds
-// <= k have already read (every lane reads its round before any lane writes). One warp per row.
-__device__ __forceinline__ void quant_row_inplace(uint8_t* row, int ngroups, float* scales, int lane) {
+// n BF16 rows of G x 128 values (row stride `stride`), quantized in place into E4M3 by all consumer warps (moe_align's
+// x / st8's h quantization: one scale per 128-group, IEEE divisions): group q's 128 bytes land on bytes
+// [128 q, 128 q + 128) of its row, which overlap only the row's own inputs. A round takes whole rows, four
+// (row, group) tasks per warp with their steps interleaved; every task of a round is read (consumer barrier)
+// before any is written, so no write reaches an input that is still to be read.
+template <int G>
+__device__ __forceinline__ void quant_rows_inplace(uint8_t* rows, int n, int stride, float* scales, int wid, int lane) {
+  constexpr int RPR = (4 * ML_NCW) / G;  // whole rows per round (tasks u >= RPR * G idle)
 #pragma unroll 1
-  for (int g0 = 0; g0 < ngroups; g0 += 4) {
+  for (int r0 = 0; r0 < n; r0 += RPR) {
     uint2 raw[4];
     float amax[4];
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
-      raw[v] = *reinterpret_cast<const uint2*>(row + (g0 + v) * 256 + lane * 8);
+      const int u = wid * 4 + v, row = r0 + u / G, grp = u % G;
+      raw[v] = row < n && u < RPR * G ? *reinterpret_cast<const uint2*>(rows + row * stride + grp * 256 + lane * 8) : make_uint2(0u, 0u);
       const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw[v]);
       const float2 a = __bfloat1622float2(h2[0]), b = __bfloat1622float2(h2[1]);
       amax[v] = fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(b.x), fabsf(b.y)));
     }
-    __syncwarp();
+    consumer_sync();  // the round's inputs are read everywhere before any output is written
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
 #pragma unroll
       for (int v = 0; v < 4; ++v) amax[v] = fmaxf(amax[v], __shfl_xor_sync(0xffffffffu, amax[v], o));
 #pragma unroll
     for (int v = 0; v < 4; ++v) {  // moe::quant_group_warp's arithmetic, four groups at once
-      const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw[v]);
-      const float2 a = __bfloat1622float2(h2[0]), b = __bfloat1622float2(h2[1]);
-      const float sc = moe::group_scale(amax[v]);
-      *reinterpret_cast<uint32_t*>(row + (g0 + v) * 128 + lane * 4) = moe::quant4(a.x, a.y, b.x, b.y, sc);
-      if (lane == 0) scales[g0 + v] = sc;
+      const int u = wid * 4 + v, row = r0 + u / G, grp = u % G;
+      if (row < n && u < RPR * G) {
+        const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw[v]);
+        const float2 a = __bfloat1622float2(h2[0]), b = __bfloat1622float2(h2[1]);
+        const float sc = moe::group_scale(amax[v]);
+        *reinterpret_cast<uint32_t*>(rows + row * stride + grp * 128 + lane * 4) = moe::quant4(a.x, a.y, b.x, b.y, sc);
+        if (lane == 0) scales[row * G + grp] = sc;
+      }
     }
   }
 }
@@ -380,7 +387,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     const float* bws = reinterpret_cast<const float*>(bb + B_WS);
     mbar_wait(&bfull[b & 1], (b >> 1) & 1);
     if (tid == 0 && b == 0) stamp(p, 4);  // the first gate_up B chunk in
-    for (int r = wid; r < n; r += ML_NCW) quant_row_inplace(bb + r * XROW, 16, bxs + r * 16, lane);
+    quant_rows_inplace<16>(bb, n, XROW, bxs, wid, lane);
     consumer_sync();
     if (tid == 0 && b == 0) stamp(p, 2);  // the first chunk's x quantized
     const int lo = max(gb, gci * GU_PER_CHUNK), hi = min(ge, (gci + 1) * GU_PER_CHUNK);
@@ -467,7 +474,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     const float* bws = reinterpret_cast<const float*>(bb + B_WS2);
     mbar_wait(&bfull[b & 1], (b >> 1) & 1);
     if (tid == 0 && b == nbg) stamp(p, 9);  // the first down B chunk in
-    for (int r = wid; r < n; r += ML_NCW) quant_row_inplace(bb + r * HROW, 4, bhs + r * 4, lane);  // h rows
+    quant_rows_inplace<4>(bb, n, HROW, bhs, wid, lane);  // the chunk's h rows
     consumer_sync();
     if (tid == 0 && b == nbg) stamp(p, 7);  // the first down chunk's h quantized
     const int lo = max(db, dci * DN_PER_CHUNK), hi = min(de, (dci + 1) * DN_PER_CHUNK);
