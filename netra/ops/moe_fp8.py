@@ -287,9 +287,10 @@ V3_TUNES: dict[str, dict[str, str]] = {
     # round 7 experiment: the routed layer for 1..128 tokens in one cooperative kernel (moe_ml.cu: every operand
     # through the TMA queue, static expert-major item ranges, four grid barriers); align + st8 with the shared route
     "ml": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256", "ml": "moe_ml_e256_k8"},
-    # round 7: m1 at 1 token, ms at 2..8, ml at 9..128, st8 with the shared route
-    "m1sl": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256", "m1": "moe_m1_e256_k8",
-             "ms": "moe_ms_e256_k8", "ml": "moe_ml_e256_k8"},
+    # round 7: m1 at 1 token, ml at 2..128 (ml measured faster than ms at 8 tokens: run16 r7e), st8 with the
+    # shared route
+    "m1l": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256", "m1": "moe_m1_e256_k8",
+            "ml": "moe_ml_e256_k8"},
 }
 M1_CTAS = 128  # moe_m1's / moe_ms's / moe_ml's fixed grid (one CTA per SM, cooperative launch)
 ONE_KERNEL_MAX_TOKENS = {"m1": 1, "ms": 8, "ml": MAX_TOKENS}  # V3_TUNES key of the one-kernel layer -> the tokens it covers

@@ -82,11 +82,12 @@ V3_BUILDS: dict[str, dict[str, Any]] = {
     "v3ms": {"variant": "v3", "tune": "ms"},
     # round 7: one cooperative kernel for the routed layer at 1..128 tokens (every operand through the TMA queue)
     "v3ml": {"variant": "v3", "tune": "ml"},
+    "v3m1l": {"variant": "v3", "tune": "m1l"},  # m1 at 1 token, ml at 2..128
 }
 # round 3: the default run is the A/B of the streaming down against round 2's best (v3p6s); the other
 # builds stay reachable with --builds (their results are in .briefs/devruns/run8)
 # round 4: v3auto (p6s's down below 6 tokens) times as v3p6s / v3st8 (the same kernels): --builds adds it
-DEFAULT_BUILDS = ("v3st8", "v3ms", "v3ml")  # round 7 (round 6: v3st8, v3m1, v3ms) (round 5: v3st8, v3m1) (round 4: v3p6s, v3st8, v3st8w, v3s3, v3auto3)
+DEFAULT_BUILDS = ("v3st8", "v3ml", "v3m1l")  # round 7 (round 6: v3st8, v3m1, v3ms) (round 5: v3st8, v3m1) (round 4: v3p6s, v3st8, v3st8w, v3s3, v3auto3)
 SPLITS = ("v3st8",)  # providers whose split points (align, align+gate_up) are timed (one gate_up build)
 SHARED_BATCHES = (1,)  # timed again with the shared expert as a 9th route (round 4: 16, 128)
 SHARED_PROVIDERS = ("v1", "v3", "v3p6", "v3p6s", "v3p6sb", "v3st", "v3st8", "v3st8w", "v3auto", "v3s3", "v3auto3", "v3m1", "v3m1nc", "v3ms",
@@ -112,7 +113,7 @@ def _auto_pick(m: int) -> str:
 AUTO_PICKS = {"v3auto": _auto_pick, "v3auto3": _auto_pick, "v3s3": lambda _m: "v3p6s",
               "v3st8w": lambda _m: "v3st8",
               "v3m1": lambda _m: "v3st8", "v3m1nc": lambda _m: "v3st8", "v3ms": lambda _m: "v3st8",
-              "v3ml": lambda _m: "v3st8"}  # m1: the same numerics by construction (st8's kernels above 1 token)  # provider -> the provider it must equal bitwise for m tokens
+              "v3ml": lambda _m: "v3st8", "v3m1l": lambda _m: "v3st8"}  # m1: the same numerics by construction (st8's kernels above 1 token)  # provider -> the provider it must equal bitwise for m tokens
 # smoke runs once per build (3 x 25 s by default); worst case 325 s, typical ~2.5 min
 STEP_TIMEOUT = {"sass": 20, "smoke": 25, "check": 170, "time": 170, "ncu": 75, "sanitize": 100}
 # (run5 took 6-7 s per step; the limits only bound a hang)
@@ -228,7 +229,7 @@ def step_check(out_dir: Path) -> dict[str, Any]:
     # several instances on purpose: they share each contract's params buffer (run5's bug), so every
     # call must fill its own pointers
     # debug_h: the fused down kernel's h copy (ms keeps h in shared memory only: no copy, nothing to compare)
-    provs = {name: MoeSm90(0, **{**kw, "debug_h": bool(kw.get("fuse_act", True)) and kw.get("tune") not in ("ms", "ml")})
+    provs = {name: MoeSm90(0, **{**kw, "debug_h": bool(kw.get("fuse_act", True)) and kw.get("tune") not in ("ms", "ml", "m1l")})
              for name, kw in builds().items()}
     v1 = MoeSm90(0, variant="v1")
     res: dict[str, Any] = {"cases": [], "ok": True}
@@ -294,7 +295,7 @@ def step_check(out_dir: Path) -> dict[str, Any]:
         from netra.bench.kernels_moe import check_align, check_route
 
         # the first instance, after the others ran (shared params); not m1, whose align defers at 1 token
-        first = next((o for n, o in provs.items() if str(V3_BUILDS[n].get("tune", "")) not in ("m1", "m1nc", "ms", "ml")),
+        first = next((o for n, o in provs.items() if str(V3_BUILDS[n].get("tune", "")) not in ("m1", "m1nc", "ms", "ml", "m1l")),
                      None) \
             or MoeSm90(0, variant="v3", tune="st8")
         rt = check_route(first, w)
