@@ -379,7 +379,9 @@ class MoeSm90:
     both GEMMs (the small-M pair "s3" below the threshold). ``tune="m1"``: ``align`` at one token without the
     shared route launches nothing and ``experts`` runs the whole routed layer as ONE cooperative kernel
     (``moe_m1_e256_k8``; gu / dbg_hq written in route order as st8's, no metadata / xq written); every other
-    call (M > 1, shared route, fewer than ``M1_CTAS`` SMs) is the st8 sequence.
+    call (M > 1, shared route, fewer than ``M1_CTAS`` SMs) is the st8 sequence. ``tune="ms"`` / ``"ml"`` do the
+    same with the one-kernel layers for 1..8 (``moe_ms``) / 1..128 (``moe_ml``) tokens; ``"m1s"`` / ``"m1l"`` add m1
+    at one token (``_launch_one_kernel`` picks the smallest that covers the call).
 
     ``prepare`` loads every code object and allocates every buffer (for up to 128 tokens) before any
     graph capture; the ``run_*`` methods then only fill launch structs and launch on the current

@@ -7,36 +7,42 @@
 // reads its B operand (the gate|up cache) with consumer loads at every (slot, chunk) group. moe_ms showed
 // that a TMA ring fed by one producer warp streams at the copy rate when nothing else waits behind it.
 // ml keeps that, and moves EVERY operand through the TMA queue:
-//   * weights through a 4 x 32 KB ring (producer warp 4), as moe_ms;
-//   * B operands (the x_q rows of a chunk of an expert's tokens, or its h_q rows) and the expert's weight
-//     scales through two 34 KB "B buffers" (producer warp 5), one chunk ahead of the consumers.
-// Work is split statically in contiguous, expert-major item ranges (so a CTA sees ~2-3 experts per GEMM
-// and loads each expert's B once):
-//   gate_up item = (slot, 16-token chunk, 8 columns): gate rows [8j, +8) and up rows [512 + 8j, +8) of the
+//   * weights through a 4 x 32 KB ring (producer warp 8), as moe_ms;
+//   * B operands and the expert's weight scales through two 33 KB "B buffers" (producer warp 9), one chunk
+//     ahead of the consumers: a gate_up chunk's x rows and a down chunk's h rows arrive in BF16 and the
+//     consumers quantize them in place (as moe_align / st8, bitwise), so neither x_q nor h_q makes a round trip
+//     through global memory and no grid barrier waits for them.
+// Work is split statically in contiguous, expert-major item ranges (a CTA sees ~2-3 experts per GEMM):
+//   gate_up item = (slot, 8-token chunk, 8 columns): gate rows [8j, +8) and up rows [512 + 8j, +8) of the
 //     expert (32 KB), one 16-row MMA tile whose rows g / g + 8 are gate / up of the same column, so
 //     h = bf16(SiLU(bf16 gate) * bf16 up) is computed in the epilogue (as moe_ms) and written to hbuf in
 //     slot order (row p = the route's position in the expert-major route list);
-//   down item = (slot, 64-token chunk, 64 output rows): w2 rows [64 r, +64) x 512 (32 KB, st8's item).
-// Phases (grid = 128 CTAs, cooperative; 4 consumer warps):
+//   down item = (slot, 8-token chunk, 64 output rows): w2 rows [64 r, +64) x 512 (32 KB, st8's item).
+//   An expert with more than 8 tokens streams its weights once per chunk (round 7: 16 / 64-token chunks made
+//   the CTAs holding such an expert the stragglers of the whole grid: 244 vs 215 us at 128 tokens).
+// Phases (grid = 128 CTAs, cooperative; 8 consumer warps, a pair per ring stage):
 //   0. every CTA: route metadata in shared memory from the top-8 ids (slots = active experts by increasing
-//      id, tokens increasing inside a slot, chunk tables); the producers start at once;
-//   1. CTA c quantizes token c (as moe_align) into x_q / x_s (global); grid barrier 1;
-//   2. gate_up items (B = the chunk's x_q rows); grid barrier 2;
-//   3. h quantized once across the grid: CTA c takes (row, 128-group) pairs c + 128 u into h_q / h_s (slot
-//      order, global); grid barrier 3 (the weight producer keeps streaming w2 through barriers 2-3);
-//   4. down items (B = the chunk's h_q rows): y = bf16(acc * w) per route into y [M * 8, 2048] (rank order);
-//      grid barrier 4;
-//   5. top-k sum: out[t, 8 columns] = bf16(sum over k in rank order, FP32) by (token, 8-column) units.
+//      id, tokens increasing inside a slot, chunk tables); then the B producer copies the first chunk's x rows
+//      and only then the weight producer starts;
+//   1. gate_up chunks: x rows quantized in place, then the items; grid barrier 1 (h of every route in hbuf;
+//      the weight producer keeps streaming w2 through it);
+//   2. down chunks (the B producer copies the chunk's h rows after the barrier): h quantized in place, then
+//      the items: y = bf16(acc * w) per route into y [M * 8, 2048] (rank order); grid barrier 2;
+//   3. top-k sum: out[t, 8 columns] = bf16(sum over k in rank order, FP32) by (token, 8-column) units.
+// A gate_up item's pair splits the 16 K blocks keeping one warp's numerics: warp sw runs the scaled FP32 chain
+// over K blocks 0-7 while warp sw + 4 runs the MMAs of blocks 8-15, then continues the chain in K order.
+// A down item's pair splits the 4 row tiles.
 // Numerics of the v3 st8 sequence by construction (bitwise): the same x and h quantization, the same
 // swapped-operand mma.sync m16n8k32 e4m3 core (moe_common.cuh) with the same K order and per-128-K-block
 // FP32 scaling per (row, token) element, gate/up rounded to BF16, y = bf16(acc * w), routes summed in rank
 // order in FP32 and rounded once. (An MMA element depends only on its row of A and its column of B.)
-// Protocols: ring stage s = local item j % 4 belongs to consumer warp s (full/empty mbarriers, parity waits,
-// as moe_ms). B buffer b % 2 holds the CTA's b-th chunk: bfull (1 arrival + tx bytes), bempty (4 warp
-// arrivals; a warp arrives once per chunk, after waiting for that chunk's bfull, so an early arrival can
-// never complete the phase of chunk b - 2). The B producer waits on gridok (phase 0: grid barrier 1,
-// phase 1: grid barrier 3) before the first gate_up / down chunk, then issues a proxy fence: x_q and h_q are
-// written by other CTAs' generic stores and read here by the async proxy.
+// Protocols: ring stage s = local item j % 4 belongs to consumer warps s and s + 4 (full/empty mbarriers,
+// empty counts 2 arrivals, parity waits, as moe_ms). B buffer b % 2 holds the CTA's b-th chunk: bfull (1
+// arrival + tx bytes), bempty (8 warp arrivals; a warp arrives once per chunk, after waiting for that chunk's
+// bfull, so an early arrival can never complete the phase of chunk b - 2; before it, a proxy fence orders the
+// warp's in-place writes before the bulk copies that refill the buffer). The B producer waits on gridok (grid
+// barrier 1) before the first down chunk, then issues a global proxy fence: hbuf is written by other CTAs'
+// generic stores and read here by the async proxy.
 // Code size matters (moe_ms round 6): loops over tasks stay rolled.
 // Workspace: the grid barrier's words (self-resetting). One stream at a time per device. The shared expert
 // (a 9th route) is not supported: the host runs the st8 sequence for it.
