@@ -292,6 +292,9 @@ V3_TUNES: dict[str, dict[str, str]] = {
     "m1l": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256", "m1": "moe_m1_e256_k8",
             "ml": "moe_ml_e256_k8"},
 }
+# tune -> its act+quant A/B twin (MoeSm90(variant="v3", fuse_act=False, tune=...)): the same one-kernel layer with
+# SiLU*up + quantization as their own grid-wide step (the other kernels stay the base unfused sequence)
+UNFUSED_TWINS: dict[str, dict[str, str]] = {"ml": {"ml": "moe_ml_aq_e256_k8"}}
 M1_CTAS = 128  # moe_m1's / moe_ms's / moe_ml's fixed grid (one CTA per SM, cooperative launch)
 ONE_KERNEL_MAX_TOKENS = {"m1": 1, "ms": 8, "ml": MAX_TOKENS}  # V3_TUNES key of the one-kernel layer -> the tokens it covers
 MS_PROBE_SYMBOL = "moe_ms_probe"  # exploration entry point of moe_ms's code object: the weight stream alone
@@ -345,11 +348,11 @@ class _MsParams(ctypes.Structure):
 
 
 class _MlParams(ctypes.Structure):
-    """kernels/sm90/moe/moe_ml.cu MlParams (96 bytes)."""
+    """kernels/sm90/moe/moe_ml.cu MlParams (112 bytes)."""
 
     _fields_ = [(n, ctypes.c_void_p) for n in (
         "x", "topk_ids", "topk_w", "w13", "w13_scale", "w2", "w2_scale", "hbuf", "y", "out",
-        "bar")] + [("M", ctypes.c_int32), ("_pad", ctypes.c_int32)]
+        "bar", "hq", "hs")] + [("M", ctypes.c_int32), ("_pad", ctypes.c_int32)]
 
 
 def _fill_layer_inputs(p: _M1Params | _MsParams | _MlParams, pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
@@ -402,8 +405,9 @@ class MoeSm90:
             raise ValueError("fuse_act / debug_h apply to variant='v3' only (v1 always runs moe_act_quant)")
         if debug_h and not fuse_act:
             raise ValueError("debug_h needs the fused down kernel (fuse_act=True)")
-        if tune not in V3_TUNES or (tune and (variant != "v3" or not fuse_act)):
-            raise ValueError(f"tune must be one of {sorted(V3_TUNES)} (non-empty: variant='v3', fused), got {tune!r}")
+        if tune not in V3_TUNES or (tune and (variant != "v3" or (not fuse_act and tune not in UNFUSED_TWINS))):
+            raise ValueError(f"tune must be one of {sorted(V3_TUNES)} (non-empty: variant='v3', fused, or unfused with "
+                             f"one of {sorted(UNFUSED_TWINS)}), got {tune!r}")
         self.device = device
         self.variant = variant
         self.fuse_act = variant == "v3" and fuse_act
@@ -411,7 +415,7 @@ class MoeSm90:
         names = dict(CONTRACTS if variant == "v1" else CONTRACTS_V3)
         if variant == "v3" and not fuse_act:
             names["down"] = DOWN_V3_UNFUSED
-        names.update(V3_TUNES[tune])
+        names.update(V3_TUNES[tune] if fuse_act else UNFUSED_TWINS.get(tune, {}))
         self.tune = tune
         self.t = {k: load_tactic(cat.by_name(v), device) for k, v in names.items()}
         self._names = names
@@ -637,6 +641,7 @@ class MoeSm90:
         with t.lock:
             _fill_layer_inputs(p, pending, w13, w13_scale, w2, w2_scale)
             p.hbuf, p.y = self.gu.data_ptr(), self.y.data_ptr()
+            p.hq, p.hs = self.aq_q.data_ptr(), self.aq_s.data_ptr()  # the A/B twin's h_q / h_s (unused by moe_ml)
             p.out, p.bar = self.out.data_ptr(), t.workspace.data_ptr()
             p.M = int(pending[0].shape[0])
             t.launch(M1_CTAS, self._stream())

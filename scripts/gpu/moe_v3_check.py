@@ -83,6 +83,7 @@ V3_BUILDS: dict[str, dict[str, Any]] = {
     # round 7: one cooperative kernel for the routed layer at 1..128 tokens (every operand through the TMA queue)
     "v3ml": {"variant": "v3", "tune": "ml"},
     "v3m1l": {"variant": "v3", "tune": "m1l"},  # m1 at 1 token, ml at 2..128
+    "v3ml-aq": {"variant": "v3", "tune": "ml", "fuse_act": False},  # ml's act+quant A/B twin (moe_ml_aq)
 }
 # round 3: the default run is the A/B of the streaming down against round 2's best (v3p6s); the other
 # builds stay reachable with --builds (their results are in .briefs/devruns/run8)
@@ -113,7 +114,7 @@ def _auto_pick(m: int) -> str:
 AUTO_PICKS = {"v3auto": _auto_pick, "v3auto3": _auto_pick, "v3s3": lambda _m: "v3p6s",
               "v3st8w": lambda _m: "v3st8",
               "v3m1": lambda _m: "v3st8", "v3m1nc": lambda _m: "v3st8", "v3ms": lambda _m: "v3st8",
-              "v3ml": lambda _m: "v3st8", "v3m1l": lambda _m: "v3st8"}  # m1: the same numerics by construction (st8's kernels above 1 token)  # provider -> the provider it must equal bitwise for m tokens
+              "v3ml": lambda _m: "v3st8", "v3m1l": lambda _m: "v3st8", "v3ml-aq": lambda _m: "v3st8"}  # m1: the same numerics by construction (st8's kernels above 1 token)  # provider -> the provider it must equal bitwise for m tokens
 # smoke runs once per build (3 x 25 s by default); worst case 325 s, typical ~2.5 min
 STEP_TIMEOUT = {"sass": 20, "smoke": 25, "check": 170, "time": 170, "ncu": 75, "sanitize": 100}
 # (run5 took 6-7 s per step; the limits only bound a hang)

@@ -160,6 +160,7 @@ def ml_timeline_one(variant: str) -> dict[str, Any]:
             p.w13, p.w13_scale, p.w2, p.w2_scale = (w["w13"].data_ptr(), w["s13"].data_ptr(), w["w2"].data_ptr(),
                                                     w["s2"].data_ptr())
             p.hbuf, p.y = ours.gu.data_ptr(), ours.y.data_ptr()
+            p.hq, p.hs = ours.aq_q.data_ptr(), ours.aq_s.data_ptr()
             p.out, p.bar, p.M = ours.out.data_ptr(), ws.data_ptr(), m
             ptr = (ctypes.c_void_p * 1)(ctypes.addressof(p))
             flat = ours.y.view(torch.uint8).view(-1)

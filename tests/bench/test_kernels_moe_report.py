@@ -132,6 +132,12 @@ def test_act_quant_gate_standalone_and_eliminated() -> None:
     assert not km.act_quant_gates(lrows, v3_checks)["pass"]
     lrows = layer_rows(PASSING)
     assert not km.act_quant_gates(lrows, {"netra-v3": {"layer": {"within_tolerance": False}}})["pass"]
+    # a tuning build is an A/B only against its own act+quant twin (UNFUSED_TWINS): ml yes, st8 no
+    lrows = layer_rows(PASSING, unfused_extra=2.0)
+    g = km.act_quant_gates(lrows, v3_checks, v3_tune="ml")
+    assert g["eliminated_pass"] and g["eliminated_note"].startswith("A/B")
+    g = km.act_quant_gates(lrows, v3_checks, v3_tune="st8")
+    assert not g["eliminated_pass"] and g["layer_saving_us_unfused_minus_fused"]["1"] is None
 
 
 def test_shared_table() -> None:

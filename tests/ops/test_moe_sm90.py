@@ -92,7 +92,7 @@ def test_v3_layer_fused_and_unfused(tmp_path: Any) -> None:
     # every fused build but the one-kernel ms / ml layers (h stays in shared memory or the B buffers) copies its
     # h for this comparison
     assert all(c["h_mismatch_vs_kernel"] == 0 and c["h_mismatch_vs_ref"] == 0
-               for c in res["cases"] if c["provider"] not in ("v3-unfused", "v3ms", "v3ml", "v3m1l"))
+               for c in res["cases"] if c["provider"] not in ("v3-unfused", "v3ms", "v3ml", "v3m1l", "v3ml-aq"))
     assert res["route_align_ok"], (res.get("route_v3"), res.get("align_v3"), res.get("route_align_error"))
 
 

@@ -101,6 +101,8 @@ struct MlParams {
   __nv_bfloat16* y;          // [M * 8, 2048] per-route contributions, rank order (row t * 8 + k)
   __nv_bfloat16* out;        // [M, 2048]
   unsigned* bar;             // workspace: word 0 arrival count, word 32 generation (zeroed once)
+  uint8_t* hq;               // ML_SEPARATE_AQ builds only: [M * 8, 512] e4m3, slot order
+  float* hs;                 // [M * 8, 4]
   int M;
   int _pad;
 };
@@ -109,7 +111,11 @@ extern "C" __device__ unsigned int netra_params_layout[] = {
     sizeof(MlParams), offsetof(MlParams, x), offsetof(MlParams, topk_ids), offsetof(MlParams, topk_w),
     offsetof(MlParams, w13), offsetof(MlParams, w13_scale), offsetof(MlParams, w2), offsetof(MlParams, w2_scale),
     offsetof(MlParams, hbuf), offsetof(MlParams, y), offsetof(MlParams, out), offsetof(MlParams, bar),
-    offsetof(MlParams, M)};
+    offsetof(MlParams, hq), offsetof(MlParams, hs), offsetof(MlParams, M)};
+
+#ifndef ML_SEPARATE_AQ
+#define ML_SEPARATE_AQ 0              // 1: the act+quant A/B twin (contract moe_ml_aq_e256_k8): gate_up writes the
+#endif                                // BF16 gate|up cache, SiLU*up + quantization run as their own grid-wide step
 
 #ifndef ML_TIMING
 #define ML_TIMING 0                   // 1 (exploration builds only): %globaltimer stamps per CTA and phase
@@ -362,10 +368,17 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
           if (b == 0) mbar_arrive(bstart);
         } else {
           chunk_of(m, m.dchunk[dc0 + (b - nbg)], DCH, slot, p0, n, e);
+#if ML_SEPARATE_AQ
+          mbar_expect_tx(&bfull[s], n * (INTER + 16) + 256);
+          bulk_g2s(dst + B_WS2, p.w2_scale + (size_t)e * 64, 256, &bfull[s]);
+          bulk_g2s(dst + B_HS, p.hs + (size_t)p0 * 4, n * 16, &bfull[s]);
+          for (int i = 0; i < n; ++i) bulk_g2s(dst + i * HROW, p.hq + (size_t)(p0 + i) * INTER, INTER, &bfull[s]);
+#else
           mbar_expect_tx(&bfull[s], n * INTER * 2 + 256);
           bulk_g2s(dst + B_WS2, p.w2_scale + (size_t)e * 64, 256, &bfull[s]);
           for (int i = 0; i < n; ++i)  // the chunk's h rows, BF16 (slot order: contiguous)
             bulk_g2s(dst + i * HROW, p.hbuf + (size_t)(p0 + i) * INTER, INTER * 2, &bfull[s]);
+#endif
         }
       }
     }
@@ -449,7 +462,14 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
         if (col < n) {
           const float gt = __bfloat162float(__float2bfloat16_rn(acc[h2]));
           const float up = __bfloat162float(__float2bfloat16_rn(acc[2 + h2]));
+#if ML_SEPARATE_AQ
+          p.hbuf[(size_t)(p0 + col) * 1024 + 8 * col8 + g] = __float2bfloat16_rn(acc[h2]);  // gate|up, as st8's cache
+          p.hbuf[(size_t)(p0 + col) * 1024 + 512 + 8 * col8 + g] = __float2bfloat16_rn(acc[2 + h2]);
+          (void)gt;
+          (void)up;
+#else
           p.hbuf[(size_t)(p0 + col) * INTER + 8 * col8 + g] = __float2bfloat16_rn(moe::silu_mul(gt, up));
+#endif
         }
       }
     }
@@ -466,9 +486,56 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     stamp(p, 5);  // gate_up done
     grid_arrive_wait(p.bar, gridDim.x);
     stamp(p, 6);  // grid barrier 2 passed
+#if !ML_SEPARATE_AQ
+    mbar_arrive(gridok);
+#endif
+  }
+  __syncwarp();
+#if ML_SEPARATE_AQ
+  // the A/B twin: SiLU*up + group quantization as a grid-wide step (st8's fused down prologue / moe_act_quant
+  // arithmetic: 16 lanes x 8 values per (row, 128-group) pair), h_q / h_s to global, one more grid barrier
+  consumer_sync();
+  {
+    const int hw = wid * 2 + (lane >> 4), sub = lane & 15;
+    const int np = c < R * 4 ? (R * 4 - c + ML_CTAS - 1) / ML_CTAS : 0;  // pairs idx = u * 128 + c
+#pragma unroll 1
+    for (int u0 = 0; u0 < np; u0 += 2 * ML_NCW) {  // warp-uniform trip count (shuffles below)
+      const int u = u0 + hw, idx = u * ML_CTAS + c;
+      uint4 gv = make_uint4(0u, 0u, 0u, 0u), uv = gv;
+      if (u < np) {
+        const __nv_bfloat16* src = p.hbuf + (size_t)(idx >> 2) * 1024 + (idx & 3) * 128 + sub * 8;
+        gv = __ldcg(reinterpret_cast<const uint4*>(src));
+        uv = __ldcg(reinterpret_cast<const uint4*>(src + 512));
+      }
+      float gf[8], uf[8], h[8];
+      moe::bf16x8_to_float(gv, gf);
+      moe::bf16x8_to_float(uv, uf);
+      float amax = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        h[i] = __bfloat162float(__float2bfloat16_rn(moe::silu_mul(gf[i], uf[i])));
+        amax = fmaxf(amax, fabsf(h[i]));
+      }
+#pragma unroll
+      for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      if (u < np) {
+        const float sc = moe::group_scale(amax);
+        uint2 q;
+        q.x = moe::quant4(h[0], h[1], h[2], h[3], sc);
+        q.y = moe::quant4(h[4], h[5], h[6], h[7], sc);
+        *reinterpret_cast<uint2*>(p.hq + (size_t)(idx >> 2) * INTER + (idx & 3) * 128 + sub * 8) = q;
+        if (sub == 0) p.hs[idx] = sc;
+      }
+    }
+  }
+  fence_proxy_async_global();
+  consumer_sync();
+  if (tid == 0) {
+    grid_arrive_wait(p.bar, gridDim.x);
     mbar_arrive(gridok);
   }
   __syncwarp();
+#endif
 
   // phase 4: down items; local item j = ng + (i - db)
   for (int b = nbg; b < nbg + nbd; ++b) {
@@ -480,8 +547,12 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     const float* bws = reinterpret_cast<const float*>(bb + B_WS2);
     mbar_wait(&bfull[b & 1], (b >> 1) & 1);
     if (tid == 0 && b == nbg) stamp(p, 9);  // the first down B chunk in
+#if !ML_SEPARATE_AQ
     quant_rows_inplace<4>(bb, n, HROW, bhs, wid, lane);  // the chunk's h rows
     consumer_sync();
+#else
+    (void)bhs;
+#endif
     if (tid == 0 && b == nbg) stamp(p, 7);  // the first down chunk's h quantized
     const int lo = max(db, dci * DN_PER_CHUNK), hi = min(de, (dci + 1) * DN_PER_CHUNK);
     const int ntile = (n + 7) >> 3;
