@@ -635,15 +635,22 @@ class MoeSm90:
 
     def _launch_ml(self, pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w13: torch.Tensor,
                    w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor) -> None:
-        t = self.t["ml"]
-        p = self._ml
-        assert p is not None
-        with t.lock:
-            _fill_layer_inputs(p, pending, w13, w13_scale, w2, w2_scale)
+        def fill(p: Any) -> None:
             p.hbuf, p.y = self.gu.data_ptr(), self.y.data_ptr()
             p.hq, p.hs = self.aq_q.data_ptr(), self.aq_s.data_ptr()  # the A/B twin's h_q / h_s (unused by moe_ml)
-            p.out, p.bar = self.out.data_ptr(), t.workspace.data_ptr()
+            p.out, p.bar = self.out.data_ptr(), self.t["ml"].workspace.data_ptr()
             p.M = int(pending[0].shape[0])
+
+        self._launch_layer("ml", self._ml, pending, (w13, w13_scale, w2, w2_scale), fill)
+
+    def _launch_layer(self, key: str, p: Any, pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                      weights: tuple[torch.Tensor, ...], fill: Any) -> None:
+        """One cooperative one-kernel layer (``key`` in self.t): its inputs, then ``fill(p)``, then the launch."""
+        t = self.t[key]
+        assert p is not None
+        with t.lock:
+            _fill_layer_inputs(p, pending, *weights)
+            fill(p)
             t.launch(M1_CTAS, self._stream())
 
     def _launch_ms(self, pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w13: torch.Tensor,
@@ -684,15 +691,12 @@ class MoeSm90:
 
     def _launch_m1(self, pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w13: torch.Tensor,
                    w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor) -> None:
-        t = self.t["m1"]
-        p = self._m1
-        assert p is not None
-        with t.lock:
-            _fill_layer_inputs(p, pending, w13, w13_scale, w2, w2_scale)
-            p.gu, p.out, p.bar = self.gu.data_ptr(), self.out.data_ptr(), t.workspace.data_ptr()
+        def fill(p: Any) -> None:
+            p.gu, p.out, p.bar = self.gu.data_ptr(), self.out.data_ptr(), self.t["m1"].workspace.data_ptr()
             p.dbg_hq = self.dbg_hq.data_ptr() if self.dbg_hq is not None else None
             p.dbg_hs = self.dbg_hs.data_ptr() if self.dbg_hs is not None else None
-            t.launch(M1_CTAS, self._stream())
+
+        self._launch_layer("m1", self._m1, pending, (w13, w13_scale, w2, w2_scale), fill)
 
     @staticmethod
     def _check_x(x: torch.Tensor) -> int:

@@ -223,16 +223,7 @@ def ms_timeline_one(out: Path, variant: str, cubin: Path) -> dict[str, Any]:
             st = st.cpu().double()
             if i >= 2:  # the first launches warm up
                 per.append(st)
-        stamps = torch.stack(per)  # [runs, 128, 16]
-        t0 = stamps[:, :, 0].min(dim=1, keepdim=True).values
-        rel = (stamps - t0.unsqueeze(-1)) / 1000.0  # µs from the first CTA's entry
-        rows = {}
-        for k, name in enumerate(STAMPS):
-            if name == "-":
-                continue
-            v = rel[:, :, k]
-            rows[name] = {"median_us": float(v.median()), "max_us": float(v.max(dim=1).values.median()),
-                          "min_us": float(v.min(dim=1).values.median())}
+        rows = _stamp_rows(torch.stack(per), STAMPS)  # per: [runs, 128, 16]
         res[str(m)] = rows
         print(f"[{variant}] moe_ms timeline at {m} token(s): µs from the first CTA's entry (median over CTAs / min / max, "
               f"median of {len(per)} launches)")
