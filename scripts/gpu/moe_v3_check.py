@@ -23,6 +23,11 @@ sass.json smoke.json check.json time.json ncu_summary.txt logs.tar.gz):
   ncu       ncu (serialised kernels) of v3 / v3p / v3p6 at 1 and 128 tokens; DIR/ncu_summary.txt.
   sanitize  compute-sanitizer --tool memcheck on small v3 layer calls (every build in V3_BUILDS).
 
+Round 7 (moe-ml): DEFAULT_BUILDS = v3st8, v3ml (tune "ml": the routed layer at 1..128 tokens in ONE cooperative
+kernel, kernels/sm90/moe/moe_ml.cu), v3m1l (m1 at 1 token, ml above); --builds adds v3ml-aq (ml's act+quant A/B twin)
+and v3ms. check adds odd sizes and adversarial routings above 8 tokens and requires every one-kernel build bitwise equal
+to v3st8 (AUTO_PICKS); time runs 1 / 8 / 16 / 32 / 64 / 128 tokens. Round log: results/sm90/moe_runs/run16_ml/README.md.
+
 Round 5 (moe-m1): the default run covers DEFAULT_BUILDS = v3st8 (verified) and v3m1 (tune "m1": the whole
 routed layer at 1 token in ONE cooperative kernel, kernels/sm90/moe/moe_m1.cu; st8's kernels otherwise). Steps
 sass, smoke, check, time, sanitize (no ncu: --step ncu runs it). check adds 1-token adversarial routings (ties in
