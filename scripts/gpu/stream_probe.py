@@ -33,7 +33,8 @@ ML_TIMED = ROOT / "build" / "explore" / "moe_ml_timed.cubin"
 # exploration builds of moe_ml (timed): name -> (ML_STAGES, GCH, DCH); "base" = the contract's build
 # round 7b measured (xq via global + barrier 1): base (4, 16, 64) 244.5 us at 128 tokens, g8 (4, 8, 64) 219.7,
 # g8d8 215.3, s5g8d8 215.6, s5g8d32 217.9; round 7c: x quantized in the B buffer, GCH fixed at 8
-ML_VARIANTS = {"base": (4, 8, 8), "d16": (4, 8, 16), "s5": (5, 8, 8)}
+ML_VARIANTS = {"base": (4, 8, 8), "wx": (4, 8, 8)}
+ML_FLAGS = {"wx": ["-DML_WAIT_XQ=1"]}  # round 7h: the weight stream waits for the first chunk's x quantization
 
 
 def ml_launch_shape(stages: int, gch: int, dch: int) -> tuple[int, int]:
@@ -49,7 +50,7 @@ def ml_cubin(name: str) -> Path:
 ML_STAMPS = ("entry", "metadata", "first chunk's x quantized", "-", "first gate_up B in", "gate_up done",
              "barrier 2 passed", "first down chunk's h quantized", "-", "first down B in", "down done", "barrier 3 passed",
              "top-k sum done", "producer: first down copy", "producer: last copy")
-ML_TOKENS = (16, 64, 128)
+ML_TOKENS = (8, 16, 64, 128)
 SRC = ROOT / "scripts" / "gpu" / "stream_probe.cu"
 ROT = 8
 # name -> (threads, dynamic smem bytes, grid)
@@ -81,7 +82,7 @@ def build() -> None:
     for name, (st, gch, dch) in ML_VARIANTS.items():
         assert gch == 8, "moe_ml's gate_up chunk is 8 tokens (round 7c)"
         cmd = ["nvcc", "-cubin", "-arch=sm_90a", "-O3", "-std=c++17", "-DML_TIMING=1", f"-DML_STAGES={st}",
-               f"-DDCH={dch}", "-o", str(ml_cubin(name)), str(ROOT / "kernels" / "sm90" / "moe" / "moe_ml.cu")]
+               f"-DDCH={dch}", *ML_FLAGS.get(name, []), "-o", str(ml_cubin(name)), str(ROOT / "kernels" / "sm90" / "moe" / "moe_ml.cu")]
         subprocess.run(cmd, check=True)
         print("built", ml_cubin(name))
 

@@ -113,6 +113,9 @@ extern "C" __device__ unsigned int netra_params_layout[] = {
     offsetof(MlParams, hbuf), offsetof(MlParams, y), offsetof(MlParams, out), offsetof(MlParams, bar),
     offsetof(MlParams, hq), offsetof(MlParams, hs), offsetof(MlParams, M)};
 
+#ifndef ML_WAIT_XQ
+#define ML_WAIT_XQ 0                  // 1 (exploration): the weight producer waits for the first chunk's x quantization
+#endif                                // (instruction fetches and the x rows then see an idle copy queue)
 #ifndef ML_SEPARATE_AQ
 #define ML_SEPARATE_AQ 0              // 1: the act+quant A/B twin (contract moe_ml_aq_e256_k8): gate_up writes the
 #endif                                // BF16 gate|up cache, SiLU*up + quantization run as their own grid-wide step
@@ -365,7 +368,9 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
           bulk_g2s(dst + B_WS, p.w13_scale + (size_t)e * 128, 512, &bfull[s]);
           for (int i = 0; i < n; ++i)  // the chunk's tokens' x rows, BF16
             bulk_g2s(dst + i * XROW, p.x + (size_t)(m.prt[p0 + i] >> 3) * HID, HID * 2, &bfull[s]);
+#if !ML_WAIT_XQ
           if (b == 0) mbar_arrive(bstart);
+#endif
         } else {
           chunk_of(m, m.dchunk[dc0 + (b - nbg)], DCH, slot, p0, n, e);
 #if ML_SEPARATE_AQ
@@ -409,6 +414,9 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     quant_rows_inplace<16>(bb, n, XROW, bxs, wid, lane);
     consumer_sync();
     if (tid == 0 && b == 0) stamp(p, 2);  // the first chunk's x quantized
+#if ML_WAIT_XQ
+    if (tid == 0 && b == 0) mbar_arrive(bstart);  // exploration: the weight stream starts only now
+#endif
     const int lo = max(gb, gci * GU_PER_CHUNK), hi = min(ge, (gci + 1) * GU_PER_CHUNK);
 #pragma unroll 1
     for (int i = lo + (((sw - (lo - gb)) % ML_STAGES) + ML_STAGES) % ML_STAGES; i < hi; i += ML_STAGES) {
