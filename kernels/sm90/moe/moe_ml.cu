@@ -114,8 +114,8 @@ extern "C" __device__ unsigned int netra_params_layout[] = {
     offsetof(MlParams, hq), offsetof(MlParams, hs), offsetof(MlParams, M)};
 
 #ifndef ML_WAIT_XQ
-#define ML_WAIT_XQ 0                  // 1 (exploration): the weight producer waits for the first chunk's x quantization
-#endif                                // (instruction fetches and the x rows then see an idle copy queue)
+#define ML_WAIT_XQ 0                  // 1 (exploration, rejected in run16 7h: no gain): the weight producer waits for
+#endif                                // the first chunk's x quantization (which then sees an idle copy queue)
 #ifndef ML_SEPARATE_AQ
 #define ML_SEPARATE_AQ 0              // 1: the act+quant A/B twin (contract moe_ml_aq_e256_k8): gate_up writes the
 #endif                                // BF16 gate|up cache, SiLU*up + quantization run as their own grid-wide step
