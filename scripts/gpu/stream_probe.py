@@ -134,7 +134,7 @@ def ml_timeline_one(variant: str) -> dict[str, Any]:
 
     from netra import runtime as rt
     from netra.bench.kernels_moe import make_routing, make_weights
-    from netra.ops.moe_fp8 import HIDDEN, M1_CTAS, MoeSm90, _MlParams
+    from netra.ops.moe_fp8 import HIDDEN, M1_CTAS, MoeSm90, _fill_layer_inputs, _MlParams
 
     cu = rt.driver()
     ours = MoeSm90(0, variant="v3", tune="ml")
@@ -157,9 +157,7 @@ def ml_timeline_one(variant: str) -> dict[str, Any]:
         for i in range(10):
             x, ids, wts, _sw = make_routing(m, seed=900 + 31 * i + m)
             p = _MlParams()
-            p.x, p.topk_ids, p.topk_w = x.data_ptr(), ids.data_ptr(), wts.data_ptr()
-            p.w13, p.w13_scale, p.w2, p.w2_scale = (w["w13"].data_ptr(), w["s13"].data_ptr(), w["w2"].data_ptr(),
-                                                    w["s2"].data_ptr())
+            _fill_layer_inputs(p, (x, ids, wts), w["w13"], w["s13"], w["w2"], w["s2"])
             p.hbuf, p.y = ours.gu.data_ptr(), ours.y.data_ptr()
             p.hq, p.hs = ours.aq_q.data_ptr(), ours.aq_s.data_ptr()
             p.out, p.bar, p.M = ours.out.data_ptr(), ws.data_ptr(), m
@@ -192,7 +190,7 @@ def ms_timeline_one(out: Path, variant: str, cubin: Path) -> dict[str, Any]:
 
     from netra import runtime as rt
     from netra.bench.kernels_moe import make_routing, make_weights
-    from netra.ops.moe_fp8 import M1_CTAS, MoeSm90, _MsParams
+    from netra.ops.moe_fp8 import M1_CTAS, MoeSm90, _fill_layer_inputs, _MsParams
 
     cu = rt.driver()
     ours = MoeSm90(0, variant="v3", tune="ms")
@@ -210,9 +208,7 @@ def ms_timeline_one(out: Path, variant: str, cubin: Path) -> dict[str, Any]:
         for i in range(10):
             x, ids, wts, _sw = make_routing(m, seed=900 + 31 * i + m)
             p = _MsParams()
-            p.x, p.topk_ids, p.topk_w = x.data_ptr(), ids.data_ptr(), wts.data_ptr()
-            p.w13, p.w13_scale, p.w2, p.w2_scale = (w["w13"].data_ptr(), w["s13"].data_ptr(), w["w2"].data_ptr(),
-                                                    w["s2"].data_ptr())
+            _fill_layer_inputs(p, (x, ids, wts), w["w13"], w["s13"], w["w2"], w["s2"])
             p.hbuf, p.out, p.bar, p.M = ours.gu.data_ptr(), ours.out.data_ptr(), ws.data_ptr(), m
             ptr = (ctypes.c_void_p * 1)(ctypes.addressof(p))
             ours.gu.view(torch.uint8).view(-1)[512 * 1024: 512 * 1024 + 128 * 16 * 8].zero_()
