@@ -148,7 +148,7 @@ def ml_timeline_one(variant: str) -> dict[str, Any]:
     attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     rt.check(cu.cuFuncSetAttribute(fn, attr, smem), "smem (timed)")
     cfg = rt._launch_config(threads, smem, cooperative=True)
-    ws = torch.zeros(256, dtype=torch.uint8, device="cuda")
+    ws = torch.zeros(t.workspace.numel(), dtype=torch.uint8, device="cuda")  # the contract's workspace size
     w = make_weights()
     res: dict[str, Any] = {}
     base = 1024 * HIDDEN * 2  # bytes into y

@@ -119,6 +119,11 @@ extern "C" __device__ unsigned int netra_params_layout[] = {
 #ifndef ML_SEPARATE_AQ
 #define ML_SEPARATE_AQ 0              // 1: the act+quant A/B twin (contract moe_ml_aq_e256_k8): gate_up writes the
 #endif                                // BF16 gate|up cache, SiLU*up + quantization run as their own grid-wide step
+#ifndef ML_CHUNK_FLAGS                // 1: no grid barrier between the GEMMs: a down chunk waits only for the gate_up
+#define ML_CHUNK_FLAGS (!ML_SEPARATE_AQ)  // chunk of the same (expert, 8 tokens) (a per-chunk item counter, workspace)
+#endif
+#define ML_CNT_WORD 256               // the per-chunk counters: workspace words [256, 256 + MAX_GCHUNKS)
+static_assert(!ML_CHUNK_FLAGS || GCH == DCH, "chunk flags pair gate_up chunk i with down chunk i");
 
 #ifndef ML_TIMING
 #define ML_TIMING 0                   // 1 (exploration builds only): %globaltimer stamps per CTA and phase
@@ -201,6 +206,14 @@ __device__ __forceinline__ void chunk_of(const Meta& m, int entry, int csize, in
   p0 = m.slot_start[slot] + cis * csize;
   n = min(csize, m.slot_start[slot + 1] - p0);
   e = m.slot_expert[slot];
+}
+
+// This CTA's items of gate_up chunk gci are done (their h stores ordered before by a CTA barrier): add their
+// number to the chunk's counter (release). A down chunk's B producer waits for GU_PER_CHUNK.
+__device__ __forceinline__ void publish_chunk(const MlParams& p, int gci, int gb, int ge) {
+  const int lo = max(gb, gci * GU_PER_CHUNK), hi = min(ge, (gci + 1) * GU_PER_CHUNK);
+  __threadfence();
+  atomicAdd(p.bar + ML_CNT_WORD + gci, (unsigned)(hi - lo));
 }
 
 __device__ __forceinline__ void split(int n_items, int c, int& lo, int& hi) {
@@ -356,10 +369,22 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
       for (int b = 0; b < nbg + nbd; ++b) {
         const int s = b & 1;
         if (b >= 2) mbar_wait(&bempty[s], ((b >> 1) - 1) & 1);
+#if ML_CHUNK_FLAGS
+        if (b >= nbg) {  // the chunk's h rows: every item of the gate_up chunk with the same index has published
+          const unsigned* cnt = p.bar + ML_CNT_WORD + (dc0 + (b - nbg));
+          unsigned polls = 0;
+          while (ld_acquire_gpu(cnt) < GU_PER_CHUNK) {
+            __nanosleep(64);
+            if (++polls == (1u << 24)) __trap();  // a count that cannot complete: fail instead of hanging
+          }
+          fence_proxy_async_global();
+        }
+#else
         if (b == nbg) {  // h is written by every CTA's generic stores: after grid barrier 2
           mbar_wait(gridok, 0);
           fence_proxy_async_global();
         }
+#endif
         uint8_t* dst = smem + OFF_B + s * BBUF;
         int slot, p0, n, e;
         if (b < nbg) {
@@ -414,6 +439,9 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     quant_rows_inplace<16>(bb, n, XROW, bxs, wid, lane);
     consumer_sync();
     if (tid == 0 && b == 0) stamp(p, 2);  // the first chunk's x quantized
+#if ML_CHUNK_FLAGS
+    if (tid == 0 && b > 0) publish_chunk(p, gc0 + b - 1, gb, ge);  // every warp is past chunk b - 1's items
+#endif
 #if ML_WAIT_XQ
     if (tid == 0 && b == 0) mbar_arrive(bstart);  // exploration: the weight stream starts only now
 #endif
@@ -483,6 +511,9 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     }
     // this warp's generic writes to the buffer (the in-place quantization) before the bulk copies that refill it
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#if ML_CHUNK_FLAGS
+    fence_proxy_async_global();  // this thread's h stores, before other CTAs' bulk copies read them
+#endif
     __syncwarp();
     if (lane == 0) mbar_arrive(&bempty[b & 1]);
   }
@@ -490,6 +521,12 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   // phase 3: grid barrier 2 (h of every route is in hbuf); the B producer then copies each down chunk's h rows
   fence_proxy_async_global();  // this thread's h stores, before other CTAs' bulk copies read them
   consumer_sync();
+#if ML_CHUNK_FLAGS
+  if (tid == 0) {
+    stamp(p, 5);  // gate_up done
+    publish_chunk(p, gc0 + nbg - 1, gb, ge);
+  }
+#else
   if (tid == 0) {
     stamp(p, 5);  // gate_up done
     grid_arrive_wait(p.bar, gridDim.x);
@@ -499,6 +536,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
 #endif
   }
   __syncwarp();
+#endif
 #if ML_SEPARATE_AQ
   // the A/B twin: SiLU*up + group quantization as a grid-wide step (st8's fused down prologue / moe_act_quant
   // arithmetic: 16 lanes x 8 values per (row, 128-group) pair), h_q / h_s to global, one more grid barrier
@@ -624,6 +662,10 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     stamp(p, 11);  // grid barrier 3 passed
   }
   consumer_sync();
+#if ML_CHUNK_FLAGS
+  // every down chunk's producer has seen its count (they all precede grid barrier 3): zero them for the next launch
+  for (int i = c * ML_NCW * 32 + tid; i < MAX_GCHUNKS; i += ML_CTAS * ML_NCW * 32) p.bar[ML_CNT_WORD + i] = 0u;
+#endif
 #pragma unroll 1
   for (int u = c * (ML_NCW * 32) + tid; u < M * (HID / 8); u += ML_CTAS * ML_NCW * 32) {
     const int tk = u / (HID / 8), col = (u % (HID / 8)) * 8;
