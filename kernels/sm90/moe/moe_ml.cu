@@ -24,10 +24,13 @@
 //   0. every CTA: route metadata in shared memory from the top-8 ids (slots = active experts by increasing
 //      id, tokens increasing inside a slot, chunk tables); then the B producer copies the first chunk's x rows
 //      and only then the weight producer starts;
-//   1. gate_up chunks: x rows quantized in place, then the items; grid barrier 1 (h of every route in hbuf;
-//      the weight producer keeps streaming w2 through it);
-//   2. down chunks (the B producer copies the chunk's h rows after the barrier): h quantized in place, then
-//      the items: y = bf16(acc * w) per route into y [M * 8, 2048] (rank order); grid barrier 2;
+//   1. gate_up chunks: x rows quantized in place, then the items; after each chunk thread 0 adds the CTA's item
+//      count of that chunk to the chunk's counter (workspace, release);
+//   2. down chunks: the B producer copies down chunk i's h rows once gate_up chunk i (the same expert and
+//      8 tokens) has all 64 items counted - no grid barrier between the GEMMs, so a CTA waits only for the
+//      experts it needs, mostly its own (ranges are proportional in both lists); the weight producer streams w2
+//      meanwhile; h quantized in place, then the items: y = bf16(acc * w) per route into y [M * 8, 2048] (rank
+//      order); grid barrier (y complete; then the counters are zeroed for the next launch);
 //   3. top-k sum: out[t, 8 columns] = bf16(sum over k in rank order, FP32) by (token, 8-column) units.
 // A gate_up item's pair splits the 16 K blocks keeping one warp's numerics: warp sw runs the scaled FP32 chain
 // over K blocks 0-7 while warp sw + 4 runs the MMAs of blocks 8-15, then continues the chain in K order.
@@ -40,9 +43,10 @@
 // empty counts 2 arrivals, parity waits, as moe_ms). B buffer b % 2 holds the CTA's b-th chunk: bfull (1
 // arrival + tx bytes), bempty (8 warp arrivals; a warp arrives once per chunk, after waiting for that chunk's
 // bfull, so an early arrival can never complete the phase of chunk b - 2; before it, a proxy fence orders the
-// warp's in-place writes before the bulk copies that refill the buffer). The B producer waits on gridok (grid
-// barrier 1) before the first down chunk, then issues a global proxy fence: hbuf is written by other CTAs'
-// generic stores and read here by the async proxy.
+// warp's in-place writes before the bulk copies that refill the buffer). Before each down chunk the B producer
+// polls its gate_up chunk's counter (acquire), then issues a global proxy fence: hbuf is written by other CTAs'
+// generic stores and read here by the async proxy. (Round 7g waited on a grid barrier and the gridok mbarrier
+// instead: ML_CHUNK_FLAGS=0, still the act+quant twin's build; the counters took 2-6 us off every batch, run16 7i.)
 // Code size matters (moe_ms round 6): loops over tasks stay rolled.
 // Workspace: the grid barrier's words (self-resetting). One stream at a time per device. The shared expert
 // (a 9th route) is not supported: the host runs the st8 sequence for it.
