@@ -904,8 +904,8 @@ def write_records_v3(src: Path, out: Path, tag: str, git_sha: str, judge: str = 
                         "(layer_within_tolerance) and moe_v3_check compares it bitwise with st8 "
                         "(results/sm90/moe_runs/run14_ms)"] if doc.get("v3_tune") in ("ms", "m1s") else []),
                      *(["tune m1l: one cooperative kernel per routed layer at 1 token (moe_m1) and at 2..128 tokens "
-                        "(moe_ml: every operand through the TMA queue, x and h quantized in place per chunk, two grid "
-                        "barriers); the st8 sequence with the shared expert. align() defers for every routed call "
+                        "(moe_ml: every operand through the TMA queue, x and h quantized in place per chunk; its "
+                        "barriers per the kernel header); the st8 sequence with the shared expert. align() defers for every routed call "
                         "(writes no metadata or quantised x) and the check counts those calls as deferred. The layer "
                         "output is checked (layer_within_tolerance) and moe_v3_check compares it bitwise with st8 "
                         "(results/sm90/moe_runs/run16_ml)"] if doc.get("v3_tune") in ("ml", "m1l") else [])]}

@@ -285,7 +285,8 @@ V3_TUNES: dict[str, dict[str, str]] = {
     "m1s": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256", "m1": "moe_m1_e256_k8",
             "ms": "moe_ms_e256_k8"},
     # round 7 experiment: the routed layer for 1..128 tokens in one cooperative kernel (moe_ml.cu: every operand
-    # through the TMA queue, static expert-major item ranges, four grid barriers); align + st8 with the shared route
+    # through the TMA queue, x / h quantized in place per chunk, per-chunk counters between the GEMMs, one grid
+    # barrier before the top-k sum); align + st8 with the shared route
     "ml": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256", "ml": "moe_ml_e256_k8"},
     # round 7: m1 at 1 token, ml at 2..128 (ml measured faster than ms at 8 tokens: 59.2 vs 62.2 us, run16 r7e), st8 with the
     # shared route
@@ -450,8 +451,8 @@ class MoeSm90:
         self._dn = gp.from_buffer(self.t["down"].params)
         self._dn_small = gp.from_buffer(self.t["down_small"].params) if "down_small" in self.t else None
         self._gu_small = gp.from_buffer(self.t["gate_up_small"].params) if "gate_up_small" in self.t else None
-        # tune "m1" / "ms": align() at M <= 1 / 8 without the shared route defers to experts(), which runs the
-        # one-kernel layer alone
+        # tune "m1" / "ms" / "ml": align() at M <= 1 / 8 / 128 without the shared route defers to experts(), which
+        # runs the one-kernel layer alone
         self._m1 = _M1Params.from_buffer(self.t["m1"].params) if "m1" in self.t and self.num_sms >= M1_CTAS \
             else None
         self._ms = _MsParams.from_buffer(self.t["ms"].params) if "ms" in self.t and self.num_sms >= M1_CTAS \
@@ -628,10 +629,8 @@ class MoeSm90:
             self._launch_m1(pending, w13, w13_scale, w2, w2_scale)
         elif m <= ONE_KERNEL_MAX_TOKENS["ms"] and getattr(self, "_ms", None) is not None:
             self._launch_ms(pending, w13, w13_scale, w2, w2_scale)
-        elif getattr(self, "_ml", None) is not None:
+        else:  # m <= _one_kernel_max(): ml covers every m the branches above do not
             self._launch_ml(pending, w13, w13_scale, w2, w2_scale)
-        else:
-            self._launch_m1(pending, w13, w13_scale, w2, w2_scale)
 
     def _launch_ml(self, pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor], w13: torch.Tensor,
                    w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor) -> None:

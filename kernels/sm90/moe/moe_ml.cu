@@ -384,7 +384,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
           fence_proxy_async_global();
         }
 #else
-        if (b == nbg) {  // h is written by every CTA's generic stores: after grid barrier 2
+        if (b == nbg) {  // h is written by every CTA's generic stores: after the grid barrier (ML_CHUNK_FLAGS=0)
           mbar_wait(gridok, 0);
           fence_proxy_async_global();
         }
@@ -522,7 +522,8 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     if (lane == 0) mbar_arrive(&bempty[b & 1]);
   }
 
-  // phase 3: grid barrier 2 (h of every route is in hbuf); the B producer then copies each down chunk's h rows
+  // phase 3: the last chunk's count (ML_CHUNK_FLAGS) or a grid barrier (h of every route in hbuf; the twin); the B
+  // producer then copies each down chunk's h rows
   fence_proxy_async_global();  // this thread's h stores, before other CTAs' bulk copies read them
   consumer_sync();
 #if ML_CHUNK_FLAGS
@@ -534,7 +535,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   if (tid == 0) {
     stamp(p, 5);  // gate_up done
     grid_arrive_wait(p.bar, gridDim.x);
-    stamp(p, 6);  // grid barrier 2 passed
+    stamp(p, 6);  // grid barrier passed
 #if !ML_SEPARATE_AQ
     mbar_arrive(gridok);
 #endif
@@ -658,16 +659,16 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     if (lane == 0) mbar_arrive(&bempty[b & 1]);
   }
 
-  // phase 5: grid barrier 4, top-k sum in rank order (FP32), rounded once to BF16
+  // phase 5: the last grid barrier (y complete), top-k sum in rank order (FP32), rounded once to BF16
   consumer_sync();
   if (tid == 0) {
     stamp(p, 10);  // down done
     grid_arrive_wait(p.bar, gridDim.x);
-    stamp(p, 11);  // grid barrier 3 passed
+    stamp(p, 11);  // the last grid barrier passed
   }
   consumer_sync();
 #if ML_CHUNK_FLAGS
-  // every down chunk's producer has seen its count (they all precede grid barrier 3): zero them for the next launch
+  // every down chunk's producer has seen its count (they all precede the last grid barrier): zero them for the next launch
   for (int i = c * ML_NCW * 32 + tid; i < MAX_GCHUNKS; i += ML_CTAS * ML_NCW * 32) p.bar[ML_CNT_WORD + i] = 0u;
 #endif
 #pragma unroll 1
