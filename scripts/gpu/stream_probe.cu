@@ -113,6 +113,8 @@ TMA(12, 16, 6)
 TMA(14, 16, 7)
 TMA(24, 8, 8)
 TMA(6, 32, 3)
+TMA(4, 32, 4)
+TMA(3, 32, 3)
 
 #define LDG(U, T)                                                                                    \
   extern "C" __global__ void __launch_bounds__(T, 1) probe_ldg_u##U##_t##T(const ProbeParams p) { ldg_body<U>(p); }

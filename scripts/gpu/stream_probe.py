@@ -33,8 +33,17 @@ ML_TIMED = ROOT / "build" / "explore" / "moe_ml_timed.cubin"
 # exploration builds of moe_ml (timed): name -> (ML_STAGES, GCH, DCH); "base" = the contract's build
 # round 7b measured (xq via global + barrier 1): base (4, 16, 64) 244.5 us at 128 tokens, g8 (4, 8, 64) 219.7,
 # g8d8 215.3, s5g8d8 215.6, s5g8d32 217.9; round 7c: x quantized in the B buffer, GCH fixed at 8
-ML_VARIANTS = {"base": (4, 8, 8), "wx": (4, 8, 8)}
-ML_FLAGS = {"wx": ["-DML_WAIT_XQ=1"]}  # round 7h: the weight stream waits for the first chunk's x quantization
+# round 7h: "wx" (the weight stream waits for the first chunk's x quantization): rejected, removed
+# round 8: "mb" the last grid barrier on a growing count, "eg" the producers go before the route-list tables, "nomma"
+# no MMA work (timing only: the stream + synchronisation skeleton)
+ML_VARIANTS = {"base": (4, 8, 8), "mb": (4, 8, 8), "eg": (4, 8, 8), "mbeg": (4, 8, 8), "nomma": (4, 8, 8)}
+ML_FLAGS = {"mb": ["-DML_MONO_BAR=1"], "eg": ["-DML_EARLY_GO=1"], "mbeg": ["-DML_MONO_BAR=1", "-DML_EARLY_GO=1"],
+            "nomma": ["-DML_NOMMA=1"]}
+# round 8: kernels/sm90/moe/moe_m1.cu with -DM1_TIMING=1 (stamps at byte 512 K of gu)
+M1_TIMED = ROOT / "build" / "explore" / "moe_m1_timed.cubin"
+M1_STAMPS = ("entry", "copies issued", "x quantized", "gate_up tile 0 in", "gate_up tile 1 in", "gate_up tile 2 in",
+             "gate_up tile 3 in", "gate_up done", "grid barrier passed", "h in shared memory", "down share in",
+             "out written")
 
 
 def ml_launch_shape(stages: int, gch: int, dch: int) -> tuple[int, int]:
@@ -54,7 +63,7 @@ ML_TOKENS = (8, 16, 64, 128)
 SRC = ROOT / "scripts" / "gpu" / "stream_probe.cu"
 ROT = 8
 # name -> (threads, dynamic smem bytes, grid)
-TMA = {(5, 32, 5), (6, 32, 6), (7, 32, 7), (12, 16, 6), (14, 16, 7), (24, 8, 8), (6, 32, 3)}
+TMA = {(5, 32, 5), (6, 32, 6), (7, 32, 7), (12, 16, 6), (14, 16, 7), (24, 8, 8), (6, 32, 3), (4, 32, 4), (3, 32, 3)}
 VARIANTS: dict[str, tuple[int, int, int]] = {
     f"probe_tma_s{s}_c{c}_w{w}": (32 * (w + 1), s * c * 1024 + 2 * s * 8, 128) for s, c, w in sorted(TMA)}
 VARIANTS.update({f"probe_ldg_u{u}_t{t}": (t, 0, 128) for u, t in ((8, 256), (16, 256), (8, 512), (16, 512), (32, 256))})
@@ -85,6 +94,10 @@ def build() -> None:
                f"-DDCH={dch}", *ML_FLAGS.get(name, []), "-o", str(ml_cubin(name)), str(ROOT / "kernels" / "sm90" / "moe" / "moe_ml.cu")]
         subprocess.run(cmd, check=True)
         print("built", ml_cubin(name))
+    cmd = ["nvcc", "-cubin", "-arch=sm_90a", "-O3", "-std=c++17", "-DM1_TIMING=1", "-o", str(M1_TIMED),
+           str(ROOT / "kernels" / "sm90" / "moe" / "moe_m1.cu")]
+    subprocess.run(cmd, check=True)
+    print("built", M1_TIMED)
 
 
 def _stamp_rows(stamps: Any, names: tuple[str, ...]) -> dict[str, Any]:
@@ -180,6 +193,49 @@ def ml_timeline_one(variant: str) -> dict[str, Any]:
     return res
 
 
+def m1_timeline(out: Path) -> dict[str, Any]:
+    """Per-phase %globaltimer stamps of moe_m1 (timed build), per CTA, one token, single launches."""
+    import torch
+
+    from netra import runtime as rt
+    from netra.bench.kernels_moe import make_routing, make_weights
+    from netra.ops.moe_fp8 import M1_CTAS, MoeSm90, _fill_layer_inputs, _M1Params
+
+    cu = rt.driver()
+    ours = MoeSm90(0, variant="v3", tune="m1")
+    t = ours.t["m1"]
+    module = rt.check(cu.cuModuleLoadData(M1_TIMED.read_bytes()), "cuModuleLoadData moe_m1_timed")
+    fn = rt.check(cu.cuModuleGetFunction(module, b"moe_m1"), "moe_m1 (timed)")
+    attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    rt.check(cu.cuFuncSetAttribute(fn, attr, t.smem_bytes), "smem (timed)")
+    cfg = rt._launch_config(t.block, t.smem_bytes, cooperative=True)
+    ws = torch.zeros(t.workspace.numel(), dtype=torch.uint8, device="cuda")
+    w = make_weights()
+    flat = ours.gu.view(torch.uint8).view(-1)
+    base = 512 * 1024
+    per: list[Any] = []
+    for i in range(12):
+        x, ids, wts, _sw = make_routing(1, seed=700 + 17 * i)
+        p = _M1Params()
+        _fill_layer_inputs(p, (x, ids, wts), w["w13"], w["s13"], w["w2"], w["s2"])
+        p.gu, p.out, p.bar = ours.gu.data_ptr(), ours.out.data_ptr(), ws.data_ptr()
+        p.dbg_hq = p.dbg_hs = None
+        ptr = (ctypes.c_void_p * 1)(ctypes.addressof(p))
+        flat[base: base + 128 * 16 * 8].zero_()
+        cfg.gridDimX, cfg.hStream = M1_CTAS, torch.cuda.current_stream().cuda_stream
+        torch.cuda.synchronize()
+        rt.check(cu.cuLaunchKernelEx(cfg, fn, ctypes.addressof(ptr), 0), "launch moe_m1 (timed)")
+        torch.cuda.synchronize()
+        if i >= 2:
+            per.append(flat[base: base + 128 * 16 * 8].view(torch.int64).view(128, 16).cpu().double())
+    rows = _stamp_rows(torch.stack(per), M1_STAMPS)
+    print(f"moe_m1 timeline at 1 token: µs from the first CTA's entry (median over CTAs / min / max, median of {len(per)} launches)")
+    for name, r in rows.items():
+        print(f"  {name:22s} {r['median_us']:7.2f} {r['min_us']:7.2f} {r['max_us']:7.2f}")
+    (out / "m1_timeline.json").write_text(json.dumps(rows, indent=1))
+    return rows
+
+
 def ms_timeline(out: Path) -> dict[str, Any]:
     return {name: ms_timeline_one(out, name, path) for name, (_f, path) in TIMED_VARIANTS.items()}
 
@@ -237,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=25)
     ap.add_argument("--ms-timeline", action="store_true", help="only the moe_ms phase timeline (timed build)")
     ap.add_argument("--ml-timeline", action="store_true", help="only the moe_ml phase timeline (timed build)")
+    ap.add_argument("--m1-timeline", action="store_true", help="only the moe_m1 phase timeline (timed build)")
     args = ap.parse_args(argv)
     if args.build:
         build()
@@ -252,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.ml_timeline:
         ml_timeline(args.out)
+        return 0
+    if args.m1_timeline:
+        m1_timeline(args.out)
         return 0
     cu = rt.driver()
     torch.zeros(1, device="cuda")

@@ -70,7 +70,23 @@ extern "C" __device__ unsigned int netra_params_layout[] = {
     offsetof(M1Params, gu), offsetof(M1Params, out), offsetof(M1Params, bar), offsetof(M1Params, dbg_hq),
     offsetof(M1Params, dbg_hs)};
 
+#ifndef M1_TIMING
+#define M1_TIMING 0                   // 1 (exploration builds only): %globaltimer stamps per CTA and phase
+#endif
+#define M1_TIMING_OFFSET (512 * 1024) // bytes into gu: u64 [128 CTAs][16 stamps]
+
 namespace {
+
+__device__ __forceinline__ void stamp(const M1Params& p, int k) {
+#if M1_TIMING
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  reinterpret_cast<unsigned long long*>(reinterpret_cast<uint8_t*>(p.gu) + M1_TIMING_OFFSET)[blockIdx.x * 16 + k] = t;
+#else
+  (void)p;
+  (void)k;
+#endif
+}
 
 // ---------------------------------------------------------------- MMA core (moe_common.cuh)
 using moe::kblock_mma;
@@ -106,6 +122,7 @@ extern "C" __global__ void __launch_bounds__(M1_THREADS, 1) moe_m1(const M1Param
   const int kq = c >> 4;                 // this CTA's gate_up route (rank)
   const int row0 = (c & 15) * 64;        // its first gate|up row
 
+  if (tid == 0) stamp(p, 0);  // entry
   if (tid == 0) {
     if (gridDim.x != M1_CTAS || blockDim.x != M1_THREADS) __trap();
     const int eg = __ldg(p.topk_ids + kq);
@@ -122,6 +139,7 @@ extern "C" __global__ void __launch_bounds__(M1_THREADS, 1) moe_m1(const M1Param
 #pragma unroll
     for (int k = 0; k < TOPK; ++k)
       bulk_g2s(s_dn + k * DN_TILE_BYTES, p.w2 + ((size_t)__ldg(p.topk_ids + k) * HID + c * 16) * INTER, DN_TILE_BYTES, &full[4]);
+    stamp(p, 1);  // every copy issued
   }
   if (tid < TOPK) {
     const int e = __ldg(p.topk_ids + tid);
@@ -142,6 +160,7 @@ extern "C" __global__ void __launch_bounds__(M1_THREADS, 1) moe_m1(const M1Param
     if (lane == 0) s_xs[grp] = s;
   }
   __syncthreads();
+  if (tid == 0) stamp(p, 2);  // x quantized
 
   const int g = lane >> 2, t = lane & 3;
   if (wid < 4) {  // gate_up: warp w's 16 rows, the token in B column 0 (lanes g == 0), as the st8 gate_up
@@ -152,6 +171,7 @@ extern "C" __global__ void __launch_bounds__(M1_THREADS, 1) moe_m1(const M1Param
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     const uint8_t* xrow = s_xq + t * 32;
     mbar_wait(&full[wid], 0);
+    if (lane == 0) stamp(p, 3 + wid);  // gate_up tile wid in
     const uint8_t* tile = s_gu + wid * GU_TILE_BYTES + g * HID + t * 32;
 #pragma unroll 4
     for (int kb = 0; kb < 16; ++kb) {
@@ -169,7 +189,12 @@ extern "C" __global__ void __launch_bounds__(M1_THREADS, 1) moe_m1(const M1Param
     }
   }
 
+#if M1_TIMING
+  __syncthreads();
+  if (tid == 0) stamp(p, 7);  // gate_up done (every warp)
+#endif
   grid_sync(p.bar);
+  if (tid == 0) stamp(p, 8);  // grid barrier passed
 
   // h of the 8 routes (as the st8 down's dn_group_h): (route, 128-group) pairs over the 16 half-warps
   {
@@ -211,6 +236,7 @@ extern "C" __global__ void __launch_bounds__(M1_THREADS, 1) moe_m1(const M1Param
     }
   }
   __syncthreads();
+  if (tid == 0) stamp(p, 9);  // h of the 8 routes in shared memory
 
   // down: warp k, route k: output rows [16c, 16c + 16) of expert ids[k] (one 16-row tile, as one q tile
   // of an st8 down item), h_k in B column 0; y_k = bf16(acc * w_k)
@@ -230,6 +256,7 @@ extern "C" __global__ void __launch_bounds__(M1_THREADS, 1) moe_m1(const M1Param
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb) wsk[kb] = __shfl_sync(0xffffffffu, wsl, kb);
     mbar_wait(&full[4], 0);
+    if (tid == 0) stamp(p, 10);  // the down share in
     const uint8_t* tile = s_dn + k * DN_TILE_BYTES + g * INTER + t * 32;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -251,4 +278,5 @@ extern "C" __global__ void __launch_bounds__(M1_THREADS, 1) moe_m1(const M1Param
     for (int k = 0; k < TOPK; ++k) s += s_y[k * 16 + tid];
     p.out[c * 16 + tid] = __float2bfloat16_rn(s);
   }
+  if (tid == 0) stamp(p, 11);  // out written (thread 0's share)
 }

@@ -129,6 +129,15 @@ extern "C" __device__ unsigned int netra_params_layout[] = {
 #define ML_CNT_WORD 256               // the per-chunk counters: workspace words [256, 256 + MAX_GCHUNKS)
 static_assert(!ML_CHUNK_FLAGS || GCH == DCH, "chunk flags pair gate_up chunk i with down chunk i");
 
+#ifndef ML_MONO_BAR
+#define ML_MONO_BAR 0                 // 1 (exploration): the last grid barrier on a count that only grows (word 64)
+#endif
+#ifndef ML_EARLY_GO
+#define ML_EARLY_GO 0                 // 1 (exploration): the producers start right after the slot tables; the consumers
+#endif                                // build the route-list tables (prt / pw) meanwhile
+#ifndef ML_NOMMA
+#define ML_NOMMA 0                    // 1 (exploration, timing only: wrong results): no MMA work in the consumers
+#endif
 #ifndef ML_TIMING
 #define ML_TIMING 0                   // 1 (exploration builds only): %globaltimer stamps per CTA and phase
 #endif
@@ -256,22 +265,23 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     mbar_init(bstart, 1);
     mbar_fence_init();
   }
-  // the routes: ids and weights into registers (up to 6 per thread)
-  constexpr int RPT = (MAX_ROUTES + ML_THREADS - 1) / ML_THREADS;
+  // the routes: ids and weights into registers (up to 6 per thread; ML_EARLY_GO: the consumer threads only, 4)
+  constexpr int NRT = ML_EARLY_GO ? ML_NCW * 32 : ML_THREADS;
+  constexpr int RPT = (MAX_ROUTES + NRT - 1) / NRT;
   int rid[RPT];
   float rw[RPT];
 #pragma unroll
   for (int u = 0; u < RPT; ++u) {
-    const int r = tid + ML_THREADS * u;
-    rid[u] = r < R ? __ldg(p.topk_ids + r) : -1;
-    rw[u] = r < R ? __ldg(p.topk_w + r) : 0.0f;
+    const int r = tid + NRT * u;
+    rid[u] = r < R && (!ML_EARLY_GO || tid < NRT) ? __ldg(p.topk_ids + r) : -1;
+    rw[u] = r < R && (!ML_EARLY_GO || tid < NRT) ? __ldg(p.topk_w + r) : 0.0f;
   }
   for (int i = tid; i < 256 * 4; i += ML_THREADS) (&m.tm[0][0])[i] = 0u;
   __syncthreads();
 #pragma unroll
   for (int u = 0; u < RPT; ++u) {
-    const int r = tid + ML_THREADS * u;
-    if (r < R) {
+    const int r = tid + NRT * u;
+    if (r < R && (!ML_EARLY_GO || tid < NRT)) {
       if ((unsigned)rid[u] >= 256u) __trap();  // the contract: ids in [0, 256), distinct per token
       atomicOr(&m.tm[rid[u]][r >> 8], 1u << ((r >> 3) & 31));
     }
@@ -321,10 +331,11 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     }
   }
   __syncthreads();
+  if (!ML_EARLY_GO || wid < ML_NCW) {
 #pragma unroll
   for (int u = 0; u < RPT; ++u) {  // route r of token t to expert e -> position slot_start + (# tokens < t on e)
-    const int r = tid + ML_THREADS * u;
-    if (r < R) {
+    const int r = tid + NRT * u;
+    if (r < R && (!ML_EARLY_GO || tid < NRT)) {
       const int e = rid[u], t = r >> 3;
       int before = __popc(m.tm[e][t >> 5] & ((1u << (t & 31)) - 1u));
       for (int w = 0; w < (t >> 5); ++w) before += __popc(m.tm[e][w]);
@@ -333,7 +344,12 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
       m.pw[q] = rw[u];
     }
   }
+  }
+#if ML_EARLY_GO
+  if (wid < ML_NCW) consumer_sync();  // prt / pw (read in the down epilogues); the producers are already going
+#else
   __syncthreads();
+#endif
   if (tid == 0) stamp(p, 1);  // metadata
 
   int gb, ge, db, de;
@@ -395,8 +411,23 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
           chunk_of(m, m.gchunk[gc0 + b], GCH, slot, p0, n, e);
           mbar_expect_tx(&bfull[s], n * HID * 2 + 512);
           bulk_g2s(dst + B_WS, p.w13_scale + (size_t)e * 128, 512, &bfull[s]);
+#if ML_EARLY_GO
+          {  // the chunk's tokens (set bits of the expert's token mask, ranks [cis * GCH, + n)): x rows, BF16
+            const int skip = (m.gchunk[gc0 + b] >> 16) * GCH;
+            int rank = 0, i = 0;
+            for (int w = 0; w < 4 && i < n; ++w) {
+              unsigned bits = m.tm[e][w];
+              while (bits != 0u && i < n) {
+                const int tk = w * 32 + __ffs(bits) - 1;
+                bits &= bits - 1u;
+                if (rank++ >= skip) bulk_g2s(dst + (i++) * XROW, p.x + (size_t)tk * HID, HID * 2, &bfull[s]);
+              }
+            }
+          }
+#else
           for (int i = 0; i < n; ++i)  // the chunk's tokens' x rows, BF16
             bulk_g2s(dst + i * XROW, p.x + (size_t)(m.prt[p0 + i] >> 3) * HID, HID * 2, &bfull[s]);
+#endif
 #if !ML_WAIT_XQ
           if (b == 0) mbar_arrive(bstart);
 #endif
@@ -463,7 +494,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
       float acc[4] = {0.f, 0.f, 0.f, 0.f};
       if (half == 0) {
 #pragma unroll 4
-        for (int kb = 0; kb < 8; ++kb) {
+        for (int kb = 0; kb < (ML_NOMMA ? 0 : 8); ++kb) {
           uint32_t bf[8];
           moe::load_b(xrow + kb * 128, valid, bf);
           const float st = valid ? bxs[g * 16 + kb] : 0.0f;
@@ -479,8 +510,15 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
         continue;
       }
       float d[8][4], sts[8];
+#if ML_NOMMA
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
+        sts[kk] = 0.0f;
+        d[kk][0] = d[kk][1] = d[kk][2] = d[kk][3] = 0.0f;
+      }
+#endif
+#pragma unroll
+      for (int kk = 0; kk < (ML_NOMMA ? 0 : 8); ++kk) {
         const int kb = 8 + kk;
         uint32_t bf[8];
         moe::load_b(xrow + kb * 128, valid, bf);
@@ -623,7 +661,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
 #pragma unroll
         for (int q = 0; q < 2; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.0f;
 #pragma unroll
-        for (int kb = 0; kb < 4; ++kb) {
+        for (int kb = 0; kb < (ML_NOMMA ? 0 : 4); ++kb) {
           uint32_t bf[8];
           moe::load_b(hrow + kb * 128, valid, bf);
           const float st = valid ? bhs[col * 4 + kb] : 0.0f;
@@ -663,7 +701,11 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   consumer_sync();
   if (tid == 0) {
     stamp(p, 10);  // down done
+#if ML_MONO_BAR
+    grid_arrive_wait_mono(p.bar + 64, gridDim.x);
+#else
     grid_arrive_wait(p.bar, gridDim.x);
+#endif
     stamp(p, 11);  // the last grid barrier passed
   }
   consumer_sync();

@@ -89,4 +89,19 @@ __device__ __forceinline__ void grid_arrive_wait(unsigned* bar, unsigned ctas) {
   __threadfence();
 }
 
+// Grid-wide barrier on a count that only grows (moe_ml): every launch adds exactly `ctas` (a power of two)
+// arrivals, so an arrival's launch is prev / ctas and the barrier ends when the count reaches the next multiple
+// of ctas. No generation read before the arrival and no reset after the last one: the last arrival's atomic is
+// the release every CTA polls for (one round trip less on each side than grid_arrive_wait).
+__device__ __forceinline__ void grid_arrive_wait_mono(unsigned* count, unsigned ctas) {
+  __threadfence();
+  const unsigned prev = atomicAdd(count, 1u);
+  const unsigned target = prev - (prev & (ctas - 1u)) + ctas;
+  unsigned polls = 0;
+  while ((int)(ld_acquire_gpu(count) - target) < 0) {
+    if (++polls == (1u << 26)) __trap();  // a broken count: fail the launch instead of hanging
+  }
+  __threadfence();
+}
+
 }  // namespace

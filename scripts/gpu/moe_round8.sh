@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Issue 7 round 8, one device call (carry build): the moe_m1 phase timeline (-DM1_TIMING=1), the moe_ml phase
+# timelines of the exploration builds (stream_probe.py ML_VARIANTS), the weight-stream probe, the GPU tests;
+# everything tarred into $OUT/all.tgz.   usage (device): bash scripts/gpu/moe_round8.sh [parts: m1 ml probe tests]
+set -uo pipefail
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+W=/tmp/w; rm -rf $W; mkdir -p $W
+PARTS=${*:-m1 ml probe tests}
+for part in $PARTS; do
+  case $part in
+    m1) timeout 120 python3 scripts/gpu/stream_probe.py --m1-timeline --out $W > $W/m1_timeline.txt 2>&1; tail -13 $W/m1_timeline.txt ;;
+    ml) timeout 300 python3 scripts/gpu/stream_probe.py --ml-timeline --out $W > $W/ml_timeline.txt 2>&1
+        grep -v "last gate_up\|last down" $W/ml_timeline.txt | grep -E "^\[|metadata|gate_up done|first down B|down done|barrier 3|top-k sum|^moe_ml|^  [a-z]+ +[0-9]+:" ;;
+    probe) timeout 200 python3 scripts/gpu/stream_probe.py --out $W/probe > $W/probe.txt 2>&1; tail -18 $W/probe.txt ;;
+    tests) timeout 300 python3 -m pytest -q tests/ops/test_moe_sm90.py -p no:cacheprovider 2>&1 | grep -v '^{' | tail -4 | tee $W/pytest_gpu_moe.log ;;
+  esac
+done
+tar -czf $OUT/all.tgz -C $W .
