@@ -292,6 +292,11 @@ V3_TUNES: dict[str, dict[str, str]] = {
     # shared route
     "m1l": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256", "m1": "moe_m1_e256_k8",
             "ml": "moe_ml_e256_k8"},
+    # round 8: m1f (moe_m1f.cu: m1's plan with x and the scales first in the copy queue, all 8 warps on every gate_up
+    # tile as it lands, h computed by the gate_up CTA, a grid barrier on a growing count) in m1's place (same params)
+    "m1f": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256", "m1": "moe_m1f_e256_k8"},
+    "m1fl": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256", "m1": "moe_m1f_e256_k8",
+             "ml": "moe_ml_e256_k8"},
 }
 # tune -> its act+quant A/B twin (MoeSm90(variant="v3", fuse_act=False, tune=...)): the same one-kernel layer with
 # SiLU*up + quantization as their own grid-wide step (the other kernels stay the base unfused sequence)

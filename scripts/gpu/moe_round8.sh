@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 7 round 8, one device call (carry build): the moe_m1 phase timeline (-DM1_TIMING=1), the moe_ml phase
-# timelines of the exploration builds (stream_probe.py ML_VARIANTS), the weight-stream probe, the GPU tests;
-# everything tarred into $OUT/all.tgz.   usage (device): bash scripts/gpu/moe_round8.sh [parts: m1 ml probe tests]
+# timelines of the exploration builds (stream_probe.py ML_VARIANTS), the weight-stream probe, moe_v3_check of
+# BUILDS (bitwise vs st8 + interleaved graph replay), the GPU tests; everything tarred into $OUT/all.tgz.
+#   usage (device): [BUILDS=v3st8,v3m1l,v3m1fl] bash scripts/gpu/moe_round8.sh [parts: m1 ml probe check tests]
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 W=/tmp/w; rm -rf $W; mkdir -p $W
@@ -12,6 +13,8 @@ for part in $PARTS; do
     ml) timeout 300 python3 scripts/gpu/stream_probe.py --ml-timeline --out $W > $W/ml_timeline.txt 2>&1
         grep -v "last gate_up\|last down" $W/ml_timeline.txt | grep -E "^\[|metadata|gate_up done|first down B|down done|barrier 3|top-k sum|^moe_ml|^  [a-z]+ +[0-9]+:" ;;
     probe) timeout 200 python3 scripts/gpu/stream_probe.py --out $W/probe > $W/probe.txt 2>&1; tail -18 $W/probe.txt ;;
+    check) timeout 560 python3 scripts/gpu/moe_v3_check.py --builds ${BUILDS:-v3st8,v3m1l,v3m1fl} --out $W/check > $W/check.txt 2>&1
+           tail -16 $W/check.txt ;;
     tests) timeout 300 python3 -m pytest -q tests/ops/test_moe_sm90.py -p no:cacheprovider 2>&1 | grep -v '^{' | tail -4 | tee $W/pytest_gpu_moe.log ;;
   esac
 done

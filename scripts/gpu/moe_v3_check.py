@@ -89,7 +89,12 @@ V3_BUILDS: dict[str, dict[str, Any]] = {
     "v3ml": {"variant": "v3", "tune": "ml"},
     "v3m1l": {"variant": "v3", "tune": "m1l"},  # m1 at 1 token, ml at 2..128
     "v3ml-aq": {"variant": "v3", "tune": "ml", "fuse_act": False},  # ml's act+quant A/B twin (moe_ml_aq)
+    # round 8: m1f (moe_m1f.cu) at 1 token; m1fl = m1f at 1 token, ml at 2..128
+    "v3m1f": {"variant": "v3", "tune": "m1f"},
+    "v3m1fl": {"variant": "v3", "tune": "m1fl"},
 }
+# tunes whose one-kernel layer writes no gate|up cache + h_q copy to compare (debug_h off; not route/align's first)
+NO_DEBUG_TUNES = ("ms", "ml", "m1l", "m1f", "m1fl")
 # round 3: the default run is the A/B of the streaming down against round 2's best (v3p6s); the other
 # builds stay reachable with --builds (their results are in .briefs/devruns/run8)
 # round 4: v3auto (p6s's down below 6 tokens) times as v3p6s / v3st8 (the same kernels): --builds adds it
@@ -119,7 +124,8 @@ def _auto_pick(m: int) -> str:
 AUTO_PICKS = {"v3auto": _auto_pick, "v3auto3": _auto_pick, "v3s3": lambda _m: "v3p6s",
               "v3st8w": lambda _m: "v3st8",
               "v3m1": lambda _m: "v3st8", "v3m1nc": lambda _m: "v3st8", "v3ms": lambda _m: "v3st8",
-              "v3ml": lambda _m: "v3st8", "v3m1l": lambda _m: "v3st8", "v3ml-aq": lambda _m: "v3st8"}  # m1: the same numerics by construction (st8's kernels above 1 token)  # provider -> the provider it must equal bitwise for m tokens
+              "v3ml": lambda _m: "v3st8", "v3m1l": lambda _m: "v3st8", "v3ml-aq": lambda _m: "v3st8",
+              "v3m1f": lambda _m: "v3st8", "v3m1fl": lambda _m: "v3st8"}  # m1: the same numerics by construction (st8's kernels above 1 token)  # provider -> the provider it must equal bitwise for m tokens
 # smoke runs once per build (3 x 25 s by default); worst case 325 s, typical ~2.5 min
 STEP_TIMEOUT = {"sass": 20, "smoke": 25, "check": 170, "time": 170, "ncu": 75, "sanitize": 100}
 # (run5 took 6-7 s per step; the limits only bound a hang)
@@ -235,7 +241,7 @@ def step_check(out_dir: Path) -> dict[str, Any]:
     # several instances on purpose: they share each contract's params buffer (run5's bug), so every
     # call must fill its own pointers
     # debug_h: the fused down kernel's h copy (ms keeps h in shared memory only: no copy, nothing to compare)
-    provs = {name: MoeSm90(0, **{**kw, "debug_h": bool(kw.get("fuse_act", True)) and kw.get("tune") not in ("ms", "ml", "m1l")})
+    provs = {name: MoeSm90(0, **{**kw, "debug_h": bool(kw.get("fuse_act", True)) and kw.get("tune") not in NO_DEBUG_TUNES})
              for name, kw in builds().items()}
     v1 = MoeSm90(0, variant="v1")
     res: dict[str, Any] = {"cases": [], "ok": True}
@@ -301,7 +307,7 @@ def step_check(out_dir: Path) -> dict[str, Any]:
         from netra.bench.kernels_moe import check_align, check_route
 
         # the first instance, after the others ran (shared params); not m1, whose align defers at 1 token
-        first = next((o for n, o in provs.items() if str(V3_BUILDS[n].get("tune", "")) not in ("m1", "m1nc", "ms", "ml", "m1l")),
+        first = next((o for n, o in provs.items() if str(V3_BUILDS[n].get("tune", "")) not in ("m1", "m1nc", *NO_DEBUG_TUNES)),
                      None) \
             or MoeSm90(0, variant="v3", tune="st8")
         rt = check_route(first, w)

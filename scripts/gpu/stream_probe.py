@@ -36,11 +36,15 @@ ML_TIMED = ROOT / "build" / "explore" / "moe_ml_timed.cubin"
 # round 7h: "wx" (the weight stream waits for the first chunk's x quantization): rejected, removed
 # round 8: "mb" the last grid barrier on a growing count, "eg" the producers go before the route-list tables, "nomma"
 # no MMA work (timing only: the stream + synchronisation skeleton)
-ML_VARIANTS = {"base": (4, 8, 8), "mb": (4, 8, 8), "eg": (4, 8, 8), "mbeg": (4, 8, 8), "nomma": (4, 8, 8)}
-ML_FLAGS = {"mb": ["-DML_MONO_BAR=1"], "eg": ["-DML_EARLY_GO=1"], "mbeg": ["-DML_MONO_BAR=1", "-DML_EARLY_GO=1"],
-            "nomma": ["-DML_NOMMA=1"]}
+# (run17: base / mb / eg / mbeg / nomma at 8 tokens 57.9 / 56.8 / 56.3 / 55.6 / 52.2 us single launch: mb and eg
+# adopted as the contract's defaults; "r7i" = the build before them)
+ML_VARIANTS = {"base": (4, 8, 8), "r7i": (4, 8, 8), "nomma": (4, 8, 8)}
+ML_FLAGS = {"r7i": ["-DML_MONO_BAR=0", "-DML_EARLY_GO=0"], "nomma": ["-DML_NOMMA=1"]}
 # round 8: kernels/sm90/moe/moe_m1.cu with -DM1_TIMING=1 (stamps at byte 512 K of gu)
 M1_TIMED = ROOT / "build" / "explore" / "moe_m1_timed.cubin"
+# round 8: the same stamps in kernels/sm90/moe/moe_m1f.cu (-DM1F_TIMING=1): name -> (source, symbol, contract, cubin)
+M1_KERNELS = {"m1": ("moe_m1.cu", "moe_m1", "moe_m1_e256_k8", M1_TIMED),
+              "m1f": ("moe_m1f.cu", "moe_m1f", "moe_m1f_e256_k8", M1_TIMED.with_name("moe_m1f_timed.cubin"))}
 M1_STAMPS = ("entry", "copies issued", "x quantized", "gate_up tile 0 in", "gate_up tile 1 in", "gate_up tile 2 in",
              "gate_up tile 3 in", "gate_up done", "grid barrier passed", "h in shared memory", "down share in",
              "out written")
@@ -94,10 +98,12 @@ def build() -> None:
                f"-DDCH={dch}", *ML_FLAGS.get(name, []), "-o", str(ml_cubin(name)), str(ROOT / "kernels" / "sm90" / "moe" / "moe_ml.cu")]
         subprocess.run(cmd, check=True)
         print("built", ml_cubin(name))
-    cmd = ["nvcc", "-cubin", "-arch=sm_90a", "-O3", "-std=c++17", "-DM1_TIMING=1", "-o", str(M1_TIMED),
-           str(ROOT / "kernels" / "sm90" / "moe" / "moe_m1.cu")]
-    subprocess.run(cmd, check=True)
-    print("built", M1_TIMED)
+    for name, (src, _sym, _contract, path) in M1_KERNELS.items():
+        flag = "-DM1_TIMING=1" if name == "m1" else "-DM1F_TIMING=1"
+        cmd = ["nvcc", "-cubin", "-arch=sm_90a", "-O3", "-std=c++17", flag, "-o", str(path),
+               str(ROOT / "kernels" / "sm90" / "moe" / src)]
+        subprocess.run(cmd, check=True)
+        print("built", path)
 
 
 def _stamp_rows(stamps: Any, names: tuple[str, ...]) -> dict[str, Any]:
@@ -194,7 +200,13 @@ def ml_timeline_one(variant: str) -> dict[str, Any]:
 
 
 def m1_timeline(out: Path) -> dict[str, Any]:
-    """Per-phase %globaltimer stamps of moe_m1 (timed build), per CTA, one token, single launches."""
+    res = {name: m1_timeline_one(name) for name in M1_KERNELS}
+    (out / "m1_timeline.json").write_text(json.dumps(res, indent=1))
+    return res
+
+
+def m1_timeline_one(name: str) -> dict[str, Any]:
+    """Per-phase %globaltimer stamps of moe_m1 / moe_m1f (timed builds), per CTA, one token, single launches."""
     import torch
 
     from netra import runtime as rt
@@ -202,10 +214,11 @@ def m1_timeline(out: Path) -> dict[str, Any]:
     from netra.ops.moe_fp8 import M1_CTAS, MoeSm90, _fill_layer_inputs, _M1Params
 
     cu = rt.driver()
-    ours = MoeSm90(0, variant="v3", tune="m1")
+    _src, sym, _contract, cubin = M1_KERNELS[name]
+    ours = MoeSm90(0, variant="v3", tune=name)
     t = ours.t["m1"]
-    module = rt.check(cu.cuModuleLoadData(M1_TIMED.read_bytes()), "cuModuleLoadData moe_m1_timed")
-    fn = rt.check(cu.cuModuleGetFunction(module, b"moe_m1"), "moe_m1 (timed)")
+    module = rt.check(cu.cuModuleLoadData(cubin.read_bytes()), f"cuModuleLoadData {cubin.name}")
+    fn = rt.check(cu.cuModuleGetFunction(module, sym.encode()), f"{sym} (timed)")
     attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     rt.check(cu.cuFuncSetAttribute(fn, attr, t.smem_bytes), "smem (timed)")
     cfg = rt._launch_config(t.block, t.smem_bytes, cooperative=True)
@@ -229,10 +242,9 @@ def m1_timeline(out: Path) -> dict[str, Any]:
         if i >= 2:
             per.append(flat[base: base + 128 * 16 * 8].view(torch.int64).view(128, 16).cpu().double())
     rows = _stamp_rows(torch.stack(per), M1_STAMPS)
-    print(f"moe_m1 timeline at 1 token: µs from the first CTA's entry (median over CTAs / min / max, median of {len(per)} launches)")
-    for name, r in rows.items():
-        print(f"  {name:22s} {r['median_us']:7.2f} {r['min_us']:7.2f} {r['max_us']:7.2f}")
-    (out / "m1_timeline.json").write_text(json.dumps(rows, indent=1))
+    print(f"{sym} timeline at 1 token: µs from the first CTA's entry (median over CTAs / min / max, median of {len(per)} launches)")
+    for phase, r in rows.items():
+        print(f"  {phase:22s} {r['median_us']:7.2f} {r['min_us']:7.2f} {r['max_us']:7.2f}")
     return rows
 
 

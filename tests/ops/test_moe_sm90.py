@@ -92,7 +92,7 @@ def test_v3_layer_fused_and_unfused(tmp_path: Any) -> None:
     # every fused build but the one-kernel ms / ml layers (h stays in shared memory or the B buffers) copies its
     # h for this comparison
     assert all(c["h_mismatch_vs_kernel"] == 0 and c["h_mismatch_vs_ref"] == 0
-               for c in res["cases"] if c["provider"] not in ("v3-unfused", "v3ms", "v3ml", "v3m1l", "v3ml-aq"))
+               for c in res["cases"] if c["provider"] not in ("v3-unfused", "v3ms", "v3ml", "v3m1l", "v3ml-aq", "v3m1f", "v3m1fl"))
     assert res["route_align_ok"], (res.get("route_v3"), res.get("align_v3"), res.get("route_align_error"))
 
 
@@ -140,6 +140,12 @@ def test_m1_bitwise_vs_st8_at_one_token() -> None:
     """tune "m1" (one cooperative kernel at 1 token, routed only) is bitwise the st8 sequence, eager and
     replayed, on ordinary and adversarial routings; with the shared route it falls back to st8."""
     _bitwise_vs_st8("m1", [(1, k) for k in (False, *_v3_script().ADVERSARIAL_1)])
+
+
+def test_m1f_bitwise_vs_st8_at_one_token() -> None:
+    """tune "m1f" (round 8's one-token kernel, routed only) is bitwise the st8 sequence, eager and replayed, on
+    ordinary and adversarial routings; with the shared route it falls back to st8."""
+    _bitwise_vs_st8("m1f", [(1, k) for k in (False, *_v3_script().ADVERSARIAL_1)])
 
 
 def test_ms_bitwise_vs_st8_up_to_8_tokens() -> None:

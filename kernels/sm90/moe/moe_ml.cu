@@ -129,12 +129,12 @@ extern "C" __device__ unsigned int netra_params_layout[] = {
 #define ML_CNT_WORD 256               // the per-chunk counters: workspace words [256, 256 + MAX_GCHUNKS)
 static_assert(!ML_CHUNK_FLAGS || GCH == DCH, "chunk flags pair gate_up chunk i with down chunk i");
 
-#ifndef ML_MONO_BAR
-#define ML_MONO_BAR 0                 // 1 (exploration): the last grid barrier on a count that only grows (word 64)
+#ifndef ML_MONO_BAR                  // 1: the last grid barrier on a count that only grows (workspace word 64; run17:
+#define ML_MONO_BAR (!ML_SEPARATE_AQ) // -0.8..-1.8 us at 8..128 tokens); the act+quant twin keeps moe_sync's grid_arrive_wait
 #endif
-#ifndef ML_EARLY_GO
-#define ML_EARLY_GO 0                 // 1 (exploration): the producers start right after the slot tables; the consumers
-#endif                                // build the route-list tables (prt / pw) meanwhile
+#ifndef ML_EARLY_GO                   // 1: the producers start right after the slot tables (the B producer takes a chunk's
+#define ML_EARLY_GO (!ML_SEPARATE_AQ) // tokens from the expert's token mask); the consumers build the route-list tables
+#endif                                // (prt / pw, read only in the down epilogues) meanwhile (run17: -0.5..-1.5 us)
 #ifndef ML_NOMMA
 #define ML_NOMMA 0                    // 1 (exploration, timing only: wrong results): no MMA work in the consumers
 #endif

@@ -1,0 +1,297 @@
+// MoE m1f: the whole routed MoE layer for ONE token in one cooperative kernel (issue 7, 1-token gate; round 8).
+//
+// m1 (moe_m1.cu) measured 16.1 us in graph replay against a 5.9 us byte floor. Its per-CTA timeline (run17,
+// -DM1_TIMING=1, single launch, us from the first entry): copies issued 1.0; x quantized 6.1 (warp 0's x load
+// queued behind the CTA's own 192 KB of TMA copies); gate_up done 8.5 (one warp per 16-row tile: a 2.3 us
+// dependent MMA chain after the last tile landed); grid barrier 10.8 (2.3 us); h in shared memory 12.8 (gate|up
+// from L2, SiLU and quantization after the barrier); down + top-k sum 14.1. m1f keeps m1's plan (all weights in
+// flight at entry, one grid barrier, the top-k sum local to the CTA) and shortens every phase after the stream:
+//   * the first TMA copy is x itself (BF16, issued before the ids are even read), then the weight scales, then the
+//     weights: the quantization of x and every scale come from shared memory, never from a load behind the stream;
+//   * gate_up tile = 8 gate + 8 up rows of the same 8 columns (two 16 KB copies; moe_ms / moe_ml's pairing), so the
+//     CTA computes h = bf16(SiLU(bf16 gate) * bf16 up) itself and writes 32 BF16 h values, not gate|up;
+//   * all 8 warps work on every tile as it lands: warp w runs the MMAs of K blocks 2w, 2w + 1 (moe_common.cuh
+//     kblock_d) and parks the raw fragments in shared memory; warp t then runs tile t's scaled FP32 chain over
+//     K blocks 0..15 in order (kblock_acc2) - one warp's arithmetic, so the numerics are st8's bitwise;
+//   * the grid barrier counts on a word that only grows (moe_sync.cuh grid_arrive_wait_mono);
+//   * after it only the h quantization (no SiLU) remains before the down MMAs.
+// Numerics of the v3 st8 sequence (align -> gate_up -> down) bitwise by construction: x quantized as moe_align
+// (IEEE divisions, RNE), the swapped-operand mma.sync m16n8k32 e4m3 core with the same K permutation and the same
+// per-K-block FP32 scaling chain per (row, token) element (an element depends only on its row of A and its column
+// of B, so which rows share a tile changes no bit), gate / up rounded to BF16 before SiLU, h quantized per 128 with
+// IEEE divisions, y = bf16(acc * w_k), the 8 routes summed in rank order in FP32 and rounded once.
+//
+// Grid = 128 CTAs (cooperative: all co-resident or the launch fails), 256 threads, ~219 KB of dynamic shared
+// memory. CTA c: route kq = c / 16, columns [32 j, 32 j + 32) with j = c % 16 (gate rows 32 j.., up rows
+// 512 + 32 j..); down: output rows [16 c, 16 c + 16) of all 8 experts.
+// Params: M1Params of moe_m1.cu (the host fills both the same way); `gu` holds h here: [8, 512] BF16, route order
+// (experts by increasing id, as moe_align's slots). dbg_hq / dbg_hs: CTA 0's copy of h_q / h_s (route order).
+// Workspace: word 0 = the grid barrier's arrival count (only grows, 128 per launch). One stream at a time per
+// device. The shared expert (a 9th route) is not supported: the host runs the st8 sequence for it.
+#include "moe_common.cuh"
+#include "moe_sync.cuh"
+#include <stddef.h>
+
+#define HID 2048
+#define INTER 512
+#define TOPK 8
+#define F_CTAS 128
+#define F_THREADS 256
+#define F_WARPS 8
+#define GU_TILE_BYTES 32768            // 8 gate rows + 8 up rows x 2048 B
+#define GU_HALF_BYTES 16384
+#define DN_TILE_BYTES 8192             // 16 rows x 512 B
+#define HROW 528                       // h row stride in shared memory (as moe_m1.cu)
+// dynamic shared memory layout
+#define OFF_GU 0                                      // 4 tiles
+#define OFF_DN (OFF_GU + 4 * GU_TILE_BYTES)           // 131072: 8 x 8 KB
+#define OFF_X (OFF_DN + TOPK * DN_TILE_BYTES)         // 196608: x, BF16 (TMA)
+#define OFF_SC (OFF_X + HID * 2)                      // 200704: w13 scales gate [16] | up [16], w2 scales [8][4]
+#define SC_BYTES (32 * 4 + TOPK * 16)                 // 256
+#define OFF_XQ (OFF_SC + SC_BYTES)                    // 200960: x_q [2048] E4M3
+#define OFF_XS (OFF_XQ + HID)                         // 203008: x_s [16] FP32
+#define OFF_D (OFF_XS + 64)                           // 203072: raw fragments [2 (tile parity)][16 kb][32 lanes][4]
+#define D_BYTES (16 * 32 * 16)                        // 8192 per tile
+#define OFF_H (OFF_D + 2 * D_BYTES)                   // 219456: h_q [8][HROW]
+#define OFF_HS (OFF_H + TOPK * HROW)                  // 223680: h_s [8][4]
+#define OFF_Y (OFF_HS + TOPK * 4 * 4)                 // 223808: y [8][16] FP32
+#define OFF_BAR (OFF_Y + TOPK * 16 * 4)               // 224320: 6 mbarriers
+#define F_SMEM (OFF_BAR + 64)                         // 224384
+static_assert(OFF_X % 128 == 0 && OFF_SC % 16 == 0 && OFF_XQ % 16 == 0 && OFF_D % 16 == 0 && OFF_H % 16 == 0 &&
+              OFF_BAR % 8 == 0, "alignment");
+static_assert(F_SMEM <= 232448, "shared memory");
+
+struct M1Params {  // == moe_m1.cu's (the host's _M1Params)
+  const __nv_bfloat16* x;    // [1, 2048]
+  const int* topk_ids;       // [1, 8] int32, rank order, distinct
+  const float* topk_w;       // [1, 8] fp32
+  const uint8_t* w13;        // [E(+1), 1024, 2048] e4m3
+  const float* w13_scale;    // [E(+1), 8, 16]
+  const uint8_t* w2;         // [E(+1), 2048, 512] e4m3
+  const float* w2_scale;     // [E(+1), 16, 4]
+  __nv_bfloat16* gu;         // here: h [8, 512] BF16, route order (scratch)
+  __nv_bfloat16* out;        // [1, 2048]
+  unsigned* bar;             // workspace: word 0 the grid barrier's arrival count (zeroed once, only grows)
+  uint8_t* dbg_hq;           // [>= 8, 512] copy of h_q (route order) when non-null (tests; CTA 0 writes)
+  float* dbg_hs;             // [>= 8, 4]
+};
+
+extern "C" __device__ unsigned int netra_params_layout[] = {
+    sizeof(M1Params), offsetof(M1Params, x), offsetof(M1Params, topk_ids), offsetof(M1Params, topk_w),
+    offsetof(M1Params, w13), offsetof(M1Params, w13_scale), offsetof(M1Params, w2), offsetof(M1Params, w2_scale),
+    offsetof(M1Params, gu), offsetof(M1Params, out), offsetof(M1Params, bar), offsetof(M1Params, dbg_hq),
+    offsetof(M1Params, dbg_hs)};
+
+#ifndef M1F_TIMING
+#define M1F_TIMING 0                  // 1 (exploration builds only): %globaltimer stamps per CTA and phase
+#endif
+#define M1F_TIMING_OFFSET (512 * 1024)  // bytes into gu: u64 [128 CTAs][16 stamps] (as moe_m1.cu's M1_TIMING)
+
+namespace {
+
+__device__ __forceinline__ void stamp(const M1Params& p, int k) {
+#if M1F_TIMING
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  reinterpret_cast<unsigned long long*>(reinterpret_cast<uint8_t*>(p.gu) + M1F_TIMING_OFFSET)[blockIdx.x * 16 + k] = t;
+#else
+  (void)p;
+  (void)k;
+#endif
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Params p) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  uint8_t* s_gu = smem + OFF_GU;
+  uint8_t* s_dn = smem + OFF_DN;
+  const uint2* s_x = reinterpret_cast<const uint2*>(smem + OFF_X);
+  const float* s_wsg = reinterpret_cast<const float*>(smem + OFF_SC);   // [16] gate rows' K-block scales
+  const float* s_wsu = s_wsg + 16;                                       // [16] up rows'
+  const float* s_w2s = s_wsg + 32;                                       // [8 routes][4]
+  uint8_t* s_xq = smem + OFF_XQ;
+  float* s_xs = reinterpret_cast<float*>(smem + OFF_XS);
+  float4* s_d = reinterpret_cast<float4*>(smem + OFF_D);
+  uint8_t* s_h = smem + OFF_H;
+  float* s_hs = reinterpret_cast<float*>(smem + OFF_HS);
+  float* s_y = reinterpret_cast<float*>(smem + OFF_Y);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + OFF_BAR);  // [0..3] gate_up tiles, [4] down, [5] x + scales
+  __shared__ int s_pos[TOPK];
+  __shared__ float s_w[TOPK];
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  const int c = blockIdx.x;
+  const int kq = c >> 4;                 // this CTA's gate_up route (rank)
+  const int j = c & 15;                  // its 32 columns [32 j, 32 j + 32)
+
+  if (tid == 0) stamp(p, 0);  // entry
+  if (tid == 0) {
+    if (gridDim.x != F_CTAS || blockDim.x != F_THREADS) __trap();
+    for (int s = 0; s < 6; ++s) mbar_init(&full[s], 1);
+    mbar_fence_init();
+    // x first in this SM's copy queue (it needs no id), then the ids, the scales and the weights
+    mbar_expect_tx(&full[5], HID * 2 + SC_BYTES);
+    bulk_g2s(smem + OFF_X, p.x, HID * 2, &full[5]);
+    int ids[TOPK];
+#pragma unroll
+    for (int k = 0; k < TOPK; ++k) ids[k] = __ldg(p.topk_ids + k);
+    const int eg = __ldg(p.topk_ids + kq);
+    bulk_g2s(smem + OFF_SC, p.w13_scale + ((size_t)eg * 8 + (j >> 2)) * 16, 64, &full[5]);
+    bulk_g2s(smem + OFF_SC + 64, p.w13_scale + ((size_t)eg * 8 + 4 + (j >> 2)) * 16, 64, &full[5]);
+#pragma unroll
+    for (int k = 0; k < TOPK; ++k)
+      bulk_g2s(smem + OFF_SC + 128 + 16 * k, p.w2_scale + ((size_t)ids[k] * 16 + (c >> 3)) * 4, 16, &full[5]);
+    // gate_up tile w: gate rows [32 j + 8 w, +8) then up rows [512 + 32 j + 8 w, +8)
+    const uint8_t* gsrc = p.w13 + ((size_t)eg * 1024 + 32 * j) * HID;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      mbar_expect_tx(&full[w], GU_TILE_BYTES);
+      bulk_g2s(s_gu + w * GU_TILE_BYTES, gsrc + (size_t)(8 * w) * HID, GU_HALF_BYTES, &full[w]);
+      bulk_g2s(s_gu + w * GU_TILE_BYTES + GU_HALF_BYTES, gsrc + (size_t)(512 + 8 * w) * HID, GU_HALF_BYTES, &full[w]);
+    }
+    mbar_expect_tx(&full[4], TOPK * DN_TILE_BYTES);
+#pragma unroll
+    for (int k = 0; k < TOPK; ++k)
+      bulk_g2s(s_dn + k * DN_TILE_BYTES, p.w2 + ((size_t)ids[k] * HID + c * 16) * INTER, DN_TILE_BYTES, &full[4]);
+    stamp(p, 1);  // every copy issued
+  }
+  if (tid < TOPK) {
+    const int e = __ldg(p.topk_ids + tid);
+    int pos = 0;
+#pragma unroll
+    for (int q = 0; q < TOPK; ++q) pos += __ldg(p.topk_ids + q) < e ? 1 : 0;
+    s_pos[tid] = pos;  // the route's position in route order (experts by increasing id), as moe_align
+    s_w[tid] = __ldg(p.topk_w + tid);
+  }
+  __syncthreads();  // the mbarriers are initialised
+  // x quantization (moe_align's quant_x_tile, token 0): warp w takes groups w and w + 8
+  mbar_wait(&full[5], 0);
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    const int grp = wid + 8 * q;
+    float s;
+    *reinterpret_cast<uint32_t*>(s_xq + grp * 128 + lane * 4) = moe::quant_group_warp(s_x[grp * 32 + lane], s);
+    if (lane == 0) s_xs[grp] = s;
+  }
+  __syncthreads();
+  if (tid == 0) stamp(p, 2);  // x quantized
+
+  // gate_up: tiles in landing order; warp w runs K blocks 2w, 2w + 1 of every tile (the token in B column 0:
+  // lanes g == 0), parks the raw fragments; warp t then runs tile t's scaled chain over K blocks 0..15
+  const int g = lane >> 2, t4 = lane & 3;
+  const bool valid = g == 0;
+
+#pragma unroll 1
+  for (int tt = 0; tt < 4; ++tt) {
+    mbar_wait(&full[tt], 0);
+    if (lane == 0 && wid == 0) stamp(p, 3 + tt);  // tile tt in (warp 0's view)
+    const uint8_t* tile = s_gu + tt * GU_TILE_BYTES + g * HID + t4 * 32;
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+      const int kb = 2 * wid + h2;
+      uint32_t bf[8];
+      moe::load_b(s_xq + kb * 128 + t4 * 32, valid, bf);
+      uint4 a[4];
+      moe::load_a(a, tile + kb * 128, HID);
+      float d[4];
+      moe::kblock_d(d, a, bf);
+      s_d[((tt & 1) * 16 + kb) * 32 + lane] = make_float4(d[0], d[1], d[2], d[3]);
+    }
+    __syncthreads();  // tile tt's 16 raw fragments are parked (and tile tt - 1's chain has read its parity's)
+    if (wid == tt) {
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int kb = 0; kb < 16; ++kb) {
+        const float4 v = s_d[((tt & 1) * 16 + kb) * 32 + lane];
+        const float d[4] = {v.x, v.y, v.z, v.w};
+        moe::kblock_acc2(acc, d, s_wsg[kb], s_wsu[kb], valid ? s_xs[kb] : 0.0f, t4);
+      }
+      if (t4 == 0) {  // token column 0: acc[0] gate (row g), acc[2] up (row g + 8) of column 32 j + 8 tt + g
+        const float gt = __bfloat162float(__float2bfloat16_rn(acc[0]));
+        const float up = __bfloat162float(__float2bfloat16_rn(acc[2]));
+        p.gu[(size_t)s_pos[kq] * INTER + 32 * j + 8 * tt + g] = __float2bfloat16_rn(moe::silu_mul(gt, up));
+      }
+    }
+  }
+
+  __syncthreads();  // every h store of this CTA precedes the arrival
+  if (tid == 0) {
+    stamp(p, 7);  // gate_up done
+    grid_arrive_wait_mono(p.bar, gridDim.x);
+    stamp(p, 8);  // grid barrier passed
+  }
+  __syncthreads();
+
+  // h_q of the 8 routes (st8's down prologue arithmetic without the SiLU): (route, 128-group) pairs over the 16
+  // half-warps, 8 values per lane
+  {
+    const int hw = lane >> 4, sub = lane & 15;
+    uint4 hv[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int idx = 2 * wid + hw + 16 * u;  // 0..31: route idx >> 2 (rank), group idx & 3
+      hv[u] = __ldcg(reinterpret_cast<const uint4*>(p.gu + (size_t)s_pos[idx >> 2] * INTER + (idx & 3) * 128 + sub * 8));
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int idx = 2 * wid + hw + 16 * u;
+      const int k = idx >> 2, grp = idx & 3, col = grp * 128 + sub * 8;
+      float h[8];
+      moe::bf16x8_to_float(hv[u], h);
+      float amax = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(h[i]));
+#pragma unroll
+      for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      const float sc = moe::group_scale(amax);
+      uint2 q;
+      q.x = moe::quant4(h[0], h[1], h[2], h[3], sc);
+      q.y = moe::quant4(h[4], h[5], h[6], h[7], sc);
+      *reinterpret_cast<uint2*>(s_h + k * HROW + col) = q;
+      if (sub == 0) s_hs[k * 4 + grp] = sc;
+      if (p.dbg_hq != nullptr && c == 0) {
+        const size_t r = (size_t)s_pos[k];
+        *reinterpret_cast<uint2*>(p.dbg_hq + r * 512 + col) = q;
+        if (sub == 0) p.dbg_hs[r * 4 + grp] = sc;
+      }
+    }
+  }
+  __syncthreads();
+  if (tid == 0) stamp(p, 9);  // h_q in shared memory
+
+  // down: warp k, route k: output rows [16c, 16c + 16) of expert ids[k] (one 16-row tile, as one q tile of an st8
+  // down item), h_k in B column 0; y_k = bf16(acc * w_k)
+  {
+    const int k = wid;
+    uint32_t b[4][8];
+    float st[4];
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      moe::load_b(s_h + k * HROW + kb * 128 + t4 * 32, valid, b[kb]);
+      st[kb] = valid ? s_hs[k * 4 + kb] : 0.0f;
+    }
+    mbar_wait(&full[4], 0);
+    if (tid == 0) stamp(p, 10);  // the down share in
+    const uint8_t* tile = s_dn + k * DN_TILE_BYTES + g * INTER + t4 * 32;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      uint4 a[4];
+      moe::load_a(a, tile + kb * 128, INTER);
+      moe::kblock_mma(acc, a, b[kb], s_w2s[k * 4 + kb], st[kb], t4);
+    }
+    if (t4 == 0) {
+      const float w = s_w[k];
+      s_y[k * 16 + g] = __bfloat162float(__float2bfloat16_rn(acc[0] * w));
+      s_y[k * 16 + g + 8] = __bfloat162float(__float2bfloat16_rn(acc[2] * w));
+    }
+  }
+  __syncthreads();
+  if (tid < 16) {  // top-k sum in rank order (FP32), rounded once to BF16
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < TOPK; ++k) s += s_y[k * 16 + tid];
+    p.out[c * 16 + tid] = __float2bfloat16_rn(s);
+  }
+  if (tid == 0) stamp(p, 11);  // out written (thread 0's share)
+}
