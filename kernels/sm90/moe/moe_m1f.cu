@@ -10,9 +10,11 @@
 //     weights: the quantization of x and every scale come from shared memory, never from a load behind the stream;
 //   * gate_up tile = 8 gate + 8 up rows of the same 8 columns (two 16 KB copies; moe_ms / moe_ml's pairing), so the
 //     CTA computes h = bf16(SiLU(bf16 gate) * bf16 up) itself and writes 32 BF16 h values, not gate|up;
-//   * all 8 warps work on every tile as it lands: warp w runs the MMAs of K blocks 2w, 2w + 1 (moe_common.cuh
-//     kblock_d) and parks the raw fragments in shared memory; warp t then runs tile t's scaled FP32 chain over
-//     K blocks 0..15 in order (kblock_acc2) - one warp's arithmetic, so the numerics are st8's bitwise;
+//   * 8 MMA warps work on every tile as it lands: warp w runs the MMAs of K blocks 2w, 2w + 1 (moe_common.cuh
+//     kblock_d) and parks the raw fragments in the tile's own shared memory once every MMA warp has read it; a
+//     chain warp per tile (warps 8..11) then runs the tile's scaled FP32 chain over K blocks 0..15 in order
+//     (kblock_acc2) - one warp's arithmetic, so the numerics are st8's bitwise - while the MMA warps go on to the
+//     next tile (run17's first build made every warp wait for each chain: 1.2 us per tile, slower than m1);
 //   * the grid barrier counts on a word that only grows (moe_sync.cuh grid_arrive_wait_mono);
 //   * after it only the h quantization (no SiLU) remains before the down MMAs.
 // Numerics of the v3 st8 sequence (align -> gate_up -> down) bitwise by construction: x quantized as moe_align
@@ -21,8 +23,8 @@
 // of B, so which rows share a tile changes no bit), gate / up rounded to BF16 before SiLU, h quantized per 128 with
 // IEEE divisions, y = bf16(acc * w_k), the 8 routes summed in rank order in FP32 and rounded once.
 //
-// Grid = 128 CTAs (cooperative: all co-resident or the launch fails), 256 threads, ~219 KB of dynamic shared
-// memory. CTA c: route kq = c / 16, columns [32 j, 32 j + 32) with j = c % 16 (gate rows 32 j.., up rows
+// Grid = 128 CTAs (cooperative: all co-resident or the launch fails), 384 threads (8 MMA warps + 4 chain warps),
+// ~208 KB of dynamic shared memory. CTA c: route kq = c / 16, columns [32 j, 32 j + 32) with j = c % 16 (gate rows 32 j.., up rows
 // 512 + 32 j..); down: output rows [16 c, 16 c + 16) of all 8 experts.
 // Params: M1Params of moe_m1.cu (the host fills both the same way); `gu` holds h here: [8, 512] BF16, route order
 // (experts by increasing id, as moe_align's slots). dbg_hq / dbg_hs: CTA 0's copy of h_q / h_s (route order).
@@ -36,8 +38,9 @@
 #define INTER 512
 #define TOPK 8
 #define F_CTAS 128
-#define F_THREADS 256
-#define F_WARPS 8
+#define F_THREADS 384
+#define F_MMA_WARPS 8                  // gate_up MMAs, x / h quantization, down
+#define F_MMA_THREADS (32 * F_MMA_WARPS)
 #define GU_TILE_BYTES 32768            // 8 gate rows + 8 up rows x 2048 B
 #define GU_HALF_BYTES 16384
 #define DN_TILE_BYTES 8192             // 16 rows x 512 B
@@ -50,14 +53,14 @@
 #define SC_BYTES (32 * 4 + TOPK * 16)                 // 256
 #define OFF_XQ (OFF_SC + SC_BYTES)                    // 200960: x_q [2048] E4M3
 #define OFF_XS (OFF_XQ + HID)                         // 203008: x_s [16] FP32
-#define OFF_D (OFF_XS + 64)                           // 203072: raw fragments [2 (tile parity)][16 kb][32 lanes][4]
-#define D_BYTES (16 * 32 * 16)                        // 8192 per tile
-#define OFF_H (OFF_D + 2 * D_BYTES)                   // 219456: h_q [8][HROW]
+#define D_BYTES (16 * 32 * 16)                        // raw fragments of a tile [16 kb][32 lanes][4]: in the tile's own
+                                                      // first 8 KB once the MMA warps have read it
+#define OFF_H (OFF_XS + 64)                           // 203072: h_q [8][HROW]
 #define OFF_HS (OFF_H + TOPK * HROW)                  // 223680: h_s [8][4]
 #define OFF_Y (OFF_HS + TOPK * 4 * 4)                 // 223808: y [8][16] FP32
-#define OFF_BAR (OFF_Y + TOPK * 16 * 4)               // 224320: 6 mbarriers
-#define F_SMEM (OFF_BAR + 64)                         // 224384
-static_assert(OFF_X % 128 == 0 && OFF_SC % 16 == 0 && OFF_XQ % 16 == 0 && OFF_D % 16 == 0 && OFF_H % 16 == 0 &&
+#define OFF_BAR (OFF_Y + TOPK * 16 * 4)               // 207936: 7 mbarriers
+#define F_SMEM (OFF_BAR + 64)                         // 208000
+static_assert(OFF_X % 128 == 0 && OFF_SC % 16 == 0 && OFF_XQ % 16 == 0 && OFF_H % 16 == 0 &&
               OFF_BAR % 8 == 0, "alignment");
 static_assert(F_SMEM <= 232448, "shared memory");
 
@@ -112,11 +115,11 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
   const float* s_w2s = s_wsg + 32;                                       // [8 routes][4]
   uint8_t* s_xq = smem + OFF_XQ;
   float* s_xs = reinterpret_cast<float*>(smem + OFF_XS);
-  float4* s_d = reinterpret_cast<float4*>(smem + OFF_D);
   uint8_t* s_h = smem + OFF_H;
   float* s_hs = reinterpret_cast<float*>(smem + OFF_HS);
   float* s_y = reinterpret_cast<float*>(smem + OFF_Y);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + OFF_BAR);  // [0..3] gate_up tiles, [4] down, [5] x + scales
+  // [0..3] gate_up tiles, [4] down share + w2 scales, [5] x, [6] w13 scales
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + OFF_BAR);
   __shared__ int s_pos[TOPK];
   __shared__ float s_w[TOPK];
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
@@ -127,20 +130,19 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
   if (tid == 0) stamp(p, 0);  // entry
   if (tid == 0) {
     if (gridDim.x != F_CTAS || blockDim.x != F_THREADS) __trap();
-    for (int s = 0; s < 6; ++s) mbar_init(&full[s], 1);
+    for (int s = 0; s < 7; ++s) mbar_init(&full[s], 1);
     mbar_fence_init();
-    // x first in this SM's copy queue (it needs no id), then the ids, the scales and the weights
-    mbar_expect_tx(&full[5], HID * 2 + SC_BYTES);
+    // x first in this SM's copy queue (it needs no id: it lands before the other CTAs' weight requests flood the
+    // memory system), then the ids, the gate_up scales and tiles, the w2 scales and tiles (each on its own mbarrier)
+    mbar_expect_tx(&full[5], HID * 2);
     bulk_g2s(smem + OFF_X, p.x, HID * 2, &full[5]);
     int ids[TOPK];
 #pragma unroll
     for (int k = 0; k < TOPK; ++k) ids[k] = __ldg(p.topk_ids + k);
     const int eg = __ldg(p.topk_ids + kq);
-    bulk_g2s(smem + OFF_SC, p.w13_scale + ((size_t)eg * 8 + (j >> 2)) * 16, 64, &full[5]);
-    bulk_g2s(smem + OFF_SC + 64, p.w13_scale + ((size_t)eg * 8 + 4 + (j >> 2)) * 16, 64, &full[5]);
-#pragma unroll
-    for (int k = 0; k < TOPK; ++k)
-      bulk_g2s(smem + OFF_SC + 128 + 16 * k, p.w2_scale + ((size_t)ids[k] * 16 + (c >> 3)) * 4, 16, &full[5]);
+    mbar_expect_tx(&full[6], 128);
+    bulk_g2s(smem + OFF_SC, p.w13_scale + ((size_t)eg * 8 + (j >> 2)) * 16, 64, &full[6]);
+    bulk_g2s(smem + OFF_SC + 64, p.w13_scale + ((size_t)eg * 8 + 4 + (j >> 2)) * 16, 64, &full[6]);
     // gate_up tile w: gate rows [32 j + 8 w, +8) then up rows [512 + 32 j + 8 w, +8)
     const uint8_t* gsrc = p.w13 + ((size_t)eg * 1024 + 32 * j) * HID;
 #pragma unroll
@@ -149,7 +151,10 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
       bulk_g2s(s_gu + w * GU_TILE_BYTES, gsrc + (size_t)(8 * w) * HID, GU_HALF_BYTES, &full[w]);
       bulk_g2s(s_gu + w * GU_TILE_BYTES + GU_HALF_BYTES, gsrc + (size_t)(512 + 8 * w) * HID, GU_HALF_BYTES, &full[w]);
     }
-    mbar_expect_tx(&full[4], TOPK * DN_TILE_BYTES);
+    mbar_expect_tx(&full[4], TOPK * DN_TILE_BYTES + TOPK * 16);
+#pragma unroll
+    for (int k = 0; k < TOPK; ++k)
+      bulk_g2s(smem + OFF_SC + 128 + 16 * k, p.w2_scale + ((size_t)ids[k] * 16 + (c >> 3)) * 4, 16, &full[4]);
 #pragma unroll
     for (int k = 0; k < TOPK; ++k)
       bulk_g2s(s_dn + k * DN_TILE_BYTES, p.w2 + ((size_t)ids[k] * HID + c * 16) * INTER, DN_TILE_BYTES, &full[4]);
@@ -164,56 +169,64 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
     s_w[tid] = __ldg(p.topk_w + tid);
   }
   __syncthreads();  // the mbarriers are initialised
-  // x quantization (moe_align's quant_x_tile, token 0): warp w takes groups w and w + 8
-  mbar_wait(&full[5], 0);
-#pragma unroll
-  for (int q = 0; q < 2; ++q) {
-    const int grp = wid + 8 * q;
-    float s;
-    *reinterpret_cast<uint32_t*>(s_xq + grp * 128 + lane * 4) = moe::quant_group_warp(s_x[grp * 32 + lane], s);
-    if (lane == 0) s_xs[grp] = s;
-  }
-  __syncthreads();
-  if (tid == 0) stamp(p, 2);  // x quantized
-
-  // gate_up: tiles in landing order; warp w runs K blocks 2w, 2w + 1 of every tile (the token in B column 0:
-  // lanes g == 0), parks the raw fragments; warp t then runs tile t's scaled chain over K blocks 0..15
   const int g = lane >> 2, t4 = lane & 3;
   const bool valid = g == 0;
-
-#pragma unroll 1
-  for (int tt = 0; tt < 4; ++tt) {
-    mbar_wait(&full[tt], 0);
-    if (lane == 0 && wid == 0) stamp(p, 3 + tt);  // tile tt in (warp 0's view)
-    const uint8_t* tile = s_gu + tt * GU_TILE_BYTES + g * HID + t4 * 32;
+  if (wid < F_MMA_WARPS) {
+    // x quantization (moe_align's quant_x_tile, token 0): warp w takes groups w and w + 8
+    mbar_wait(&full[5], 0);
 #pragma unroll
-    for (int h2 = 0; h2 < 2; ++h2) {
-      const int kb = 2 * wid + h2;
-      uint32_t bf[8];
-      moe::load_b(s_xq + kb * 128 + t4 * 32, valid, bf);
-      uint4 a[4];
-      moe::load_a(a, tile + kb * 128, HID);
-      float d[4];
-      moe::kblock_d(d, a, bf);
-      s_d[((tt & 1) * 16 + kb) * 32 + lane] = make_float4(d[0], d[1], d[2], d[3]);
+    for (int q = 0; q < 2; ++q) {
+      const int grp = wid + 8 * q;
+      float s;
+      *reinterpret_cast<uint32_t*>(s_xq + grp * 128 + lane * 4) = moe::quant_group_warp(s_x[grp * 32 + lane], s);
+      if (lane == 0) s_xs[grp] = s;
     }
-    __syncthreads();  // tile tt's 16 raw fragments are parked (and tile tt - 1's chain has read its parity's)
-    if (wid == tt) {
-      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    asm volatile("bar.sync 5, %0;\n" ::"n"(F_MMA_THREADS) : "memory");  // x_q complete
+    if (tid == 0) stamp(p, 2);  // x quantized
+    // gate_up tiles in landing order: warp w runs K blocks 2w, 2w + 1 (the token in B column 0: lanes g == 0), then
+    // parks the raw fragments in the tile's first 8 KB once every MMA warp has read the tile, and signals the tile's
+    // chain warp (named barrier 1 + tile: 8 MMA warps arrive, the chain warp syncs)
+#pragma unroll 1
+    for (int tt = 0; tt < 4; ++tt) {
+      mbar_wait(&full[tt], 0);
+      if (tid == 0) stamp(p, 3 + tt);  // tile tt in (warp 0's view)
+      uint8_t* tbase = s_gu + tt * GU_TILE_BYTES;
+      const uint8_t* tile = tbase + g * HID + t4 * 32;
+      float d[2][4];
 #pragma unroll
-      for (int kb = 0; kb < 16; ++kb) {
-        const float4 v = s_d[((tt & 1) * 16 + kb) * 32 + lane];
-        const float d[4] = {v.x, v.y, v.z, v.w};
-        moe::kblock_acc2(acc, d, s_wsg[kb], s_wsu[kb], valid ? s_xs[kb] : 0.0f, t4);
+      for (int h2 = 0; h2 < 2; ++h2) {
+        const int kb = 2 * wid + h2;
+        uint32_t bf[8];
+        moe::load_b(s_xq + kb * 128 + t4 * 32, valid, bf);
+        uint4 a[4];
+        moe::load_a(a, tile + kb * 128, HID);
+        moe::kblock_d(d[h2], a, bf);
       }
-      if (t4 == 0) {  // token column 0: acc[0] gate (row g), acc[2] up (row g + 8) of column 32 j + 8 tt + g
-        const float gt = __bfloat162float(__float2bfloat16_rn(acc[0]));
-        const float up = __bfloat162float(__float2bfloat16_rn(acc[2]));
-        p.gu[(size_t)s_pos[kq] * INTER + 32 * j + 8 * tt + g] = __float2bfloat16_rn(moe::silu_mul(gt, up));
-      }
+      asm volatile("bar.sync 5, %0;\n" ::"n"(F_MMA_THREADS) : "memory");  // tile tt read by every MMA warp
+      float4* s_d = reinterpret_cast<float4*>(tbase);
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2) s_d[(2 * wid + h2) * 32 + lane] = make_float4(d[h2][0], d[h2][1], d[h2][2], d[h2][3]);
+      asm volatile("bar.arrive %0, %1;\n" ::"r"(1 + tt), "n"(F_MMA_THREADS + 32) : "memory");
+    }
+  } else {
+    // chain warp 8 + tt: tile tt's scaled chain over K blocks 0..15 in order, then h of its 8 columns
+    const int tt = wid - F_MMA_WARPS;
+    mbar_wait(&full[6], 0);  // the gate_up scales
+    asm volatile("bar.sync %0, %1;\n" ::"r"(1 + tt), "n"(F_MMA_THREADS + 32) : "memory");
+    const float4* s_d = reinterpret_cast<const float4*>(s_gu + tt * GU_TILE_BYTES);
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int kb = 0; kb < 16; ++kb) {
+      const float4 v = s_d[kb * 32 + lane];
+      const float d[4] = {v.x, v.y, v.z, v.w};
+      moe::kblock_acc2(acc, d, s_wsg[kb], s_wsu[kb], valid ? s_xs[kb] : 0.0f, t4);
+    }
+    if (t4 == 0) {  // token column 0: acc[0] gate (row g), acc[2] up (row g + 8) of column 32 j + 8 tt + g
+      const float gt = __bfloat162float(__float2bfloat16_rn(acc[0]));
+      const float up = __bfloat162float(__float2bfloat16_rn(acc[2]));
+      p.gu[(size_t)s_pos[kq] * INTER + 32 * j + 8 * tt + g] = __float2bfloat16_rn(moe::silu_mul(gt, up));
     }
   }
-
   __syncthreads();  // every h store of this CTA precedes the arrival
   if (tid == 0) {
     stamp(p, 7);  // gate_up done
@@ -223,8 +236,8 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
   __syncthreads();
 
   // h_q of the 8 routes (st8's down prologue arithmetic without the SiLU): (route, 128-group) pairs over the 16
-  // half-warps, 8 values per lane
-  {
+  // half-warps of the MMA warps, 8 values per lane
+  if (wid < F_MMA_WARPS) {
     const int hw = lane >> 4, sub = lane & 15;
     uint4 hv[2];
 #pragma unroll
@@ -261,7 +274,7 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
 
   // down: warp k, route k: output rows [16c, 16c + 16) of expert ids[k] (one 16-row tile, as one q tile of an st8
   // down item), h_k in B column 0; y_k = bf16(acc * w_k)
-  {
+  if (wid < F_MMA_WARPS) {
     const int k = wid;
     uint32_t b[4][8];
     float st[4];
