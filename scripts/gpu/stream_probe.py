@@ -38,16 +38,23 @@ ML_TIMED = ROOT / "build" / "explore" / "moe_ml_timed.cubin"
 # no MMA work (timing only: the stream + synchronisation skeleton)
 # (run17: base / mb / eg / mbeg / nomma at 8 tokens 57.9 / 56.8 / 56.3 / 55.6 / 52.2 us single launch: mb and eg
 # adopted as the contract's defaults; "r7i" = the build before them)
-ML_VARIANTS = {"base": (4, 8, 8), "r7i": (4, 8, 8), "nomma": (4, 8, 8)}
-ML_FLAGS = {"r7i": ["-DML_MONO_BAR=0", "-DML_EARLY_GO=0"], "nomma": ["-DML_NOMMA=1"]}
+# round 8b tried the MMAs as plain (non-volatile) asm: byte-identical code objects (ptxas schedules the SASS either
+# way), dropped
+# round 8c: "fwd" = gate_up ranges run forwards (the build before ML_GU_REVERSE)
+ML_VARIANTS = {"base": (4, 8, 8), "fwd": (4, 8, 8), "nomma": (4, 8, 8)}
+ML_FLAGS = {"fwd": ["-DML_GU_REVERSE=0"], "nomma": ["-DML_NOMMA=1"]}
 # round 8: kernels/sm90/moe/moe_m1.cu with -DM1_TIMING=1 (stamps at byte 512 K of gu)
 M1_TIMED = ROOT / "build" / "explore" / "moe_m1_timed.cubin"
-# round 8: the same stamps in kernels/sm90/moe/moe_m1f.cu (-DM1F_TIMING=1): name -> (source, symbol, contract, cubin)
-M1_KERNELS = {"m1": ("moe_m1.cu", "moe_m1", "moe_m1_e256_k8", M1_TIMED),
-              "m1f": ("moe_m1f.cu", "moe_m1f", "moe_m1f_e256_k8", M1_TIMED.with_name("moe_m1f_timed.cubin"))}
+# round 8: the same stamps in kernels/sm90/moe/moe_m1f.cu (-DM1F_TIMING=1): name -> (source, symbol, tune, cubin, flags);
+# m1f-w2e / -w2a1 / -w2a3: the down share's copies at entry / after gate_up tile 1 / 3 (the contract: after tile 2)
+M1_KERNELS = {"m1": ("moe_m1.cu", "moe_m1", "m1", M1_TIMED, ["-DM1_TIMING=1"]),
+              "m1f": ("moe_m1f.cu", "moe_m1f", "m1f", M1_TIMED.with_name("moe_m1f_timed.cubin"), ["-DM1F_TIMING=1"])}
+for _v, _a in (("w2e", -1), ("w2a1", 1), ("w2a3", 3)):
+    M1_KERNELS[f"m1f-{_v}"] = ("moe_m1f.cu", "moe_m1f", "m1f", M1_TIMED.with_name(f"moe_m1f_timed_{_v}.cubin"),
+                               ["-DM1F_TIMING=1", f"-DM1F_W2_AFTER={_a}"])
 M1_STAMPS = ("entry", "copies issued", "x quantized", "gate_up tile 0 in", "gate_up tile 1 in", "gate_up tile 2 in",
              "gate_up tile 3 in", "gate_up done", "grid barrier passed", "h in shared memory", "down share in",
-             "out written")
+             "out written", "down copies issued")
 
 
 def ml_launch_shape(stages: int, gch: int, dch: int) -> tuple[int, int]:
@@ -98,9 +105,8 @@ def build() -> None:
                f"-DDCH={dch}", *ML_FLAGS.get(name, []), "-o", str(ml_cubin(name)), str(ROOT / "kernels" / "sm90" / "moe" / "moe_ml.cu")]
         subprocess.run(cmd, check=True)
         print("built", ml_cubin(name))
-    for name, (src, _sym, _contract, path) in M1_KERNELS.items():
-        flag = "-DM1_TIMING=1" if name == "m1" else "-DM1F_TIMING=1"
-        cmd = ["nvcc", "-cubin", "-arch=sm_90a", "-O3", "-std=c++17", flag, "-o", str(path),
+    for src, _sym, _tune, path, flags in M1_KERNELS.values():
+        cmd = ["nvcc", "-cubin", "-arch=sm_90a", "-O3", "-std=c++17", *flags, "-o", str(path),
                str(ROOT / "kernels" / "sm90" / "moe" / src)]
         subprocess.run(cmd, check=True)
         print("built", path)
@@ -214,8 +220,8 @@ def m1_timeline_one(name: str) -> dict[str, Any]:
     from netra.ops.moe_fp8 import M1_CTAS, MoeSm90, _fill_layer_inputs, _M1Params
 
     cu = rt.driver()
-    _src, sym, _contract, cubin = M1_KERNELS[name]
-    ours = MoeSm90(0, variant="v3", tune=name)
+    _src, sym, tune, cubin, _flags = M1_KERNELS[name]
+    ours = MoeSm90(0, variant="v3", tune=tune)
     t = ours.t["m1"]
     module = rt.check(cu.cuModuleLoadData(cubin.read_bytes()), f"cuModuleLoadData {cubin.name}")
     fn = rt.check(cu.cuModuleGetFunction(module, sym.encode()), f"{sym} (timed)")
@@ -242,7 +248,7 @@ def m1_timeline_one(name: str) -> dict[str, Any]:
         if i >= 2:
             per.append(flat[base: base + 128 * 16 * 8].view(torch.int64).view(128, 16).cpu().double())
     rows = _stamp_rows(torch.stack(per), M1_STAMPS)
-    print(f"{sym} timeline at 1 token: µs from the first CTA's entry (median over CTAs / min / max, median of {len(per)} launches)")
+    print(f"{name} ({sym}) timeline at 1 token: µs from the first CTA's entry (median over CTAs / min / max, median of {len(per)} launches)")
     for phase, r in rows.items():
         print(f"  {phase:22s} {r['median_us']:7.2f} {r['min_us']:7.2f} {r['max_us']:7.2f}")
     return rows

@@ -6,8 +6,10 @@
 // dependent MMA chain after the last tile landed); grid barrier 10.8 (2.3 us); h in shared memory 12.8 (gate|up
 // from L2, SiLU and quantization after the barrier); down + top-k sum 14.1. m1f keeps m1's plan (all weights in
 // flight at entry, one grid barrier, the top-k sum local to the CTA) and shortens every phase after the stream:
-//   * the first TMA copy is x itself (BF16, issued before the ids are even read), then the weight scales, then the
-//     weights: the quantization of x and every scale come from shared memory, never from a load behind the stream;
+//   * x is read by the MMA warps at entry (before any copy is issued), the weight scales arrive by TMA ahead of their
+//     tiles: no operand load waits behind the stream (run17: a TMA copy of x issued first still landed at 4-6 us);
+//   * the down share's copies wait until gate_up tile M1F_W2_AFTER has landed (all of gate_up is on the critical
+//     path, the w2 rows only after the grid barrier);
 //   * gate_up tile = 8 gate + 8 up rows of the same 8 columns (two 16 KB copies; moe_ms / moe_ml's pairing), so the
 //     CTA computes h = bf16(SiLU(bf16 gate) * bf16 up) itself and writes 32 BF16 h values, not gate|up;
 //   * 8 MMA warps work on every tile as it lands: warp w runs the MMAs of K blocks 2w, 2w + 1 (moe_common.cuh
@@ -24,7 +26,7 @@
 // IEEE divisions, y = bf16(acc * w_k), the 8 routes summed in rank order in FP32 and rounded once.
 //
 // Grid = 128 CTAs (cooperative: all co-resident or the launch fails), 384 threads (8 MMA warps + 4 chain warps),
-// ~208 KB of dynamic shared memory. CTA c: route kq = c / 16, columns [32 j, 32 j + 32) with j = c % 16 (gate rows 32 j.., up rows
+// ~199 KB of dynamic shared memory. CTA c: route kq = c / 16, columns [32 j, 32 j + 32) with j = c % 16 (gate rows 32 j.., up rows
 // 512 + 32 j..); down: output rows [16 c, 16 c + 16) of all 8 experts.
 // Params: M1Params of moe_m1.cu (the host fills both the same way); `gu` holds h here: [8, 512] BF16, route order
 // (experts by increasing id, as moe_align's slots). dbg_hq / dbg_hs: CTA 0's copy of h_q / h_s (route order).
@@ -33,6 +35,10 @@
 #include "moe_common.cuh"
 #include "moe_sync.cuh"
 #include <stddef.h>
+
+#ifndef M1F_W2_AFTER                  // the down share's copies are issued once gate_up tile M1F_W2_AFTER has landed (by
+#define M1F_W2_AFTER 2                // chain warp 3), so that they do not take bandwidth from the gate_up tiles the
+#endif                                // layer waits for first; -1: with the gate_up copies at entry (run17 timeline)
 
 #define HID 2048
 #define INTER 512
@@ -48,19 +54,18 @@
 // dynamic shared memory layout
 #define OFF_GU 0                                      // 4 tiles
 #define OFF_DN (OFF_GU + 4 * GU_TILE_BYTES)           // 131072: 8 x 8 KB
-#define OFF_X (OFF_DN + TOPK * DN_TILE_BYTES)         // 196608: x, BF16 (TMA)
-#define OFF_SC (OFF_X + HID * 2)                      // 200704: w13 scales gate [16] | up [16], w2 scales [8][4]
+#define OFF_SC (OFF_DN + TOPK * DN_TILE_BYTES)        // 196608: w13 scales gate [16] | up [16], w2 scales [8][4]
 #define SC_BYTES (32 * 4 + TOPK * 16)                 // 256
-#define OFF_XQ (OFF_SC + SC_BYTES)                    // 200960: x_q [2048] E4M3
-#define OFF_XS (OFF_XQ + HID)                         // 203008: x_s [16] FP32
+#define OFF_XQ (OFF_SC + SC_BYTES)                    // 196864: x_q [2048] E4M3
+#define OFF_XS (OFF_XQ + HID)                         // 198912: x_s [16] FP32
 #define D_BYTES (16 * 32 * 16)                        // raw fragments of a tile [16 kb][32 lanes][4]: in the tile's own
                                                       // first 8 KB once the MMA warps have read it
-#define OFF_H (OFF_XS + 64)                           // 203072: h_q [8][HROW]
-#define OFF_HS (OFF_H + TOPK * HROW)                  // 223680: h_s [8][4]
-#define OFF_Y (OFF_HS + TOPK * 4 * 4)                 // 223808: y [8][16] FP32
-#define OFF_BAR (OFF_Y + TOPK * 16 * 4)               // 207936: 7 mbarriers
-#define F_SMEM (OFF_BAR + 64)                         // 208000
-static_assert(OFF_X % 128 == 0 && OFF_SC % 16 == 0 && OFF_XQ % 16 == 0 && OFF_H % 16 == 0 &&
+#define OFF_H (OFF_XS + 64)                           // 198976: h_q [8][HROW]
+#define OFF_HS (OFF_H + TOPK * HROW)                  // 203200: h_s [8][4]
+#define OFF_Y (OFF_HS + TOPK * 4 * 4)                 // 203328: y [8][16] FP32
+#define OFF_BAR (OFF_Y + TOPK * 16 * 4)               // 203840: 6 mbarriers
+#define F_SMEM (OFF_BAR + 64)                         // 203904
+static_assert(OFF_SC % 16 == 0 && OFF_XQ % 16 == 0 && OFF_H % 16 == 0 &&
               OFF_BAR % 8 == 0, "alignment");
 static_assert(F_SMEM <= 232448, "shared memory");
 
@@ -109,7 +114,6 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
   extern __shared__ __align__(1024) uint8_t smem[];
   uint8_t* s_gu = smem + OFF_GU;
   uint8_t* s_dn = smem + OFF_DN;
-  const uint2* s_x = reinterpret_cast<const uint2*>(smem + OFF_X);
   const float* s_wsg = reinterpret_cast<const float*>(smem + OFF_SC);   // [16] gate rows' K-block scales
   const float* s_wsu = s_wsg + 16;                                       // [16] up rows'
   const float* s_w2s = s_wsg + 32;                                       // [8 routes][4]
@@ -118,9 +122,9 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
   uint8_t* s_h = smem + OFF_H;
   float* s_hs = reinterpret_cast<float*>(smem + OFF_HS);
   float* s_y = reinterpret_cast<float*>(smem + OFF_Y);
-  // [0..3] gate_up tiles, [4] down share + w2 scales, [5] x, [6] w13 scales
+  // [0..3] gate_up tiles, [4] down share + w2 scales, [5] gate_up scales
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + OFF_BAR);
-  __shared__ int s_pos[TOPK];
+  __shared__ int s_pos[TOPK], s_ids[TOPK];
   __shared__ float s_w[TOPK];
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const int c = blockIdx.x;
@@ -128,21 +132,21 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
   const int j = c & 15;                  // its 32 columns [32 j, 32 j + 32)
 
   if (tid == 0) stamp(p, 0);  // entry
+  // x first: the MMA warps' groups wid and wid + 8 (4 values per lane), in flight before any copy is issued
+  uint2 xr[2];
+  if (wid < F_MMA_WARPS) {
+#pragma unroll
+    for (int q = 0; q < 2; ++q) xr[q] = __ldg(reinterpret_cast<const uint2*>(p.x) + (wid + 8 * q) * 32 + lane);
+  }
   if (tid == 0) {
     if (gridDim.x != F_CTAS || blockDim.x != F_THREADS) __trap();
-    for (int s = 0; s < 7; ++s) mbar_init(&full[s], 1);
+    for (int s = 0; s < 6; ++s) mbar_init(&full[s], 1);
     mbar_fence_init();
-    // x first in this SM's copy queue (it needs no id: it lands before the other CTAs' weight requests flood the
-    // memory system), then the ids, the gate_up scales and tiles, the w2 scales and tiles (each on its own mbarrier)
-    mbar_expect_tx(&full[5], HID * 2);
-    bulk_g2s(smem + OFF_X, p.x, HID * 2, &full[5]);
-    int ids[TOPK];
-#pragma unroll
-    for (int k = 0; k < TOPK; ++k) ids[k] = __ldg(p.topk_ids + k);
+    // the gate_up scales and tiles, then (M1F_W2_AFTER < 0) the w2 scales and tiles, each on its own mbarrier
     const int eg = __ldg(p.topk_ids + kq);
-    mbar_expect_tx(&full[6], 128);
-    bulk_g2s(smem + OFF_SC, p.w13_scale + ((size_t)eg * 8 + (j >> 2)) * 16, 64, &full[6]);
-    bulk_g2s(smem + OFF_SC + 64, p.w13_scale + ((size_t)eg * 8 + 4 + (j >> 2)) * 16, 64, &full[6]);
+    mbar_expect_tx(&full[5], 128);
+    bulk_g2s(smem + OFF_SC, p.w13_scale + ((size_t)eg * 8 + (j >> 2)) * 16, 64, &full[5]);
+    bulk_g2s(smem + OFF_SC + 64, p.w13_scale + ((size_t)eg * 8 + 4 + (j >> 2)) * 16, 64, &full[5]);
     // gate_up tile w: gate rows [32 j + 8 w, +8) then up rows [512 + 32 j + 8 w, +8)
     const uint8_t* gsrc = p.w13 + ((size_t)eg * 1024 + 32 * j) * HID;
 #pragma unroll
@@ -151,6 +155,10 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
       bulk_g2s(s_gu + w * GU_TILE_BYTES, gsrc + (size_t)(8 * w) * HID, GU_HALF_BYTES, &full[w]);
       bulk_g2s(s_gu + w * GU_TILE_BYTES + GU_HALF_BYTES, gsrc + (size_t)(512 + 8 * w) * HID, GU_HALF_BYTES, &full[w]);
     }
+#if M1F_W2_AFTER < 0
+    int ids[TOPK];
+#pragma unroll
+    for (int k = 0; k < TOPK; ++k) ids[k] = __ldg(p.topk_ids + k);
     mbar_expect_tx(&full[4], TOPK * DN_TILE_BYTES + TOPK * 16);
 #pragma unroll
     for (int k = 0; k < TOPK; ++k)
@@ -158,6 +166,7 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
 #pragma unroll
     for (int k = 0; k < TOPK; ++k)
       bulk_g2s(s_dn + k * DN_TILE_BYTES, p.w2 + ((size_t)ids[k] * HID + c * 16) * INTER, DN_TILE_BYTES, &full[4]);
+#endif
     stamp(p, 1);  // every copy issued
   }
   if (tid < TOPK) {
@@ -165,6 +174,7 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
     int pos = 0;
 #pragma unroll
     for (int q = 0; q < TOPK; ++q) pos += __ldg(p.topk_ids + q) < e ? 1 : 0;
+    s_ids[tid] = e;
     s_pos[tid] = pos;  // the route's position in route order (experts by increasing id), as moe_align
     s_w[tid] = __ldg(p.topk_w + tid);
   }
@@ -173,12 +183,11 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
   const bool valid = g == 0;
   if (wid < F_MMA_WARPS) {
     // x quantization (moe_align's quant_x_tile, token 0): warp w takes groups w and w + 8
-    mbar_wait(&full[5], 0);
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int grp = wid + 8 * q;
       float s;
-      *reinterpret_cast<uint32_t*>(s_xq + grp * 128 + lane * 4) = moe::quant_group_warp(s_x[grp * 32 + lane], s);
+      *reinterpret_cast<uint32_t*>(s_xq + grp * 128 + lane * 4) = moe::quant_group_warp(xr[q], s);
       if (lane == 0) s_xs[grp] = s;
     }
     asm volatile("bar.sync 5, %0;\n" ::"n"(F_MMA_THREADS) : "memory");  // x_q complete
@@ -211,7 +220,23 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
   } else {
     // chain warp 8 + tt: tile tt's scaled chain over K blocks 0..15 in order, then h of its 8 columns
     const int tt = wid - F_MMA_WARPS;
-    mbar_wait(&full[6], 0);  // the gate_up scales
+#if M1F_W2_AFTER >= 0
+    if (tt == 3 && lane == 0) {  // the down share: output rows [16c, 16c + 16) of w2 for each of the 8 experts
+      mbar_wait(&full[M1F_W2_AFTER], 0);
+      int ids[TOPK];
+#pragma unroll
+      for (int k = 0; k < TOPK; ++k) ids[k] = s_ids[k];
+      mbar_expect_tx(&full[4], TOPK * DN_TILE_BYTES + TOPK * 16);
+#pragma unroll
+      for (int k = 0; k < TOPK; ++k)
+        bulk_g2s(smem + OFF_SC + 128 + 16 * k, p.w2_scale + ((size_t)ids[k] * 16 + (c >> 3)) * 4, 16, &full[4]);
+#pragma unroll
+      for (int k = 0; k < TOPK; ++k)
+        bulk_g2s(s_dn + k * DN_TILE_BYTES, p.w2 + ((size_t)ids[k] * HID + c * 16) * INTER, DN_TILE_BYTES, &full[4]);
+      stamp(p, 12);  // the down share's copies issued
+    }
+#endif
+    mbar_wait(&full[5], 0);  // the gate_up scales
     asm volatile("bar.sync %0, %1;\n" ::"r"(1 + tt), "n"(F_MMA_THREADS + 32) : "memory");
     const float4* s_d = reinterpret_cast<const float4*>(s_gu + tt * GU_TILE_BYTES);
     float acc[4] = {0.f, 0.f, 0.f, 0.f};

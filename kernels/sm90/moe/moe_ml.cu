@@ -135,6 +135,9 @@ static_assert(!ML_CHUNK_FLAGS || GCH == DCH, "chunk flags pair gate_up chunk i w
 #ifndef ML_EARLY_GO                   // 1: the producers start right after the slot tables (the B producer takes a chunk's
 #define ML_EARLY_GO (!ML_SEPARATE_AQ) // tokens from the expert's token mask); the consumers build the route-list tables
 #endif                                // (prt / pw, read only in the down epilogues) meanwhile (run17: -0.5..-1.5 us)
+#ifndef ML_GU_REVERSE                 // 1: every CTA runs its gate_up range backwards (its last chunk first), so its first down
+#define ML_GU_REVERSE (!ML_SEPARATE_AQ)  // chunk - which holds its own first gate_up items and the previous CTA's last - is
+#endif                                // complete as soon as this CTA's gate_up is (the previous CTA did its share first)
 #ifndef ML_NOMMA
 #define ML_NOMMA 0                    // 1 (exploration, timing only: wrong results): no MMA work in the consumers
 #endif
@@ -228,6 +231,9 @@ __device__ __forceinline__ void publish_chunk(const MlParams& p, int gci, int gb
   __threadfence();
   atomicAdd(p.bar + ML_CNT_WORD + gci, (unsigned)(hi - lo));
 }
+
+// The CTA's b-th gate_up chunk (ML_GU_REVERSE: from the last of its range to the first).
+__device__ __forceinline__ int gu_chunk(int gc0, int nbg, int b) { return ML_GU_REVERSE ? gc0 + nbg - 1 - b : gc0 + b; }
 
 __device__ __forceinline__ void split(int n_items, int c, int& lo, int& hi) {
   lo = (int)(((long long)n_items * c) / ML_CTAS);
@@ -369,7 +375,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
         uint8_t* dst = ring + s * STAGE_BYTES;
         mbar_expect_tx(&full[s], STAGE_BYTES);
         if (j < ng) {
-          const int i = gb + j, col8 = i % GU_PER_CHUNK;
+          const int i = ML_GU_REVERSE ? ge - 1 - j : gb + j, col8 = i % GU_PER_CHUNK;
           const int e = m.slot_expert[m.gchunk[i / GU_PER_CHUNK] & 0xffff];
           const uint8_t* base = p.w13 + (size_t)e * 1024 * HID;
           bulk_g2s(dst, base + (size_t)(8 * col8) * HID, HALF_BYTES, &full[s]);
@@ -408,12 +414,12 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
         uint8_t* dst = smem + OFF_B + s * BBUF;
         int slot, p0, n, e;
         if (b < nbg) {
-          chunk_of(m, m.gchunk[gc0 + b], GCH, slot, p0, n, e);
+          chunk_of(m, m.gchunk[gu_chunk(gc0, nbg, b)], GCH, slot, p0, n, e);
           mbar_expect_tx(&bfull[s], n * HID * 2 + 512);
           bulk_g2s(dst + B_WS, p.w13_scale + (size_t)e * 128, 512, &bfull[s]);
 #if ML_EARLY_GO
           {  // the chunk's tokens (set bits of the expert's token mask, ranks [cis * GCH, + n)): x rows, BF16
-            const int skip = (m.gchunk[gc0 + b] >> 16) * GCH;
+            const int skip = (m.gchunk[gu_chunk(gc0, nbg, b)] >> 16) * GCH;
             int rank = 0, i = 0;
             for (int w = 0; w < 4 && i < n; ++w) {
               unsigned bits = m.tm[e][w];
@@ -463,7 +469,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   const int sw = wid % ML_STAGES, half = wid / ML_STAGES;
   float* xch = reinterpret_cast<float*>(smem + OFF_XCH);
   for (int b = 0; b < nbg; ++b) {
-    const int gci = gc0 + b;
+    const int gci = gu_chunk(gc0, nbg, b);
     int slot, p0, n, e;
     chunk_of(m, m.gchunk[gci], GCH, slot, p0, n, e);
     uint8_t* bb = smem + OFF_B + (b & 1) * BBUF;
@@ -475,15 +481,21 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     consumer_sync();
     if (tid == 0 && b == 0) stamp(p, 2);  // the first chunk's x quantized
 #if ML_CHUNK_FLAGS
-    if (tid == 0 && b > 0) publish_chunk(p, gc0 + b - 1, gb, ge);  // every warp is past chunk b - 1's items
+    if (tid == 0 && b > 0) publish_chunk(p, gu_chunk(gc0, nbg, b - 1), gb, ge);  // every warp is past chunk b - 1's items
 #endif
 #if ML_WAIT_XQ
     if (tid == 0 && b == 0) mbar_arrive(bstart);  // exploration: the weight stream starts only now
 #endif
     const int lo = max(gb, gci * GU_PER_CHUNK), hi = min(ge, (gci + 1) * GU_PER_CHUNK);
 #pragma unroll 1
+#if ML_GU_REVERSE
+    // local item j = ge - 1 - i: this chunk's items are local [ge - hi, ge - lo)
+    for (int j = (ge - hi) + (((sw - (ge - hi)) % ML_STAGES) + ML_STAGES) % ML_STAGES; j < ge - lo; j += ML_STAGES) {
+      const int i = ge - 1 - j, col8 = i % GU_PER_CHUNK;
+#else
     for (int i = lo + (((sw - (lo - gb)) % ML_STAGES) + ML_STAGES) % ML_STAGES; i < hi; i += ML_STAGES) {
       const int j = i - gb, col8 = i % GU_PER_CHUNK;
+#endif
       mbar_wait(&full[sw], (j / ML_STAGES) & 1);
       const uint8_t* tile = ring + sw * STAGE_BYTES + g * HID + t * 32;
       const float* wsg = bws + (col8 >> 4) * 16;
@@ -567,7 +579,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
 #if ML_CHUNK_FLAGS
   if (tid == 0) {
     stamp(p, 5);  // gate_up done
-    publish_chunk(p, gc0 + nbg - 1, gb, ge);
+    publish_chunk(p, gu_chunk(gc0, nbg, nbg - 1), gb, ge);
   }
 #else
   if (tid == 0) {
