@@ -908,7 +908,11 @@ def write_records_v3(src: Path, out: Path, tag: str, git_sha: str, judge: str = 
                         "barriers per the kernel header); the st8 sequence with the shared expert. align() defers for every routed call "
                         "(writes no metadata or quantised x) and the check counts those calls as deferred. The layer "
                         "output is checked (layer_within_tolerance) and moe_v3_check compares it bitwise with st8 "
-                        "(results/sm90/moe_runs/run16_ml)"] if doc.get("v3_tune") in ("ml", "m1l") else [])]}
+                        "(results/sm90/moe_runs/run16_ml)"] if doc.get("v3_tune") in ("ml", "m1l") else []),
+                     *(["tune m1fl: as m1l with moe_m1f at 1 token (m1's plan: every CTA's weights requested at entry, "
+                        "the down share once gate_up tile 2 has landed; all MMA warps on every gate_up tile, per-tile "
+                        "chain warps, h written by the gate_up CTA, per-route arrival counters instead of a grid "
+                        "barrier; results/sm90/moe_runs/run17_m1f)"] if doc.get("v3_tune") == "m1fl" else [])]}
     if not rows:
         rec["verdict"] = "inconclusive"
     path = write_record(rec, out, f"moe_layer{tag}")

@@ -40,20 +40,20 @@ ML_TIMED = ROOT / "build" / "explore" / "moe_ml_timed.cubin"
 # adopted as the contract's defaults; "r7i" = the build before them)
 # round 8b tried the MMAs as plain (non-volatile) asm: byte-identical code objects (ptxas schedules the SASS either
 # way), dropped
-# round 8c: "fwd" = gate_up ranges run forwards (the build before ML_GU_REVERSE)
-ML_VARIANTS = {"base": (4, 8, 8), "fwd": (4, 8, 8), "nomma": (4, 8, 8)}
-ML_FLAGS = {"fwd": ["-DML_GU_REVERSE=0"], "nomma": ["-DML_NOMMA=1"]}
+# round 8c: "rev" = gate_up ranges run backwards (ML_GU_REVERSE=1; run17: no gain, rejected)
+ML_VARIANTS = {"base": (4, 8, 8), "rev": (4, 8, 8), "nomma": (4, 8, 8)}
+ML_FLAGS = {"rev": ["-DML_GU_REVERSE=1"], "nomma": ["-DML_NOMMA=1"]}
 # round 8: kernels/sm90/moe/moe_m1.cu with -DM1_TIMING=1 (stamps at byte 512 K of gu)
 M1_TIMED = ROOT / "build" / "explore" / "moe_m1_timed.cubin"
 # round 8: the same stamps in kernels/sm90/moe/moe_m1f.cu (-DM1F_TIMING=1): name -> (source, symbol, tune, cubin, flags);
-# m1f-w2e / -w2a1 / -w2a3: the down share's copies at entry / after gate_up tile 1 / 3 (the contract: after tile 2)
+# run17: m1f-w2e / -w2a1 / -w2a3 (the down share's copies at entry / after gate_up tile 1 / 3; the contract: after tile 2)
+# took 12.80 / 10.24 / 10.50 us single launch against 10.24; m1f-gb = a grid barrier instead of the route counters
 M1_KERNELS = {"m1": ("moe_m1.cu", "moe_m1", "m1", M1_TIMED, ["-DM1_TIMING=1"]),
               "m1f": ("moe_m1f.cu", "moe_m1f", "m1f", M1_TIMED.with_name("moe_m1f_timed.cubin"), ["-DM1F_TIMING=1"])}
-for _v, _a in (("w2e", -1), ("w2a1", 1), ("w2a3", 3)):
-    M1_KERNELS[f"m1f-{_v}"] = ("moe_m1f.cu", "moe_m1f", "m1f", M1_TIMED.with_name(f"moe_m1f_timed_{_v}.cubin"),
-                               ["-DM1F_TIMING=1", f"-DM1F_W2_AFTER={_a}"])
+M1_KERNELS["m1f-gb"] = ("moe_m1f.cu", "moe_m1f", "m1f", M1_TIMED.with_name("moe_m1f_timed_gb.cubin"),
+                        ["-DM1F_TIMING=1", "-DM1F_ROUTE_FLAGS=0"])
 M1_STAMPS = ("entry", "copies issued", "x quantized", "gate_up tile 0 in", "gate_up tile 1 in", "gate_up tile 2 in",
-             "gate_up tile 3 in", "gate_up done", "grid barrier passed", "h in shared memory", "down share in",
+             "gate_up tile 3 in", "gate_up done", "barrier / route 0 complete", "h (route 0) in smem", "down share in",
              "out written", "down copies issued")
 
 

@@ -17,8 +17,10 @@
 //     chain warp per tile (warps 8..11) then runs the tile's scaled FP32 chain over K blocks 0..15 in order
 //     (kblock_acc2) - one warp's arithmetic, so the numerics are st8's bitwise - while the MMA warps go on to the
 //     next tile (run17's first build made every warp wait for each chain: 1.2 us per tile, slower than m1);
-//   * the grid barrier counts on a word that only grows (moe_sync.cuh grid_arrive_wait_mono);
-//   * after it only the h quantization (no SiLU) remains before the down MMAs.
+//   * no grid barrier: each route has an arrival counter that only grows (16 per launch); MMA warp k waits for route
+//     k's 16 CTAs only, then quantizes h_k (no SiLU left) and runs route k's down tile, so the routes that completed
+//     early are quantized and multiplied while the last ones are still arriving (M1F_ROUTE_FLAGS=0: a grid barrier on a
+//     growing count, moe_sync.cuh grid_arrive_wait_mono, the first timeline's build).
 // Numerics of the v3 st8 sequence (align -> gate_up -> down) bitwise by construction: x quantized as moe_align
 // (IEEE divisions, RNE), the swapped-operand mma.sync m16n8k32 e4m3 core with the same K permutation and the same
 // per-K-block FP32 scaling chain per (row, token) element (an element depends only on its row of A and its column
@@ -30,12 +32,15 @@
 // 512 + 32 j..); down: output rows [16 c, 16 c + 16) of all 8 experts.
 // Params: M1Params of moe_m1.cu (the host fills both the same way); `gu` holds h here: [8, 512] BF16, route order
 // (experts by increasing id, as moe_align's slots). dbg_hq / dbg_hs: CTA 0's copy of h_q / h_s (route order).
-// Workspace: word 0 = the grid barrier's arrival count (only grows, 128 per launch). One stream at a time per
-// device. The shared expert (a 9th route) is not supported: the host runs the st8 sequence for it.
+// Workspace: words 0..7 = the routes' arrival counts (only grow, 16 per launch each; M1F_ROUTE_FLAGS=0: word 0 = the grid
+// barrier's count, 128 per launch). One stream at a time per device. The shared expert (a 9th route) is not supported: the host runs the st8 sequence for it.
 #include "moe_common.cuh"
 #include "moe_sync.cuh"
 #include <stddef.h>
 
+#ifndef M1F_ROUTE_FLAGS               // 1: no grid barrier: after its h stores a CTA adds 1 to its route's counter (workspace
+#define M1F_ROUTE_FLAGS 1             // words 0..7, 16 per launch each), and MMA warp k waits only for route k's count before
+#endif                                // it quantizes h_k and runs route k's down tile; 0: a grid barrier (run17's build)
 #ifndef M1F_W2_AFTER                  // the down share's copies are issued once gate_up tile M1F_W2_AFTER has landed (by
 #define M1F_W2_AFTER 2                // chain warp 3), so that they do not take bandwidth from the gate_up tiles the
 #endif                                // layer waits for first; -1: with the gate_up copies at entry (run17 timeline)
@@ -125,6 +130,9 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
   // [0..3] gate_up tiles, [4] down share + w2 scales, [5] gate_up scales
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + OFF_BAR);
   __shared__ int s_pos[TOPK], s_ids[TOPK];
+#if M1F_ROUTE_FLAGS
+  __shared__ unsigned s_target;
+#endif
   __shared__ float s_w[TOPK];
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const int c = blockIdx.x;
@@ -253,27 +261,46 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
     }
   }
   __syncthreads();  // every h store of this CTA precedes the arrival
+#if M1F_ROUTE_FLAGS
+  if (tid == 0) {
+    stamp(p, 7);  // gate_up done
+    __threadfence();
+    const unsigned prev = atomicAdd(p.bar + kq, 1u);  // every route's count is a multiple of 16 at launch start
+    s_target = (prev & ~15u) + 16u;
+  }
+  __syncthreads();
+#else
   if (tid == 0) {
     stamp(p, 7);  // gate_up done
     grid_arrive_wait_mono(p.bar, gridDim.x);
     stamp(p, 8);  // grid barrier passed
   }
   __syncthreads();
+#endif
 
-  // h_q of the 8 routes (st8's down prologue arithmetic without the SiLU): (route, 128-group) pairs over the 16
-  // half-warps of the MMA warps, 8 values per lane
+  // MMA warp k, route k: h_q_k (st8's down prologue arithmetic without the SiLU: half-warp hw takes 128-groups 2hw and
+  // 2hw + 1, 8 values per lane), then output rows [16c, 16c + 16) of expert ids[k] (one 16-row tile, as one q tile
+  // of an st8 down item) with h_k in B column 0; y_k = bf16(acc * w_k)
   if (wid < F_MMA_WARPS) {
+    const int k = wid;
+#if M1F_ROUTE_FLAGS
+    {  // every lane polls (its own acquire orders its h loads below)
+      const unsigned target = s_target;
+      unsigned polls = 0;
+      while ((int)(ld_acquire_gpu(p.bar + k) - target) < 0) {
+        if (++polls == (1u << 26)) __trap();  // a count that cannot complete: fail the launch instead of hanging
+      }
+    }
+    if (tid == 0) stamp(p, 8);  // route 0 complete
+#endif
     const int hw = lane >> 4, sub = lane & 15;
     uint4 hv[2];
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int idx = 2 * wid + hw + 16 * u;  // 0..31: route idx >> 2 (rank), group idx & 3
-      hv[u] = __ldcg(reinterpret_cast<const uint4*>(p.gu + (size_t)s_pos[idx >> 2] * INTER + (idx & 3) * 128 + sub * 8));
-    }
+    for (int u = 0; u < 2; ++u)
+      hv[u] = __ldcg(reinterpret_cast<const uint4*>(p.gu + (size_t)s_pos[k] * INTER + (2 * hw + u) * 128 + sub * 8));
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
-      const int idx = 2 * wid + hw + 16 * u;
-      const int k = idx >> 2, grp = idx & 3, col = grp * 128 + sub * 8;
+      const int grp = 2 * hw + u, col = grp * 128 + sub * 8;
       float h[8];
       moe::bf16x8_to_float(hv[u], h);
       float amax = 0.0f;
@@ -293,14 +320,8 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
         if (sub == 0) p.dbg_hs[r * 4 + grp] = sc;
       }
     }
-  }
-  __syncthreads();
-  if (tid == 0) stamp(p, 9);  // h_q in shared memory
-
-  // down: warp k, route k: output rows [16c, 16c + 16) of expert ids[k] (one 16-row tile, as one q tile of an st8
-  // down item), h_k in B column 0; y_k = bf16(acc * w_k)
-  if (wid < F_MMA_WARPS) {
-    const int k = wid;
+    __syncwarp();  // h_q_k and its scales (this warp's writes) before the B fragments read them
+    if (tid == 0) stamp(p, 9);  // h_q_0 in shared memory
     uint32_t b[4][8];
     float st[4];
 #pragma unroll

@@ -135,9 +135,9 @@ static_assert(!ML_CHUNK_FLAGS || GCH == DCH, "chunk flags pair gate_up chunk i w
 #ifndef ML_EARLY_GO                   // 1: the producers start right after the slot tables (the B producer takes a chunk's
 #define ML_EARLY_GO (!ML_SEPARATE_AQ) // tokens from the expert's token mask); the consumers build the route-list tables
 #endif                                // (prt / pw, read only in the down epilogues) meanwhile (run17: -0.5..-1.5 us)
-#ifndef ML_GU_REVERSE                 // 1: every CTA runs its gate_up range backwards (its last chunk first), so its first down
-#define ML_GU_REVERSE (!ML_SEPARATE_AQ)  // chunk - which holds its own first gate_up items and the previous CTA's last - is
-#endif                                // complete as soon as this CTA's gate_up is (the previous CTA did its share first)
+#ifndef ML_GU_REVERSE                 // 1 (exploration, rejected in run17: no gain, 56.8 vs 56.6 us at 8 tokens, 205.1 vs 205.3 at
+#define ML_GU_REVERSE 0               // 128, single launch): every CTA runs its gate_up range backwards (its last chunk first), so
+#endif                                // its first down chunk completes with its own gate_up instead of the previous CTA's
 #ifndef ML_NOMMA
 #define ML_NOMMA 0                    // 1 (exploration, timing only: wrong results): no MMA work in the consumers
 #endif
