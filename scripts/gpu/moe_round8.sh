@@ -2,7 +2,7 @@
 # Issue 7 round 8, one device call (carry build): the moe_m1 phase timeline (-DM1_TIMING=1), the moe_ml phase
 # timelines of the exploration builds (stream_probe.py ML_VARIANTS), the weight-stream probe, moe_v3_check of
 # BUILDS (bitwise vs st8 + interleaved graph replay), the GPU tests; everything tarred into $OUT/all.tgz.
-#   usage (device): [BUILDS=v3st8,v3m1l,v3m1fl] bash scripts/gpu/moe_round8.sh [parts: m1 ml probe check tests]
+#   usage (device): [BUILDS=v3st8,v3m1l,v3m1fl] [NCU_PLAN=8:v3ml] bash scripts/gpu/moe_round8.sh [parts: m1 ml probe check ncu tests]
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 W=/tmp/w; rm -rf $W; mkdir -p $W
@@ -15,6 +15,8 @@ for part in $PARTS; do
     probe) timeout 200 python3 scripts/gpu/stream_probe.py --out $W/probe > $W/probe.txt 2>&1; tail -18 $W/probe.txt ;;
     check) timeout 560 python3 scripts/gpu/moe_v3_check.py --builds ${BUILDS:-v3st8,v3m1l,v3m1fl} --out $W/check > $W/check.txt 2>&1
            tail -16 $W/check.txt ;;
+    ncu) MOE_NCU_PLAN=${NCU_PLAN:-8:v3ml,128:v3ml} timeout 200 python3 scripts/gpu/moe_v3_check.py --builds v3ml --step ncu --out $W/ncu > $W/ncu.txt 2>&1
+         grep -E "^  moe_|Duration|DRAM Throughput|stalled_(long|barrier|wait|short|mio|lg|math|no_inst|membar|sleeping|dispatch|not_sel|selected)[a-z_]*_per_issue_active|bank_conflicts|wavefronts_mem_shared" $W/ncu/ncu.log | sed -E 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//' | awk '{$1=$1; print}' | head -70 ;;
     tests) timeout 300 python3 -m pytest -q tests/ops/test_moe_sm90.py -p no:cacheprovider 2>&1 | grep -v '^{' | tail -4 | tee $W/pytest_gpu_moe.log ;;
   esac
 done

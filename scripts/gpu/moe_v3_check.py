@@ -436,8 +436,12 @@ NCU_PLAN = ((128, ("v3ml",)), (16, ("v3ml",)))  # round 7 (round 6: (8, v3ms), (
 
 
 def ncu_plan() -> list[tuple[int, list[str]]]:
+    """NCU_PLAN, or MOE_NCU_PLAN="8:v3ml,128:v3ml" (tokens:build pairs, in profiling order)."""
     act = builds()
-    return [(m, [n for n in names if n in act]) for m, names in NCU_PLAN]
+    plan = NCU_PLAN
+    if os.environ.get("MOE_NCU_PLAN"):
+        plan = tuple((int(m), (n,)) for m, n in (e.split(":") for e in os.environ["MOE_NCU_PLAN"].split(",")))
+    return [(m, [n for n in names if n in act]) for m, names in plan]
 
 
 def step_profile_inner() -> None:
@@ -526,6 +530,9 @@ def run_step(step: str, out_dir: Path, names: list[str] | None = None, tag: str 
         cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--kernel-name", "regex:moe_(gate_up|down|m1|ms|ml)",
                "--section", "SpeedOfLight", "--section", "Occupancy", "--section", "LaunchStats",
                "--section", "WarpStateStats", "--section", "SchedulerStats", "--section", "MemoryWorkloadAnalysis",
+               # round 8: the stall reasons per issued instruction and the shared-memory bank conflicts
+               "--metrics", "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio,"
+               "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
                sys.executable, str(here), "--step", "profile-inner", "--out", str(out_dir), *sel]
     if step == "sanitize":
         # --report-api-errors no: run5's 34 "errors" were cuda-bindings probing cuGetProcAddress on the host

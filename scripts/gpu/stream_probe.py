@@ -47,11 +47,13 @@ ML_FLAGS = {"rev": ["-DML_GU_REVERSE=1"], "nomma": ["-DML_NOMMA=1"]}
 M1_TIMED = ROOT / "build" / "explore" / "moe_m1_timed.cubin"
 # round 8: the same stamps in kernels/sm90/moe/moe_m1f.cu (-DM1F_TIMING=1): name -> (source, symbol, tune, cubin, flags);
 # run17: m1f-w2e / -w2a1 / -w2a3 (the down share's copies at entry / after gate_up tile 1 / 3; the contract: after tile 2)
-# took 12.80 / 10.24 / 10.50 us single launch against 10.24; m1f-gb = a grid barrier instead of the route counters
+# took 12.80 / 10.24 / 10.50 us single launch against 10.24
 M1_KERNELS = {"m1": ("moe_m1.cu", "moe_m1", "m1", M1_TIMED, ["-DM1_TIMING=1"]),
               "m1f": ("moe_m1f.cu", "moe_m1f", "m1f", M1_TIMED.with_name("moe_m1f_timed.cubin"), ["-DM1F_TIMING=1"])}
-M1_KERNELS["m1f-gb"] = ("moe_m1f.cu", "moe_m1f", "m1f", M1_TIMED.with_name("moe_m1f_timed_gb.cubin"),
-                        ["-DM1F_TIMING=1", "-DM1F_ROUTE_FLAGS=0"])
+# (run17 also: m1f with a grid barrier on a growing count, 10.24 us, against per-route counters 9.98; m1f-rc = the counters,
+# the contract = tagged h words)
+M1_KERNELS["m1f-rc"] = ("moe_m1f.cu", "moe_m1f", "m1f", M1_TIMED.with_name("moe_m1f_timed_rc.cubin"),
+                        ["-DM1F_TIMING=1", "-DM1F_SYNC=1"])
 M1_STAMPS = ("entry", "copies issued", "x quantized", "gate_up tile 0 in", "gate_up tile 1 in", "gate_up tile 2 in",
              "gate_up tile 3 in", "gate_up done", "barrier / route 0 complete", "h (route 0) in smem", "down share in",
              "out written", "down copies issued")
@@ -230,8 +232,8 @@ def m1_timeline_one(name: str) -> dict[str, Any]:
     cfg = rt._launch_config(t.block, t.smem_bytes, cooperative=True)
     ws = torch.zeros(t.workspace.numel(), dtype=torch.uint8, device="cuda")
     w = make_weights()
-    flat = ours.gu.view(torch.uint8).view(-1)
-    base = 512 * 1024
+    # stamps: m1 at byte 512 K of gu (M1_TIMING), m1f in its workspace past h (M1F_TIMING_OFFSET)
+    flat, base = (ours.gu.view(torch.uint8).view(-1), 512 * 1024) if sym == "moe_m1" else (ws, 17408)
     per: list[Any] = []
     for i in range(12):
         x, ids, wts, _sw = make_routing(1, seed=700 + 17 * i)
