@@ -9,6 +9,7 @@ W=/tmp/w; rm -rf $W; mkdir -p $W
 PARTS=${*:-m1 ml probe tests}
 for part in $PARTS; do
   case $part in
+    m1dbg) timeout 60 python3 scripts/gpu/stream_probe.py --m1f-debug 2>&1 | tail -30 ;;
     m1) timeout 120 python3 scripts/gpu/stream_probe.py --m1-timeline --out $W > $W/m1_timeline.txt 2>&1; grep -vE "^  (entry|copies issued)" $W/m1_timeline.txt ;;
     ml) timeout 300 python3 scripts/gpu/stream_probe.py --ml-timeline --out $W > $W/ml_timeline.txt 2>&1
         grep -v "last gate_up\|last down" $W/ml_timeline.txt | grep -E "^\[|metadata|gate_up done|first down B|down done|barrier 3|top-k sum|^moe_ml|^  [a-z]+ +[0-9]+:" ;;

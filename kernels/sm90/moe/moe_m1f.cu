@@ -104,6 +104,9 @@ extern "C" __device__ unsigned int netra_params_layout[] = {
 #endif
 #define M1F_TIMING_OFFSET 17408       // bytes into the workspace (past h): u64 [128 CTAs][16 stamps]
 #define M1F_H_WORD 256                // h: workspace words [256, 256 + 8 * 512)
+#ifndef M1F_POLL_DEBUG
+#define M1F_POLL_DEBUG 0
+#endif
 
 namespace {
 
@@ -307,8 +310,9 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
       const unsigned tag = s_target;
       const uint4* src = reinterpret_cast<const uint4*>(p.bar + M1F_H_WORD + s_pos[k] * INTER);
       uint4 w[2][2];
+      bool done = false;
       unsigned polls = 0;
-      for (;;) {
+      for (; polls < (1u << 24) && !done; ++polls) {
         bool ok = true;
 #pragma unroll
         for (int u = 0; u < 2; ++u)
@@ -318,9 +322,32 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
             ok = ok && (w[u][v].x >> 16) == tag && (w[u][v].y >> 16) == tag && (w[u][v].z >> 16) == tag &&
                  (w[u][v].w >> 16) == tag;
           }
-        if (__all_sync(0xffffffffu, ok)) break;
-        if (++polls == (1u << 24)) __trap();  // a route that cannot complete: fail the launch instead of hanging
+        done = __all_sync(0xffffffffu, ok);
+#if M1F_POLL_DEBUG  // exploration: after 2^18 polls, report (expected tag, # bad words, first bad index, its word) and go on
+        if (!done && polls + 1 == (1u << 18)) {
+          unsigned nbad = 0, first = 0xffffffffu, fv = 0;
+          for (int u = 0; u < 2; ++u)
+            for (int v = 0; v < 2; ++v) {
+              const unsigned ww[4] = {w[u][v].x, w[u][v].y, w[u][v].z, w[u][v].w};
+              for (int q = 0; q < 4; ++q)
+                if ((ww[q] >> 16) != tag) {
+                  ++nbad;
+                  if (first == 0xffffffffu) { first = (2 * hw + u) * 128 + sub * 8 + 4 * v + q; fv = ww[q]; }
+                }
+            }
+          for (int o = 16; o > 0; o >>= 1) nbad += __shfl_xor_sync(0xffffffffu, nbad, o);
+          const unsigned firstmin = __reduce_min_sync(0xffffffffu, first);
+          const unsigned own = __ballot_sync(0xffffffffu, first == firstmin);
+          const unsigned fvv = __shfl_sync(0xffffffffu, fv, __ffs(own) - 1);
+          if (lane == 0) {
+            unsigned* d = reinterpret_cast<unsigned*>(reinterpret_cast<uint8_t*>(p.bar) + M1F_TIMING_OFFSET) + (c * 8 + k) * 4;
+            d[0] = tag; d[1] = nbad; d[2] = firstmin; d[3] = fvv;
+          }
+          done = true;
+        }
+#endif
       }
+      if (!done) __trap();  // a route that cannot complete: fail the launch instead of hanging (outside the loop)
 #pragma unroll
       for (int u = 0; u < 2; ++u) {  // the low halves: 8 BF16 h values
         hv[u].x = __byte_perm(w[u][0].x, w[u][0].y, 0x5410);
