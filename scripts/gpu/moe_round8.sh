@@ -9,7 +9,6 @@ W=/tmp/w; rm -rf $W; mkdir -p $W
 PARTS=${*:-m1 ml probe tests}
 for part in $PARTS; do
   case $part in
-    m1dbg) timeout 60 python3 scripts/gpu/stream_probe.py --m1f-debug 2>&1 | tail -30 ;;
     m1) timeout 120 python3 scripts/gpu/stream_probe.py --m1-timeline --out $W > $W/m1_timeline.txt 2>&1; grep -vE "^  (entry|copies issued)" $W/m1_timeline.txt ;;
     ml) timeout 300 python3 scripts/gpu/stream_probe.py --ml-timeline --out $W > $W/ml_timeline.txt 2>&1
         grep -v "last gate_up\|last down" $W/ml_timeline.txt | grep -E "^\[|metadata|gate_up done|first down B|down done|barrier 3|top-k sum|^moe_ml|^  [a-z]+ +[0-9]+:" ;;
@@ -18,6 +17,8 @@ for part in $PARTS; do
            tail -16 $W/check.txt ;;
     ncu) MOE_NCU_PLAN=${NCU_PLAN:-8:v3ml,128:v3ml} timeout 200 python3 scripts/gpu/moe_v3_check.py --builds v3ml --step ncu --out $W/ncu > $W/ncu.txt 2>&1
          grep -E "^  moe_|Duration|DRAM Throughput|stalled_(long|barrier|wait|short|mio|lg|math|no_inst|membar|sleeping|dispatch|not_sel|selected)[a-z_]*_per_issue_active|bank_conflicts|wavefronts_mem_shared" $W/ncu/ncu.log | sed -E 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//' | awk '{$1=$1; print}' | head -70 ;;
+    record) mkdir -p $W/rec; GIT_SHA=${SHA:-unknown} MOE_V3_TUNE=m1fl MOE_PROVIDERS=netra-v1,netra-v3,sglang,sglang-shared-mlp,torch-ref OUT=$W/rec \
+              bash scripts/gpu/moe_h200.sh > $W/rec.txt 2>&1; tail -22 $W/rec.txt ;;
     tests) timeout 300 python3 -m pytest -q tests/ops/test_moe_sm90.py -p no:cacheprovider 2>&1 | grep -v '^{' | tail -4 | tee $W/pytest_gpu_moe.log ;;
   esac
 done

@@ -50,10 +50,8 @@ M1_TIMED = ROOT / "build" / "explore" / "moe_m1_timed.cubin"
 # took 12.80 / 10.24 / 10.50 us single launch against 10.24
 M1_KERNELS = {"m1": ("moe_m1.cu", "moe_m1", "m1", M1_TIMED, ["-DM1_TIMING=1"]),
               "m1f": ("moe_m1f.cu", "moe_m1f", "m1f", M1_TIMED.with_name("moe_m1f_timed.cubin"), ["-DM1F_TIMING=1"])}
-# (run17 also: m1f with a grid barrier on a growing count, 10.24 us, against per-route counters 9.98; m1f-rc = the counters,
-# the contract = tagged h words)
-M1_KERNELS["m1f-rc"] = ("moe_m1f.cu", "moe_m1f", "m1f", M1_TIMED.with_name("moe_m1f_timed_rc.cubin"),
-                        ["-DM1F_TIMING=1", "-DM1F_SYNC=1"])
+# (run17 also: m1f with a grid barrier on a growing count, 10.24 us, against the contract's per-route counters 9.98)
+# (the tagged-h build, kernels/sm90/moe/rejected/moe_m1f_tagged.cu.txt, failed at launch; its poll-debug twin ran clean)
 M1_STAMPS = ("entry", "copies issued", "x quantized", "gate_up tile 0 in", "gate_up tile 1 in", "gate_up tile 2 in",
              "gate_up tile 3 in", "gate_up done", "barrier / route 0 complete", "h (route 0) in smem", "down share in",
              "out written", "down copies issued")
@@ -101,10 +99,6 @@ def build() -> None:
                str(ROOT / "kernels" / "sm90" / "moe" / "moe_ms.cu")]
         subprocess.run(cmd, check=True)
         print("built", path)
-    dbg = M1_TIMED.with_name("moe_m1f_debug.cubin")
-    subprocess.run(["nvcc", "-cubin", "-arch=sm_90a", "-O3", "-std=c++17", "-DM1F_POLL_DEBUG=1", "-o", str(dbg),
-                    str(ROOT / "kernels" / "sm90" / "moe" / "moe_m1f.cu")], check=True)
-    print("built", dbg)
     for name, (st, gch, dch) in ML_VARIANTS.items():
         assert gch == 8, "moe_ml's gate_up chunk is 8 tokens (round 7c)"
         cmd = ["nvcc", "-cubin", "-arch=sm_90a", "-O3", "-std=c++17", "-DML_TIMING=1", f"-DML_STAGES={st}",
@@ -236,8 +230,7 @@ def m1_timeline_one(name: str) -> dict[str, Any]:
     cfg = rt._launch_config(t.block, t.smem_bytes, cooperative=True)
     ws = torch.zeros(t.workspace.numel(), dtype=torch.uint8, device="cuda")
     w = make_weights()
-    # stamps: m1 at byte 512 K of gu (M1_TIMING), m1f in its workspace past h (M1F_TIMING_OFFSET)
-    flat, base = (ours.gu.view(torch.uint8).view(-1), 512 * 1024) if sym == "moe_m1" else (ws, 17408)
+    flat, base = ours.gu.view(torch.uint8).view(-1), 512 * 1024  # stamps at byte 512 K of gu (M1_TIMING / M1F_TIMING)
     per: list[Any] = []
     for i in range(12):
         x, ids, wts, _sw = make_routing(1, seed=700 + 17 * i)
@@ -258,46 +251,6 @@ def m1_timeline_one(name: str) -> dict[str, Any]:
     for phase, r in rows.items():
         print(f"  {phase:22s} {r['median_us']:7.2f} {r['min_us']:7.2f} {r['max_us']:7.2f}")
     return rows
-
-
-def m1f_debug() -> None:
-    """Exploration (run17): moe_m1f built with -DM1F_POLL_DEBUG=1: per (CTA, route warp) the h poll's report after 2^18
-    polls (expected tag, # bad words of this warp's 512, first bad index, its word); zeros = the route completed."""
-    import torch
-
-    from netra import runtime as rt
-    from netra.bench.kernels_moe import make_routing, make_weights
-    from netra.ops.moe_fp8 import M1_CTAS, MoeSm90, _fill_layer_inputs, _M1Params
-
-    cu = rt.driver()
-    ours = MoeSm90(0, variant="v3", tune="m1f")
-    t = ours.t["m1"]
-    cubin = M1_TIMED.with_name("moe_m1f_debug.cubin")
-    module = rt.check(cu.cuModuleLoadData(cubin.read_bytes()), "cuModuleLoadData moe_m1f_debug")
-    fn = rt.check(cu.cuModuleGetFunction(module, b"moe_m1f"), "moe_m1f (debug)")
-    rt.check(cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                   t.smem_bytes), "smem (debug)")
-    cfg = rt._launch_config(t.block, t.smem_bytes, cooperative=True)
-    ws = torch.zeros(t.workspace.numel(), dtype=torch.uint8, device="cuda")
-    w = make_weights()
-    for i in range(3):
-        x, ids, wts, _sw = make_routing(1, seed=700 + 17 * i)
-        p = _M1Params()
-        _fill_layer_inputs(p, (x, ids, wts), w["w13"], w["s13"], w["w2"], w["s2"])
-        p.gu, p.out, p.bar = ours.gu.data_ptr(), ours.out.data_ptr(), ws.data_ptr()
-        p.dbg_hq = p.dbg_hs = None
-        ptr = (ctypes.c_void_p * 1)(ctypes.addressof(p))
-        ws[17408:].zero_()
-        cfg.gridDimX, cfg.hStream = M1_CTAS, torch.cuda.current_stream().cuda_stream
-        rt.check(cu.cuLaunchKernelEx(cfg, fn, ctypes.addressof(ptr), 0), "launch moe_m1f (debug)")
-        torch.cuda.synchronize()
-        rep = ws[17408: 17408 + 128 * 8 * 16].view(torch.int32).view(128, 8, 4).cpu()
-        h = ws[1024: 1024 + 8 * 512 * 4].view(torch.int32).view(8, 512).cpu()
-        bad = [(c, k, [int(v) & 0xffffffff for v in rep[c, k]]) for c in range(128) for k in range(8) if int(rep[c, k, 1]) != 0]
-        print(f"launch {i}: launch counter {int(ws[32:36].view(torch.int32)[0])}, {len(bad)} (CTA, route) polls gave up; "
-              f"h tags by route: {[sorted({(int(v) >> 16) & 0xffff for v in h[k]}) for k in range(8)]}")
-        for c, k, r in bad[:6]:
-            print(f"  CTA {c} route {k}: tag {r[0]} bad {r[1]} first {r[2]} word {r[3]:#010x}")
 
 
 def ms_timeline(out: Path) -> dict[str, Any]:
@@ -358,7 +311,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ms-timeline", action="store_true", help="only the moe_ms phase timeline (timed build)")
     ap.add_argument("--ml-timeline", action="store_true", help="only the moe_ml phase timeline (timed build)")
     ap.add_argument("--m1-timeline", action="store_true", help="only the moe_m1 phase timeline (timed build)")
-    ap.add_argument("--m1f-debug", action="store_true", help="only moe_m1f's h poll report (-DM1F_POLL_DEBUG=1)")
     args = ap.parse_args(argv)
     if args.build:
         build()
@@ -377,9 +329,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.m1_timeline:
         m1_timeline(args.out)
-        return 0
-    if args.m1f_debug:
-        m1f_debug()
         return 0
     cu = rt.driver()
     torch.zeros(1, device="cuda")

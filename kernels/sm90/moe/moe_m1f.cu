@@ -17,12 +17,10 @@
 //     chain warp per tile (warps 8..11) then runs the tile's scaled FP32 chain over K blocks 0..15 in order
 //     (kblock_acc2) - one warp's arithmetic, so the numerics are st8's bitwise - while the MMA warps go on to the
 //     next tile (run17's first build made every warp wait for each chain: 1.2 us per tile, slower than m1);
-//   * no grid barrier and no counter: h travels as self-validating 32-bit words (BF16 h | launch tag << 16, the tag
-//     from a launch counter every CTA reads at entry); MMA warp k polls route k's 512 words until every tag is this
-//     launch's, then quantizes h_k (no SiLU left) and runs route k's down tile. The routes that complete early are
-//     quantized and multiplied while the last ones are still arriving, and the last route costs one L2 round trip
-//     after its stores land instead of a fence, an atomic and a second round trip (M1F_SYNC=1: per-route arrival
-//     counters, run17 9.98 us single launch; a grid barrier on a growing count took 10.24).
+//   * no grid barrier: each route has an arrival counter that only grows (16 per launch); MMA warp k waits for route
+//     k's 16 CTAs only, then quantizes h_k (no SiLU left) and runs route k's down tile, so the routes that completed
+//     early are quantized and multiplied while the last ones are still arriving (M1F_ROUTE_FLAGS=0: a grid barrier on a
+//     growing count, moe_sync.cuh grid_arrive_wait_mono, the first timeline's build).
 // Numerics of the v3 st8 sequence (align -> gate_up -> down) bitwise by construction: x quantized as moe_align
 // (IEEE divisions, RNE), the swapped-operand mma.sync m16n8k32 e4m3 core with the same K permutation and the same
 // per-K-block FP32 scaling chain per (row, token) element (an element depends only on its row of A and its column
@@ -32,19 +30,17 @@
 // Grid = 128 CTAs (cooperative: all co-resident or the launch fails), 384 threads (8 MMA warps + 4 chain warps),
 // ~199 KB of dynamic shared memory. CTA c: route kq = c / 16, columns [32 j, 32 j + 32) with j = c % 16 (gate rows 32 j.., up rows
 // 512 + 32 j..); down: output rows [16 c, 16 c + 16) of all 8 experts.
-// Params: M1Params of moe_m1.cu (`gu` unused: h lives in the workspace). dbg_hq / dbg_hs: CTA 0's copy of h_q / h_s.
-// Workspace (zeroed once, 33792 B): word 8 = the launch counter (only grows, 128 per launch); bytes [1024, 17408) = h
-// [8][512] u32 words (BF16 | tag << 16), route order (experts by increasing id, as moe_align's slots), tag = launch + 1
-// mod 2^16. Every launch rewrites every h word and no other kernel writes there, so a stale word carries the previous
-// launch's tag (the zeroed first state carries 0, never launch 0's tag 1). M1F_SYNC=1: words 0..7 = the routes' arrival
-// counts, h as BF16 at byte 1024. [17408, 33792): the timing build's stamps. One stream at a time per device. The shared expert (a 9th route) is not supported: the host runs the st8 sequence for it.
+// Params: M1Params of moe_m1.cu (the host fills both the same way); `gu` holds h here: [8, 512] BF16, route order
+// (experts by increasing id, as moe_align's slots). dbg_hq / dbg_hs: CTA 0's copy of h_q / h_s (route order).
+// Workspace: words 0..7 = the routes' arrival counts (only grow, 16 per launch each; M1F_ROUTE_FLAGS=0: word 0 = the grid
+// barrier's count, 128 per launch). One stream at a time per device. The shared expert (a 9th route) is not supported: the host runs the st8 sequence for it.
 #include "moe_common.cuh"
 #include "moe_sync.cuh"
 #include <stddef.h>
 
-#ifndef M1F_SYNC                      // 2: h as tagged words (below); 1 (exploration): after its h stores a CTA adds 1 to its
-#define M1F_SYNC 2                    // route's counter (workspace words 0..7, 16 per launch each) and MMA warp k waits for
-#endif                                // route k's count before it reads h_k
+#ifndef M1F_ROUTE_FLAGS               // 1: no grid barrier: after its h stores a CTA adds 1 to its route's counter (workspace
+#define M1F_ROUTE_FLAGS 1             // words 0..7, 16 per launch each), and MMA warp k waits only for route k's count before
+#endif                                // it quantizes h_k and runs route k's down tile; 0: a grid barrier (run17's build)
 #ifndef M1F_W2_AFTER                  // the down share's copies are issued once gate_up tile M1F_W2_AFTER has landed (by
 #define M1F_W2_AFTER 2                // chain warp 3), so that they do not take bandwidth from the gate_up tiles the
 #endif                                // layer waits for first; -1: with the gate_up copies at entry (run17 timeline)
@@ -86,7 +82,7 @@ struct M1Params {  // == moe_m1.cu's (the host's _M1Params)
   const float* w13_scale;    // [E(+1), 8, 16]
   const uint8_t* w2;         // [E(+1), 2048, 512] e4m3
   const float* w2_scale;     // [E(+1), 16, 4]
-  __nv_bfloat16* gu;         // unused here (h lives in the workspace)
+  __nv_bfloat16* gu;         // here: h [8, 512] BF16, route order (scratch)
   __nv_bfloat16* out;        // [1, 2048]
   unsigned* bar;             // workspace: word 0 the grid barrier's arrival count (zeroed once, only grows)
   uint8_t* dbg_hq;           // [>= 8, 512] copy of h_q (route order) when non-null (tests; CTA 0 writes)
@@ -102,11 +98,7 @@ extern "C" __device__ unsigned int netra_params_layout[] = {
 #ifndef M1F_TIMING
 #define M1F_TIMING 0                  // 1 (exploration builds only): %globaltimer stamps per CTA and phase
 #endif
-#define M1F_TIMING_OFFSET 17408       // bytes into the workspace (past h): u64 [128 CTAs][16 stamps]
-#define M1F_H_WORD 256                // h: workspace words [256, 256 + 8 * 512)
-#ifndef M1F_POLL_DEBUG
-#define M1F_POLL_DEBUG 0
-#endif
+#define M1F_TIMING_OFFSET (512 * 1024)  // bytes into gu: u64 [128 CTAs][16 stamps] (as moe_m1.cu's M1_TIMING)
 
 namespace {
 
@@ -114,19 +106,11 @@ __device__ __forceinline__ void stamp(const M1Params& p, int k) {
 #if M1F_TIMING
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  reinterpret_cast<unsigned long long*>(reinterpret_cast<uint8_t*>(p.bar) + M1F_TIMING_OFFSET)[blockIdx.x * 16 + k] = t;
+  reinterpret_cast<unsigned long long*>(reinterpret_cast<uint8_t*>(p.gu) + M1F_TIMING_OFFSET)[blockIdx.x * 16 + k] = t;
 #else
   (void)p;
   (void)k;
 #endif
-}
-
-// A polling load from L2 that the compiler may not hoist out of the loop (run17: a plain __ldcg poll was hoisted: the
-// loop spun on its first value until the trap).
-__device__ __forceinline__ uint4 ld_poll(const uint4* src) {
-  uint4 v;
-  asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(src) : "memory");
-  return v;
 }
 
 }  // namespace
@@ -146,7 +130,9 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
   // [0..3] gate_up tiles, [4] down share + w2 scales, [5] gate_up scales
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + OFF_BAR);
   __shared__ int s_pos[TOPK], s_ids[TOPK];
-  __shared__ unsigned s_target;  // M1F_SYNC 2: this launch's tag; 1: the routes' complete count
+#if M1F_ROUTE_FLAGS
+  __shared__ unsigned s_target;
+#endif
   __shared__ float s_w[TOPK];
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const int c = blockIdx.x;
@@ -165,9 +151,6 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
     for (int s = 0; s < 6; ++s) mbar_init(&full[s], 1);
     mbar_fence_init();
     // the gate_up scales and tiles, then (M1F_W2_AFTER < 0) the w2 scales and tiles, each on its own mbarrier
-#if M1F_SYNC == 2
-    const unsigned launch = atomicAdd(p.bar + 8, 1u) >> 7;  // in flight with the id load below
-#endif
     const int eg = __ldg(p.topk_ids + kq);
     mbar_expect_tx(&full[5], 128);
     bulk_g2s(smem + OFF_SC, p.w13_scale + ((size_t)eg * 8 + (j >> 2)) * 16, 64, &full[5]);
@@ -191,9 +174,6 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
 #pragma unroll
     for (int k = 0; k < TOPK; ++k)
       bulk_g2s(s_dn + k * DN_TILE_BYTES, p.w2 + ((size_t)ids[k] * HID + c * 16) * INTER, DN_TILE_BYTES, &full[4]);
-#endif
-#if M1F_SYNC == 2
-    s_target = (launch + 1u) & 0xffffu;
 #endif
     stamp(p, 1);  // every copy issued
   }
@@ -277,16 +257,11 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
     if (t4 == 0) {  // token column 0: acc[0] gate (row g), acc[2] up (row g + 8) of column 32 j + 8 tt + g
       const float gt = __bfloat162float(__float2bfloat16_rn(acc[0]));
       const float up = __bfloat162float(__float2bfloat16_rn(acc[2]));
-      const __nv_bfloat16 h = __float2bfloat16_rn(moe::silu_mul(gt, up));
-#if M1F_SYNC == 2
-      p.bar[M1F_H_WORD + s_pos[kq] * INTER + 32 * j + 8 * tt + g] = (unsigned)__bfloat16_as_ushort(h) | (s_target << 16);
-#else
-      reinterpret_cast<__nv_bfloat16*>(p.bar + M1F_H_WORD)[s_pos[kq] * INTER + 32 * j + 8 * tt + g] = h;
-#endif
+      p.gu[(size_t)s_pos[kq] * INTER + 32 * j + 8 * tt + g] = __float2bfloat16_rn(moe::silu_mul(gt, up));
     }
   }
-#if M1F_SYNC == 1
   __syncthreads();  // every h store of this CTA precedes the arrival
+#if M1F_ROUTE_FLAGS
   if (tid == 0) {
     stamp(p, 7);  // gate_up done
     __threadfence();
@@ -295,7 +270,12 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
   }
   __syncthreads();
 #else
-  if (tid == 32 * (F_MMA_WARPS + 3)) stamp(p, 7);  // gate_up done (chain warp 3: tile 3's h stored)
+  if (tid == 0) {
+    stamp(p, 7);  // gate_up done
+    grid_arrive_wait_mono(p.bar, gridDim.x);
+    stamp(p, 8);  // grid barrier passed
+  }
+  __syncthreads();
 #endif
 
   // MMA warp k, route k: h_q_k (st8's down prologue arithmetic without the SiLU: half-warp hw takes 128-groups 2hw and
@@ -303,73 +283,21 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
   // of an st8 down item) with h_k in B column 0; y_k = bf16(acc * w_k)
   if (wid < F_MMA_WARPS) {
     const int k = wid;
-    const int hw = lane >> 4, sub = lane & 15;
-    uint4 hv[2];
-#if M1F_SYNC == 2
-    {  // route k's h words: poll until every tag is this launch's (each 32-bit word lands whole)
-      const unsigned tag = s_target;
-      const uint4* src = reinterpret_cast<const uint4*>(p.bar + M1F_H_WORD + s_pos[k] * INTER);
-      uint4 w[2][2];
-      bool done = false;
-      unsigned polls = 0;
-      for (; polls < (1u << 24) && !done; ++polls) {
-        bool ok = true;
-#pragma unroll
-        for (int u = 0; u < 2; ++u)
-#pragma unroll
-          for (int v = 0; v < 2; ++v) {
-            w[u][v] = ld_poll(src + ((2 * hw + u) * 128 + sub * 8) / 4 + v);
-            ok = ok && (w[u][v].x >> 16) == tag && (w[u][v].y >> 16) == tag && (w[u][v].z >> 16) == tag &&
-                 (w[u][v].w >> 16) == tag;
-          }
-        done = __all_sync(0xffffffffu, ok);
-#if M1F_POLL_DEBUG  // exploration: after 2^18 polls, report (expected tag, # bad words, first bad index, its word) and go on
-        if (!done && polls + 1 == (1u << 18)) {
-          unsigned nbad = 0, first = 0xffffffffu, fv = 0;
-          for (int u = 0; u < 2; ++u)
-            for (int v = 0; v < 2; ++v) {
-              const unsigned ww[4] = {w[u][v].x, w[u][v].y, w[u][v].z, w[u][v].w};
-              for (int q = 0; q < 4; ++q)
-                if ((ww[q] >> 16) != tag) {
-                  ++nbad;
-                  if (first == 0xffffffffu) { first = (2 * hw + u) * 128 + sub * 8 + 4 * v + q; fv = ww[q]; }
-                }
-            }
-          for (int o = 16; o > 0; o >>= 1) nbad += __shfl_xor_sync(0xffffffffu, nbad, o);
-          const unsigned firstmin = __reduce_min_sync(0xffffffffu, first);
-          const unsigned own = __ballot_sync(0xffffffffu, first == firstmin);
-          const unsigned fvv = __shfl_sync(0xffffffffu, fv, __ffs(own) - 1);
-          if (lane == 0) {
-            unsigned* d = reinterpret_cast<unsigned*>(reinterpret_cast<uint8_t*>(p.bar) + M1F_TIMING_OFFSET) + (c * 8 + k) * 4;
-            d[0] = tag; d[1] = nbad; d[2] = firstmin; d[3] = fvv;
-          }
-          done = true;
-        }
-#endif
-      }
-      if (!done) __trap();  // a route that cannot complete: fail the launch instead of hanging (outside the loop)
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {  // the low halves: 8 BF16 h values
-        hv[u].x = __byte_perm(w[u][0].x, w[u][0].y, 0x5410);
-        hv[u].y = __byte_perm(w[u][0].z, w[u][0].w, 0x5410);
-        hv[u].z = __byte_perm(w[u][1].x, w[u][1].y, 0x5410);
-        hv[u].w = __byte_perm(w[u][1].z, w[u][1].w, 0x5410);
-      }
-    }
-#else
-    {  // every lane polls route k's count (its own acquire orders its h loads below)
+#if M1F_ROUTE_FLAGS
+    {  // every lane polls (its own acquire orders its h loads below)
       const unsigned target = s_target;
       unsigned polls = 0;
       while ((int)(ld_acquire_gpu(p.bar + k) - target) < 0) {
         if (++polls == (1u << 26)) __trap();  // a count that cannot complete: fail the launch instead of hanging
       }
     }
+    if (tid == 0) stamp(p, 8);  // route 0 complete
+#endif
+    const int hw = lane >> 4, sub = lane & 15;
+    uint4 hv[2];
 #pragma unroll
     for (int u = 0; u < 2; ++u)
-      hv[u] = __ldcg(reinterpret_cast<const uint4*>(reinterpret_cast<const __nv_bfloat16*>(p.bar + M1F_H_WORD) +
-                                                    s_pos[k] * INTER + (2 * hw + u) * 128 + sub * 8));
-#endif
-    if (tid == 0) stamp(p, 8);  // route 0 complete
+      hv[u] = __ldcg(reinterpret_cast<const uint4*>(p.gu + (size_t)s_pos[k] * INTER + (2 * hw + u) * 128 + sub * 8));
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int grp = 2 * hw + u, col = grp * 128 + sub * 8;
