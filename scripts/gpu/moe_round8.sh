@@ -19,6 +19,12 @@ for part in $PARTS; do
          grep -E "^  moe_|Duration|DRAM Throughput|stalled_(long|barrier|wait|short|mio|lg|math|no_inst|membar|sleeping|dispatch|not_sel|selected)[a-z_]*_per_issue_active|bank_conflicts|wavefronts_mem_shared" $W/ncu/ncu.log | sed -E 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//' | awk '{$1=$1; print}' | head -70 ;;
     record) mkdir -p $W/rec; GIT_SHA=${SHA:-unknown} MOE_V3_TUNE=m1fl MOE_PROVIDERS=netra-v1,netra-v3,sglang,sglang-shared-mlp,torch-ref OUT=$W/rec \
               bash scripts/gpu/moe_h200.sh > $W/rec.txt 2>&1; tail -22 $W/rec.txt ;;
+    checkrec) timeout 300 python3 scripts/gpu/moe_v3_check.py --builds ${BUILDS:-v3st8,v3m1fl} --out $W/check > $W/check.txt 2>&1
+              tail -14 $W/check.txt
+              if grep -qE "^check: [0-9]+ cases, 0 failing" $W/check.txt && grep -qE "^smoke: usable .*v3m1fl" $W/check.txt; then
+                mkdir -p $W/rec; GIT_SHA=${SHA:-unknown} MOE_V3_TUNE=m1fl MOE_PROVIDERS=netra-v1,netra-v3,sglang,sglang-shared-mlp,torch-ref \
+                  OUT=$W/rec bash scripts/gpu/moe_h200.sh > $W/rec.txt 2>&1; tail -22 $W/rec.txt
+              else echo "check not clean: no record"; fi ;;
     tests) timeout 300 python3 -m pytest -q tests/ops/test_moe_sm90.py -p no:cacheprovider 2>&1 | grep -v '^{' | tail -4 | tee $W/pytest_gpu_moe.log ;;
   esac
 done
