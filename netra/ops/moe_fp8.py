@@ -292,8 +292,10 @@ V3_TUNES: dict[str, dict[str, str]] = {
     # shared route
     "m1l": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256", "m1": "moe_m1_e256_k8",
             "ml": "moe_ml_e256_k8"},
-    # round 8: m1f (moe_m1f.cu: m1's plan with x and the scales first in the copy queue, all 8 warps on every gate_up
-    # tile as it lands, h computed by the gate_up CTA, a grid barrier on a growing count) in m1's place (same params)
+    # round 8: m1f (moe_m1f.cu: m1's plan with x read at entry and the scales ahead of their tiles, the down share
+    # requested once gate_up tile 2 has landed, 8 MMA warps on every gate_up tile as it lands + a chain warp per tile,
+    # h computed by the gate_up CTA, per-route arrival counters instead of a grid barrier) in m1's place (same params);
+    # m1fl = m1f at 1 token, ml at 2..128 (run17 record: 2.01x SGLang at 1 token)
     "m1f": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256", "m1": "moe_m1f_e256_k8"},
     "m1fl": {"gate_up": "moe_gate_up_v3ps_e256", "down": "moe_down_v3st8_e256", "m1": "moe_m1f_e256_k8",
              "ml": "moe_ml_e256_k8"},

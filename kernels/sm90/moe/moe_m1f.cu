@@ -4,8 +4,9 @@
 // -DM1_TIMING=1, single launch, us from the first entry): copies issued 1.0; x quantized 6.1 (warp 0's x load
 // queued behind the CTA's own 192 KB of TMA copies); gate_up done 8.5 (one warp per 16-row tile: a 2.3 us
 // dependent MMA chain after the last tile landed); grid barrier 10.8 (2.3 us); h in shared memory 12.8 (gate|up
-// from L2, SiLU and quantization after the barrier); down + top-k sum 14.1. m1f keeps m1's plan (all weights in
-// flight at entry, one grid barrier, the top-k sum local to the CTA) and shortens every phase after the stream:
+// from L2, SiLU and quantization after the barrier); down + top-k sum 14.1. m1f keeps m1's plan (every CTA's
+// weights requested up front, the top-k sum local to the CTA) and shortens every phase around the stream (run17:
+// 9.98 us single launch with M1F_ROUTE_FLAGS=1; tune m1fl's record: 12.33 vs SGLang 24.76 us in graph replay, 2.01x):
 //   * x is read by the MMA warps at entry (before any copy is issued), the weight scales arrive by TMA ahead of their
 //     tiles: no operand load waits behind the stream (run17: a TMA copy of x issued first still landed at 4-6 us);
 //   * the down share's copies wait until gate_up tile M1F_W2_AFTER has landed (all of gate_up is on the critical
@@ -19,8 +20,11 @@
 //     next tile (run17's first build made every warp wait for each chain: 1.2 us per tile, slower than m1);
 //   * no grid barrier: each route has an arrival counter that only grows (16 per launch); MMA warp k waits for route
 //     k's 16 CTAs only, then quantizes h_k (no SiLU left) and runs route k's down tile, so the routes that completed
-//     early are quantized and multiplied while the last ones are still arriving (M1F_ROUTE_FLAGS=0: a grid barrier on a
-//     growing count, moe_sync.cuh grid_arrive_wait_mono, the first timeline's build).
+//     early are quantized and multiplied while the last ones are still arriving. The count to wait for comes from a
+//     launch counter every CTA reads at entry, so a CTA's arrival is a fence + a reduction nobody waits for
+//     (M1F_ROUTE_FLAGS=2; 1: from the arrival atomic's return; 0: a grid barrier on a growing count, moe_sync.cuh
+//     grid_arrive_wait_mono, 0.26 us slower than 1). h exchanged as self-validating tagged words instead (no counter at
+//     all) failed at launch and is kept under rejected/ (moe_m1f_tagged.cu.txt).
 // Numerics of the v3 st8 sequence (align -> gate_up -> down) bitwise by construction: x quantized as moe_align
 // (IEEE divisions, RNE), the swapped-operand mma.sync m16n8k32 e4m3 core with the same K permutation and the same
 // per-K-block FP32 scaling chain per (row, token) element (an element depends only on its row of A and its column
@@ -32,8 +36,9 @@
 // 512 + 32 j..); down: output rows [16 c, 16 c + 16) of all 8 experts.
 // Params: M1Params of moe_m1.cu (the host fills both the same way); `gu` holds h here: [8, 512] BF16, route order
 // (experts by increasing id, as moe_align's slots). dbg_hq / dbg_hs: CTA 0's copy of h_q / h_s (route order).
-// Workspace: words 0..7 = the routes' arrival counts (only grow, 16 per launch each; M1F_ROUTE_FLAGS=0: word 0 = the grid
-// barrier's count, 128 per launch). One stream at a time per device. The shared expert (a 9th route) is not supported: the host runs the st8 sequence for it.
+// Workspace (zeroed once, only grows): words 0..7 = the routes' arrival counts (16 per launch each), word 8 = the launch
+// counter (128 per launch): at launch L every route count is 16 L (M1F_ROUTE_FLAGS=0: word 0 = the grid barrier's count).
+// One stream at a time per device. The shared expert (a 9th route) is not supported: the host runs the st8 sequence for it.
 #include "moe_common.cuh"
 #include "moe_sync.cuh"
 #include <stddef.h>

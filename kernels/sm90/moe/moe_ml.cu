@@ -23,14 +23,16 @@
 // Phases (grid = 128 CTAs, cooperative; 8 consumer warps, a pair per ring stage):
 //   0. every CTA: route metadata in shared memory from the top-8 ids (slots = active experts by increasing
 //      id, tokens increasing inside a slot, chunk tables); then the B producer copies the first chunk's x rows
-//      and only then the weight producer starts;
+//      and only then the weight producer starts; both start as soon as the slot tables exist, while the consumers
+//      build the route-list tables (ML_EARLY_GO, round 8);
 //   1. gate_up chunks: x rows quantized in place, then the items; after each chunk thread 0 adds the CTA's item
 //      count of that chunk to the chunk's counter (workspace, release);
 //   2. down chunks: the B producer copies down chunk i's h rows once gate_up chunk i (the same expert and
 //      8 tokens) has all 64 items counted - no grid barrier between the GEMMs, so a CTA waits only for the
 //      experts it needs, mostly its own (ranges are proportional in both lists); the weight producer streams w2
 //      meanwhile; h quantized in place, then the items: y = bf16(acc * w) per route into y [M * 8, 2048] (rank
-//      order); grid barrier (y complete; then the counters are zeroed for the next launch);
+//      order); grid barrier (y complete; then the counters are zeroed for the next launch) on a count that only grows
+//      (ML_MONO_BAR, round 8: no generation read, no reset; run17 -0.8..-1.8 us single launch);
 //   3. top-k sum: out[t, 8 columns] = bf16(sum over k in rank order, FP32) by (token, 8-column) units.
 // A gate_up item's pair splits the 16 K blocks keeping one warp's numerics: warp sw runs the scaled FP32 chain
 // over K blocks 0-7 while warp sw + 4 runs the MMAs of blocks 8-15, then continues the chain in K order.
@@ -48,7 +50,9 @@
 // generic stores and read here by the async proxy. (Round 7g waited on a grid barrier and the gridok mbarrier
 // instead: ML_CHUNK_FLAGS=0, still the act+quant twin's build; the counters took 2-6 us off every batch, run16 7i.)
 // Code size matters (moe_ms round 6): loops over tasks stay rolled.
-// Workspace: the grid barrier's words (self-resetting). One stream at a time per device. The shared expert
+// Workspace: word 64 the last grid barrier's count (only grows, 128 per launch; the act+quant twin: words 0 / 32, its
+// self-resetting barrier), words 256.. the per-chunk counters (zeroed after the barrier). One stream at a time per device.
+// The shared expert
 // (a 9th route) is not supported: the host runs the st8 sequence for it.
 #include "moe_common.cuh"
 #include "moe_sync.cuh"
