@@ -23,6 +23,10 @@ sass.json smoke.json check.json time.json ncu_summary.txt logs.tar.gz):
   ncu       ncu (serialised kernels) of v3 / v3p / v3p6 at 1 and 128 tokens; DIR/ncu_summary.txt.
   sanitize  compute-sanitizer --tool memcheck on small v3 layer calls (every build in V3_BUILDS).
 
+Round 8 (run17): --builds v3st8,v3m1fl (tune m1fl: moe_m1f at 1 token, ml at 2..128); driven by scripts/gpu/moe_round8.sh
+(check, then the record only if the check is clean); MOE_NCU_PLAN="8:v3ml" picks the ncu rows (stall reasons per issued
+instruction and shared-memory bank conflicts are collected too).
+
 Round 7 (moe-ml): DEFAULT_BUILDS = v3st8, v3ml (tune "ml": the routed layer at 1..128 tokens in ONE cooperative
 kernel, kernels/sm90/moe/moe_ml.cu), v3m1l (m1 at 1 token, ml above); --builds adds v3ml-aq (ml's act+quant A/B twin)
 and v3ms. check adds odd sizes and adversarial routings above 8 tokens and requires every one-kernel build bitwise equal

@@ -1,4 +1,4 @@
-// PTX wrappers shared by the sm90 MoE streaming kernels (expert_stream.cu, moe_m1.cu, moe_ms.cu):
+// PTX wrappers shared by the sm90 MoE streaming kernels (expert_stream.cu, moe_m1.cu, moe_m1f.cu, moe_ms.cu, moe_ml.cu):
 // mbarriers, TMA 1D bulk copies, GPU-scope acquire/release, PDL, and the grid-wide barrier of the
 // cooperative one-kernel layers. Everything here is in an anonymous namespace (inlined per code object).
 #pragma once
