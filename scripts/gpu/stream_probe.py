@@ -144,6 +144,34 @@ def _ml_stragglers(st: Any, ids: Any, m: int) -> None:
         print(f"    m={m} last {label}: " + "; ".join(desc) + f"; median {float(rel[:, k].median()):.1f}")
 
 
+def _timed_fn(cubin: Path, sym: str, threads: int, smem: int) -> tuple[Any, Any]:
+    """(function, cooperative launch config) of an exploration (timed) code object."""
+    from netra import runtime as rt
+
+    cu = rt.driver()
+    module = rt.check(cu.cuModuleLoadData(cubin.read_bytes()), f"cuModuleLoadData {cubin.name}")
+    fn = rt.check(cu.cuModuleGetFunction(module, sym.encode()), f"{sym} (timed)")
+    attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    rt.check(cu.cuFuncSetAttribute(fn, attr, smem), f"smem {sym} (timed)")
+    return fn, rt._launch_config(threads, smem, cooperative=True)
+
+
+def _launch_stamps(fn: Any, cfg: Any, params: Any, flat: Any, base: int) -> Any:
+    """One single launch of a timed build on 128 CTAs; its stamps [128, 16] (ns, float64) from flat[base:]."""
+    import torch
+
+    from netra import runtime as rt
+    from netra.ops.moe_fp8 import M1_CTAS
+
+    ptr = (ctypes.c_void_p * 1)(ctypes.addressof(params))
+    flat[base: base + 128 * 16 * 8].zero_()
+    cfg.gridDimX, cfg.hStream = M1_CTAS, torch.cuda.current_stream().cuda_stream
+    torch.cuda.synchronize()
+    rt.check(rt.driver().cuLaunchKernelEx(cfg, fn, ctypes.addressof(ptr), 0), "launch (timed)")
+    torch.cuda.synchronize()
+    return flat[base: base + 128 * 16 * 8].view(torch.int64).view(128, 16).cpu().double()
+
+
 def ml_timeline(out: Path) -> dict[str, Any]:
     """Per-phase %globaltimer stamps of moe_ml (timed builds), per CTA, at ML_TOKENS, per ML_VARIANTS build."""
     res = {name: ml_timeline_one(name) for name in ML_VARIANTS}
@@ -157,22 +185,16 @@ def ml_timeline(out: Path) -> dict[str, Any]:
 def ml_timeline_one(variant: str) -> dict[str, Any]:
     import torch
 
-    from netra import runtime as rt
     from netra.bench.kernels_moe import make_routing, make_weights
-    from netra.ops.moe_fp8 import HIDDEN, M1_CTAS, MoeSm90, _fill_layer_inputs, _MlParams
+    from netra.ops.moe_fp8 import HIDDEN, MoeSm90, _fill_layer_inputs, _MlParams
 
-    cu = rt.driver()
     ours = MoeSm90(0, variant="v3", tune="ml")
     t = ours.t["ml"]
     cubin = ml_cubin(variant)
-    module = rt.check(cu.cuModuleLoadData(cubin.read_bytes()), f"cuModuleLoadData {cubin.name}")
-    fn = rt.check(cu.cuModuleGetFunction(module, b"moe_ml"), "moe_ml (timed)")
     threads, smem = ml_launch_shape(*ML_VARIANTS[variant])
     if variant == "base" and (threads, smem) != (t.block, t.smem_bytes):
         raise SystemExit(f"ml_launch_shape {threads, smem} != the contract's {t.block, t.smem_bytes}")
-    attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    rt.check(cu.cuFuncSetAttribute(fn, attr, smem), "smem (timed)")
-    cfg = rt._launch_config(threads, smem, cooperative=True)
+    fn, cfg = _timed_fn(cubin, "moe_ml", threads, smem)
     ws = torch.zeros(t.workspace.numel(), dtype=torch.uint8, device="cuda")  # the contract's workspace size
     w = make_weights()
     res: dict[str, Any] = {}
@@ -186,15 +208,9 @@ def ml_timeline_one(variant: str) -> dict[str, Any]:
             p.hbuf, p.y = ours.gu.data_ptr(), ours.y.data_ptr()
             p.hq, p.hs = ours.aq_q.data_ptr(), ours.aq_s.data_ptr()
             p.out, p.bar, p.M = ours.out.data_ptr(), ws.data_ptr(), m
-            ptr = (ctypes.c_void_p * 1)(ctypes.addressof(p))
-            flat = ours.y.view(torch.uint8).view(-1)
-            flat[base: base + 128 * 16 * 8].zero_()
-            cfg.gridDimX, cfg.hStream = M1_CTAS, torch.cuda.current_stream().cuda_stream
-            torch.cuda.synchronize()
-            rt.check(cu.cuLaunchKernelEx(cfg, fn, ctypes.addressof(ptr), 0), "launch moe_ml (timed)")
-            torch.cuda.synchronize()
+            st = _launch_stamps(fn, cfg, p, ours.y.view(torch.uint8).view(-1), base)
             if i >= 2:
-                per.append(flat[base: base + 128 * 16 * 8].view(torch.int64).view(128, 16).cpu().double())
+                per.append(st)
                 _ml_stragglers(per[-1], ids, m)
         rows = _stamp_rows(torch.stack(per), ML_STAMPS)
         res[str(m)] = rows
@@ -215,19 +231,13 @@ def m1_timeline_one(name: str) -> dict[str, Any]:
     """Per-phase %globaltimer stamps of moe_m1 / moe_m1f (timed builds), per CTA, one token, single launches."""
     import torch
 
-    from netra import runtime as rt
     from netra.bench.kernels_moe import make_routing, make_weights
-    from netra.ops.moe_fp8 import M1_CTAS, MoeSm90, _fill_layer_inputs, _M1Params
+    from netra.ops.moe_fp8 import MoeSm90, _fill_layer_inputs, _M1Params
 
-    cu = rt.driver()
     _src, sym, tune, cubin, _flags = M1_KERNELS[name]
     ours = MoeSm90(0, variant="v3", tune=tune)
     t = ours.t["m1"]
-    module = rt.check(cu.cuModuleLoadData(cubin.read_bytes()), f"cuModuleLoadData {cubin.name}")
-    fn = rt.check(cu.cuModuleGetFunction(module, sym.encode()), f"{sym} (timed)")
-    attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    rt.check(cu.cuFuncSetAttribute(fn, attr, t.smem_bytes), "smem (timed)")
-    cfg = rt._launch_config(t.block, t.smem_bytes, cooperative=True)
+    fn, cfg = _timed_fn(cubin, sym, t.block, t.smem_bytes)
     ws = torch.zeros(t.workspace.numel(), dtype=torch.uint8, device="cuda")
     w = make_weights()
     flat, base = ours.gu.view(torch.uint8).view(-1), 512 * 1024  # stamps at byte 512 K of gu (M1_TIMING / M1F_TIMING)
@@ -238,14 +248,9 @@ def m1_timeline_one(name: str) -> dict[str, Any]:
         _fill_layer_inputs(p, (x, ids, wts), w["w13"], w["s13"], w["w2"], w["s2"])
         p.gu, p.out, p.bar = ours.gu.data_ptr(), ours.out.data_ptr(), ws.data_ptr()
         p.dbg_hq = p.dbg_hs = None
-        ptr = (ctypes.c_void_p * 1)(ctypes.addressof(p))
-        flat[base: base + 128 * 16 * 8].zero_()
-        cfg.gridDimX, cfg.hStream = M1_CTAS, torch.cuda.current_stream().cuda_stream
-        torch.cuda.synchronize()
-        rt.check(cu.cuLaunchKernelEx(cfg, fn, ctypes.addressof(ptr), 0), "launch moe_m1 (timed)")
-        torch.cuda.synchronize()
+        st = _launch_stamps(fn, cfg, p, flat, base)
         if i >= 2:
-            per.append(flat[base: base + 128 * 16 * 8].view(torch.int64).view(128, 16).cpu().double())
+            per.append(st)
     rows = _stamp_rows(torch.stack(per), M1_STAMPS)
     print(f"{name} ({sym}) timeline at 1 token: µs from the first CTA's entry (median over CTAs / min / max, median of {len(per)} launches)")
     for phase, r in rows.items():

@@ -83,26 +83,7 @@ static_assert(OFF_SC % 16 == 0 && OFF_XQ % 16 == 0 && OFF_H % 16 == 0 &&
               OFF_BAR % 8 == 0, "alignment");
 static_assert(F_SMEM <= 232448, "shared memory");
 
-struct M1Params {  // == moe_m1.cu's (the host's _M1Params)
-  const __nv_bfloat16* x;    // [1, 2048]
-  const int* topk_ids;       // [1, 8] int32, rank order, distinct
-  const float* topk_w;       // [1, 8] fp32
-  const uint8_t* w13;        // [E(+1), 1024, 2048] e4m3
-  const float* w13_scale;    // [E(+1), 8, 16]
-  const uint8_t* w2;         // [E(+1), 2048, 512] e4m3
-  const float* w2_scale;     // [E(+1), 16, 4]
-  __nv_bfloat16* gu;         // here: h [8, 512] BF16, route order (scratch)
-  __nv_bfloat16* out;        // [1, 2048]
-  unsigned* bar;             // workspace: word 0 the grid barrier's arrival count (zeroed once, only grows)
-  uint8_t* dbg_hq;           // [>= 8, 512] copy of h_q (route order) when non-null (tests; CTA 0 writes)
-  float* dbg_hs;             // [>= 8, 4]
-};
-
-extern "C" __device__ unsigned int netra_params_layout[] = {
-    sizeof(M1Params), offsetof(M1Params, x), offsetof(M1Params, topk_ids), offsetof(M1Params, topk_w),
-    offsetof(M1Params, w13), offsetof(M1Params, w13_scale), offsetof(M1Params, w2), offsetof(M1Params, w2_scale),
-    offsetof(M1Params, gu), offsetof(M1Params, out), offsetof(M1Params, bar), offsetof(M1Params, dbg_hq),
-    offsetof(M1Params, dbg_hs)};
+#include "moe_m1_params.cuh"  // struct M1Params + netra_params_layout (shared by moe_m1 / moe_m1f)
 
 #ifndef M1F_TIMING
 #define M1F_TIMING 0                  // 1 (exploration builds only): %globaltimer stamps per CTA and phase
@@ -120,6 +101,17 @@ __device__ __forceinline__ void stamp(const M1Params& p, int k) {
   (void)p;
   (void)k;
 #endif
+}
+
+// The down share: the w2 scales and output rows [16c, 16c + 16) of w2 for each of the 8 experts.
+__device__ __forceinline__ void issue_down_share(const M1Params& p, const int (&ids)[TOPK], uint8_t* smem, uint64_t* bar, int c) {
+  mbar_expect_tx(bar, TOPK * DN_TILE_BYTES + TOPK * 16);
+#pragma unroll
+  for (int k = 0; k < TOPK; ++k)
+    bulk_g2s(smem + OFF_SC + 128 + 16 * k, p.w2_scale + ((size_t)ids[k] * 16 + (c >> 3)) * 4, 16, bar);
+#pragma unroll
+  for (int k = 0; k < TOPK; ++k)
+    bulk_g2s(smem + OFF_DN + k * DN_TILE_BYTES, p.w2 + ((size_t)ids[k] * HID + c * 16) * INTER, DN_TILE_BYTES, bar);
 }
 
 }  // namespace
@@ -180,13 +172,7 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
     int ids[TOPK];
 #pragma unroll
     for (int k = 0; k < TOPK; ++k) ids[k] = __ldg(p.topk_ids + k);
-    mbar_expect_tx(&full[4], TOPK * DN_TILE_BYTES + TOPK * 16);
-#pragma unroll
-    for (int k = 0; k < TOPK; ++k)
-      bulk_g2s(smem + OFF_SC + 128 + 16 * k, p.w2_scale + ((size_t)ids[k] * 16 + (c >> 3)) * 4, 16, &full[4]);
-#pragma unroll
-    for (int k = 0; k < TOPK; ++k)
-      bulk_g2s(s_dn + k * DN_TILE_BYTES, p.w2 + ((size_t)ids[k] * HID + c * 16) * INTER, DN_TILE_BYTES, &full[4]);
+    issue_down_share(p, ids, smem, &full[4], c);
 #endif
 #if M1F_ROUTE_FLAGS == 2
     s_target = ((launch_prev >> 7) + 1u) * 16u;
@@ -250,13 +236,7 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
       int ids[TOPK];
 #pragma unroll
       for (int k = 0; k < TOPK; ++k) ids[k] = s_ids[k];
-      mbar_expect_tx(&full[4], TOPK * DN_TILE_BYTES + TOPK * 16);
-#pragma unroll
-      for (int k = 0; k < TOPK; ++k)
-        bulk_g2s(smem + OFF_SC + 128 + 16 * k, p.w2_scale + ((size_t)ids[k] * 16 + (c >> 3)) * 4, 16, &full[4]);
-#pragma unroll
-      for (int k = 0; k < TOPK; ++k)
-        bulk_g2s(s_dn + k * DN_TILE_BYTES, p.w2 + ((size_t)ids[k] * HID + c * 16) * INTER, DN_TILE_BYTES, &full[4]);
+      issue_down_share(p, ids, smem, &full[4], c);
       stamp(p, 12);  // the down share's copies issued
     }
 #endif
