@@ -99,6 +99,11 @@ V3_BUILDS: dict[str, dict[str, Any]] = {
 }
 # tunes whose one-kernel layer writes no gate|up cache + h_q copy to compare (debug_h off; not route/align's first)
 NO_DEBUG_TUNES = ("ms", "ml", "m1l", "m1f", "m1fl")
+
+
+def copies_h(kw: dict[str, Any]) -> bool:
+    """Whether a build's MoeSm90 runs with debug_h (its fused down copies h_q / h_s for the check to compare)."""
+    return bool(kw.get("fuse_act", True)) and kw.get("tune") not in NO_DEBUG_TUNES
 # round 3: the default run is the A/B of the streaming down against round 2's best (v3p6s); the other
 # builds stay reachable with --builds (their results are in .briefs/devruns/run8)
 # round 4: v3auto (p6s's down below 6 tokens) times as v3p6s / v3st8 (the same kernels): --builds adds it
@@ -245,7 +250,7 @@ def step_check(out_dir: Path) -> dict[str, Any]:
     # several instances on purpose: they share each contract's params buffer (run5's bug), so every
     # call must fill its own pointers
     # debug_h: the fused down kernel's h copy (ms keeps h in shared memory only: no copy, nothing to compare)
-    provs = {name: MoeSm90(0, **{**kw, "debug_h": bool(kw.get("fuse_act", True)) and kw.get("tune") not in NO_DEBUG_TUNES})
+    provs = {name: MoeSm90(0, **{**kw, "debug_h": copies_h(kw)})
              for name, kw in builds().items()}
     v1 = MoeSm90(0, variant="v1")
     res: dict[str, Any] = {"cases": [], "ok": True}
