@@ -41,8 +41,55 @@ ML_TIMED = ROOT / "build" / "explore" / "moe_ml_timed.cubin"
 # round 8b tried the MMAs as plain (non-volatile) asm: byte-identical code objects (ptxas schedules the SASS either
 # way), dropped
 # round 8c: "rev" = gate_up ranges run backwards (ML_GU_REVERSE=1; run17: no gain, rejected)
-ML_VARIANTS = {"base": (4, 8, 8), "rev": (4, 8, 8), "nomma": (4, 8, 8)}
-ML_FLAGS = {"rev": ["-DML_GU_REVERSE=1"], "nomma": ["-DML_NOMMA=1"]}
+# round 9: "swz" conflict-free A / B fragment loads (ML_SWZ); "nommagu" / "nommadn" no MMA work in one GEMM only;
+# "g4" 4-token chunks; "s5g4" 5 ring stages with 4-token chunks (the B buffers shrink by 32 KB); base and swz also log
+# per-item events (-DML_TIMING=2: copy issued, landed as a consumer saw it, released) into p.hq
+# run18 (8 / 128 tokens, single launch, last CTA): base 58.1 / 204.3, swz 63.7 / 208.9 (rejected), nommagu 56.1 / 199.7,
+# nommadn 49.4 / 195.8 (the down MMAs cost ~8 us), g4 56.1 / -, s5g4 55.0 / - (a 5th stage: -1 us at 8 tokens);
+# ring events: a stage is held 1.28 us per item (gate_up and down alike) against ~2 us copy latency
+# "xs": the warp pair on two SM sub-partitions (ML_PAIR_XS)
+# run18 b: xs holds a stage 0.77 us instead of 1.28, but the copy latency grows (down 2.3 -> 2.8 us): 57.1 / 203.3 (no gain);
+# xss5g4 55.8 at 8 tokens
+# run18 c (raw traces): every CTA's first 4 down items are held ~4.1 us at 8 tokens (later ones 1.28) and released at the
+# same instant in all CTAs: the down-item code is fetched under the saturated stream (nommadn: no hold). "warm": one
+# more warp runs that code dry right after the metadata (ML_WARM); "rot": ML_DN_ROT (a CTA's shared first chunk last)
+# run18 d: warm 8 / 16 / 64 / 128 tokens 55.0 / 85.5 / 173.8 / 203.0 against base 57.6 / 89.1 / 174.1 / 202.2 (the first
+# down items' hold 4.35 -> 1.54 us); rot no gain (128: first-down wait 4.6 -> 3.1 us median, end time unchanged)
+# "warm2": the warm-up warp also runs the top-k sum's code; "s5warm2": 5 stages, 4-token chunks (M <= 8 only)
+# (s5warm2 would be 13 warps: 4 on one sub-partition caps registers at 128 and spills)
+# run18 e: warm2 8 / 16 / 64 / 128: 54.5 / 86.5 / 174.1 / 205.3 (base 58.1 / 88.6 / 175.1 / 203.8; warm 56.1 / 86.5 / 175.1 /
+# 204.8); the traces show the start is cold code, region after region: slot tables 2.3 us, the B producer's first copy ~3.3,
+# the weight producer's first copy 4.35 (median). "nb": no bstart wait (ML_NO_BSTART); "mc": rolled table loops (ML_META_COMPACT)
+# run18 f (interleaved graph replay, --ml-ab): warm2 / nb / warm2nb 1.000-1.002 / 0.999-1.009 / 1.000-1.011 of base: in
+# graph replay the code stays in the instruction caches from one launch to the next, so the single-launch timelines
+# above measured cold code. From run18 g on, a timeline launch comes after ML_PRE launches of the same.
+ML_PRE = 3
+# run18 g (hot code): 8 tokens: metadata 2.56, first copy issued 3.20, first item released 5.89 us; 128: 3.58 / 4.22 / 7.94
+ML_VARIANTS = {"base": (4, 8, 8), "mp": (4, 8, 8)}
+ML_WARPS_EXTRA = {"warm": 1, "warm2": 1, "warm2nb": 1, "warm2mc": 1, "warm2nbmc": 1}  # the ML_WARM warp
+ML_FLAGS = {"rev": ["-DML_GU_REVERSE=1"], "nomma": ["-DML_NOMMA=3"], "nommagu": ["-DML_NOMMA=1"],
+            "nommadn": ["-DML_NOMMA=2"], "swz": ["-DML_SWZ=1"], "xs": ["-DML_PAIR_XS=1"],
+            "xsnommadn": ["-DML_PAIR_XS=1", "-DML_NOMMA=2"], "xss5g4": ["-DML_PAIR_XS=1"], "warm": ["-DML_WARM=1"],
+            "rot": ["-DML_DN_ROT=1"], "warmrot": ["-DML_WARM=1", "-DML_DN_ROT=1"], "warm2": ["-DML_WARM=2"],
+            "s5warm2": ["-DML_WARM=2"], "warm2nb": ["-DML_WARM=2", "-DML_NO_BSTART=1"],
+            "warm2mc": ["-DML_WARM=2", "-DML_META_COMPACT=1"],
+            "warm2nbmc": ["-DML_WARM=2", "-DML_NO_BSTART=1", "-DML_META_COMPACT=1"], "mp": ["-DML_META_PAR=1"]}
+ML_EVENTS = ("base", "mp")  # built with -DML_TIMING=2
+# round 9: untimed exploration builds of moe_ml, A/B in interleaved graph replay (--ml-ab): name -> (extra warps, flags);
+# "base" is built from the same source with no flags (and checked against the contract's launch shape)
+# run18 f: warm2 / nb / warm2nb: no gain in graph replay (above). run18 h: "mp" the tables from 256 threads (ML_META_PAR)
+# run18 h: mp 0.982 / 0.988 / 0.991 / 0.992 / 0.996 of base at 8 / 16 / 32 / 64 / 128 tokens, bitwise equal (adopted)
+# "qs": the in-place quantization's tasks spread over all consumer warps (ML_QSPREAD)
+# run18 i: mp / mpqs / mpnb 0.983 / 0.966 / 0.991 at 8 tokens, 0.996 / 0.994 / 1.006 at 128 (mpqs adopted; nb rejected)
+# run18 j, on top of mpqs: xs (ML_PAIR_XS), swz (ML_SWZ; both had been judged on cold-code timelines), s5g4 (5 stages,
+# 4-token chunks); name -> (stages, gch, extra warps, flags)
+_MQ = ["-DML_META_PAR=1", "-DML_QSPREAD=1"]
+# run18 j: xs 0.956 / 0.991 (8 / 128 tokens) against mpqs 0.966 / 0.993 (adopted); swz 1.005 / 1.015 (rejected again);
+# s5g4 0.965 at 8 (no gain over mpqs: the 5th stage is rejected), 1.29 at 128
+# run18 k: "rel" (ML_REL_ATOM) on top of mpqs + xs
+_MQ = _MQ + ["-DML_PAIR_XS=1"]
+ML_AB = {"base": (4, 8, 0, []), "mpqsxs": (4, 8, 0, _MQ), "rel": (4, 8, 0, _MQ + ["-DML_REL_ATOM=1"])}
+ML_AB_TOKENS = (8, 16, 32, 64, 128)
 # round 8: kernels/sm90/moe/moe_m1.cu with -DM1_TIMING=1 (stamps at byte 512 K of gu)
 M1_TIMED = ROOT / "build" / "explore" / "moe_m1_timed.cubin"
 # round 8: the same stamps in kernels/sm90/moe/moe_m1f.cu (-DM1F_TIMING=1): name -> (source, symbol, tune, cubin, flags);
@@ -57,19 +104,19 @@ M1_STAMPS = ("entry", "copies issued", "x quantized", "gate_up tile 0 in", "gate
              "out written", "down copies issued")
 
 
-def ml_launch_shape(stages: int, gch: int, dch: int) -> tuple[int, int]:
-    """(threads, dynamic smem bytes) of a moe_ml build (the kernel's layout macros)."""
+def ml_launch_shape(stages: int, gch: int, dch: int, extra_warps: int = 0) -> tuple[int, int]:
+    """(threads, dynamic smem bytes) of a moe_ml build (the kernel's layout macros; extra_warps: ML_WARM)."""
     bws = gch * 4096 + gch * 64 + 512
     bws2 = dch * 1024 + dch * 16 + 256
     bbuf = (max(bws, bws2) + 127) // 128 * 128
-    return 32 * (2 * stages + 2), stages * 32768 + 2 * bbuf + 2 * stages * 4 * 32 * 4 + 128
+    return 32 * (2 * stages + 2 + extra_warps), stages * 32768 + 2 * bbuf + 2 * stages * 4 * 32 * 4 + 128
 
 
 def ml_cubin(name: str) -> Path:
     return ML_TIMED if name == "base" else ML_TIMED.with_name(f"moe_ml_timed_{name}.cubin")
-ML_STAMPS = ("entry", "metadata", "first chunk's x quantized", "-", "first gate_up B in", "gate_up done",
-             "barrier 2 passed", "first down chunk's h quantized", "-", "first down B in", "down done", "barrier 3 passed",
-             "top-k sum done", "producer: first down copy", "producer: last copy")
+ML_STAMPS = ("entry", "metadata", "first chunk's x quantized", "token masks", "first gate_up B in", "gate_up done",
+             "warp 0: counts", "first down chunk's h quantized", "slot tables", "first down B in", "down done", "barrier 3 passed",
+             "top-k sum done", "producer: first down copy", "producer: last copy", "warp 0: scans")
 ML_TOKENS = (8, 16, 64, 128)
 SRC = ROOT / "scripts" / "gpu" / "stream_probe.cu"
 ROT = 8
@@ -100,11 +147,19 @@ def build() -> None:
         subprocess.run(cmd, check=True)
         print("built", path)
     for name, (st, gch, dch) in ML_VARIANTS.items():
-        assert gch == 8, "moe_ml's gate_up chunk is 8 tokens (round 7c)"
-        cmd = ["nvcc", "-cubin", "-arch=sm_90a", "-O3", "-std=c++17", "-DML_TIMING=1", f"-DML_STAGES={st}",
-               f"-DDCH={dch}", *ML_FLAGS.get(name, []), "-o", str(ml_cubin(name)), str(ROOT / "kernels" / "sm90" / "moe" / "moe_ml.cu")]
+        timing = 2 if name in ML_EVENTS else 1
+        cmd = ["nvcc", "-cubin", "-arch=sm_90a", "-O3", "-std=c++17", f"-DML_TIMING={timing}", f"-DML_STAGES={st}",
+               f"-DGCH={gch}", f"-DDCH={dch}", *ML_FLAGS.get(name, []), "-o", str(ml_cubin(name)),
+               str(ROOT / "kernels" / "sm90" / "moe" / "moe_ml.cu")]
         subprocess.run(cmd, check=True)
         print("built", ml_cubin(name))
+    for name, (st, gch, _w, flags) in ML_AB.items():
+        path = ML_TIMED.with_name(f"moe_ml_ab_{name}.cubin")
+        cmd = ["nvcc", "-cubin", "-arch=sm_90a", "-O3", "-std=c++17", *flags, f"-DML_STAGES={st}", f"-DGCH={gch}",
+               f"-DDCH={gch}", "-o", str(path),
+               str(ROOT / "kernels" / "sm90" / "moe" / "moe_ml.cu")]
+        subprocess.run(cmd, check=True)
+        print("built", path)
     for src, _sym, _tune, path, flags in M1_KERNELS.values():
         cmd = ["nvcc", "-cubin", "-arch=sm_90a", "-O3", "-std=c++17", *flags, "-o", str(path),
                str(ROOT / "kernels" / "sm90" / "moe" / src)]
@@ -124,6 +179,42 @@ def _stamp_rows(stamps: Any, names: tuple[str, ...]) -> dict[str, Any]:
         rows[name] = {"median_us": float(v.median()), "max_us": float(v.max(dim=1).values.median()),
                       "min_us": float(v.min(dim=1).values.median())}
     return rows
+
+
+def _ml_item_counts(ids: Any, gch: int, dch: int) -> list[tuple[int, int]]:
+    """Per CTA (gate_up items, down items) of moe_ml's static split for these routes."""
+    counts = [int(v) for v in (ids.flatten().cpu().bincount(minlength=256))]
+    ngc = sum((c + gch - 1) // gch for c in counts)
+    ndc = sum((c + dch - 1) // dch for c in counts)
+    return [(ngc * 64 * (c + 1) // 128 - ngc * 64 * c // 128, ndc * 32 * (c + 1) // 128 - ndc * 32 * c // 128)
+            for c in range(128)]
+
+
+def _ml_events(ev: Any, t0: float, items: list[tuple[int, int]], stages: int) -> dict[str, Any]:
+    """Per-item ring events [128, 3, 192] ns (issue / seen landed / released) -> medians per phase (µs): copy latency
+    (issue -> landed as the consumer saw it), hold (landed -> released), refill (release -> the stage's next issue),
+    interval (issue -> next issue)."""
+    import statistics
+
+    acc: dict[str, list[float]] = {}
+    for c in range(128):
+        ng, nd = items[c]
+        n = min(ng + nd, 192)
+        e = (ev[c] - t0) / 1000.0
+        for j in range(n):
+            ph = "gu" if j < ng else "dn"
+            acc.setdefault(f"{ph} latency", []).append(float(e[1, j] - e[0, j]))
+            acc.setdefault(f"{ph} hold", []).append(float(e[2, j] - e[1, j]))
+            if j + stages < n:
+                acc.setdefault(f"{ph} refill", []).append(float(e[0, j + stages] - e[2, j]))
+            if j + 1 < n:
+                acc.setdefault(f"{ph} interval", []).append(float(e[0, j + 1] - e[0, j]))
+        if ng < n:
+            acc.setdefault("dn first seen - issue", []).append(float(e[1, ng] - e[0, ng]))
+        if n > 0:
+            acc.setdefault("first copy issued", []).append(float(e[0, 0]))
+            acc.setdefault("first item released", []).append(float(e[2, 0]))
+    return {k: statistics.median(v) for k, v in acc.items()}
 
 
 def _ml_stragglers(st: Any, ids: Any, m: int) -> None:
@@ -156,8 +247,9 @@ def _timed_fn(cubin: Path, sym: str, threads: int, smem: int) -> tuple[Any, Any]
     return fn, rt._launch_config(threads, smem, cooperative=True)
 
 
-def _launch_stamps(fn: Any, cfg: Any, params: Any, flat: Any, base: int) -> Any:
-    """One single launch of a timed build on 128 CTAs; its stamps [128, 16] (ns, float64) from flat[base:]."""
+def _launch_stamps(fn: Any, cfg: Any, params: Any, flat: Any, base: int, pre: int = 0) -> Any:
+    """One launch of a timed build on 128 CTAs, after `pre` launches of the same (so that its code is in the SMs'
+    instruction caches, as in graph replay); its stamps [128, 16] (ns, float64) from flat[base:]."""
     import torch
 
     from netra import runtime as rt
@@ -167,22 +259,24 @@ def _launch_stamps(fn: Any, cfg: Any, params: Any, flat: Any, base: int) -> Any:
     flat[base: base + 128 * 16 * 8].zero_()
     cfg.gridDimX, cfg.hStream = M1_CTAS, torch.cuda.current_stream().cuda_stream
     torch.cuda.synchronize()
-    rt.check(rt.driver().cuLaunchKernelEx(cfg, fn, ctypes.addressof(ptr), 0), "launch (timed)")
+    for _ in range(pre + 1):
+        rt.check(rt.driver().cuLaunchKernelEx(cfg, fn, ctypes.addressof(ptr), 0), "launch (timed)")
     torch.cuda.synchronize()
     return flat[base: base + 128 * 16 * 8].view(torch.int64).view(128, 16).cpu().double()
 
 
 def ml_timeline(out: Path) -> dict[str, Any]:
     """Per-phase %globaltimer stamps of moe_ml (timed builds), per CTA, at ML_TOKENS, per ML_VARIANTS build."""
-    res = {name: ml_timeline_one(name) for name in ML_VARIANTS}
-    print("moe_ml exploration builds: median launch time (top-k sum done, µs) by tokens")
+    res = {name: ml_timeline_one(name, out) for name in ML_VARIANTS}
+    print("moe_ml exploration builds: top-k sum done (µs from the first entry; median over CTAs / the last CTA) by tokens")
     for name, r in res.items():
-        print(f"  {name:10s} " + "  ".join(f"{m}: {r[str(m)]['top-k sum done']['median_us']:7.2f}" for m in ML_TOKENS))
+        print(f"  {name:10s} " + "  ".join(f"{m}: {r[str(m)]['top-k sum done']['median_us']:7.2f} / "
+                                           f"{r[str(m)]['top-k sum done']['max_us']:7.2f}" for m in ML_TOKENS))
     (out / "ml_timeline.json").write_text(json.dumps(res, indent=1))
     return res
 
 
-def ml_timeline_one(variant: str) -> dict[str, Any]:
+def ml_timeline_one(variant: str, out: Path) -> dict[str, Any]:
     import torch
 
     from netra.bench.kernels_moe import make_routing, make_weights
@@ -191,7 +285,7 @@ def ml_timeline_one(variant: str) -> dict[str, Any]:
     ours = MoeSm90(0, variant="v3", tune="ml")
     t = ours.t["ml"]
     cubin = ml_cubin(variant)
-    threads, smem = ml_launch_shape(*ML_VARIANTS[variant])
+    threads, smem = ml_launch_shape(*ML_VARIANTS[variant], ML_WARPS_EXTRA.get(variant, 0))
     if variant == "base" and (threads, smem) != (t.block, t.smem_bytes):
         raise SystemExit(f"ml_launch_shape {threads, smem} != the contract's {t.block, t.smem_bytes}")
     fn, cfg = _timed_fn(cubin, "moe_ml", threads, smem)
@@ -201,6 +295,8 @@ def ml_timeline_one(variant: str) -> dict[str, Any]:
     base = 1024 * HIDDEN * 2  # bytes into y
     for m in ML_TOKENS:
         per: list[Any] = []
+        evs: list[dict[str, float]] = []
+        traces: list[dict[str, Any]] = []
         for i in range(10):
             x, ids, wts, _sw = make_routing(m, seed=900 + 31 * i + m)
             p = _MlParams()
@@ -208,16 +304,119 @@ def ml_timeline_one(variant: str) -> dict[str, Any]:
             p.hbuf, p.y = ours.gu.data_ptr(), ours.y.data_ptr()
             p.hq, p.hs = ours.aq_q.data_ptr(), ours.aq_s.data_ptr()
             p.out, p.bar, p.M = ours.out.data_ptr(), ws.data_ptr(), m
-            st = _launch_stamps(fn, cfg, p, ours.y.view(torch.uint8).view(-1), base)
+            if variant in ML_EVENTS:
+                ours.aq_q.view(torch.uint8).zero_()
+                ours.aq_s.view(torch.uint8).zero_()
+            st = _launch_stamps(fn, cfg, p, ours.y.view(torch.uint8).view(-1), base, pre=ML_PRE)
             if i >= 2:
                 per.append(st)
                 _ml_stragglers(per[-1], ids, m)
+                if variant in ML_EVENTS:
+                    ev = ours.aq_q.view(torch.uint8).view(-1)[:128 * 3 * 192 * 8].view(torch.int64).view(128, 3, 192)
+                    _st, gch, dch = ML_VARIANTS[variant]
+                    t0 = float(st[:, 0].min())
+                    evs.append(_ml_events(ev.cpu().double(), t0, _ml_item_counts(ids, gch, dch), _st))
+                    if m in (8, 128) and len(traces) < 3:  # raw per-CTA traces, µs from the first entry
+                        evb = ours.aq_s.view(torch.uint8).view(-1)[:128 * 2 * 8 * 8].view(torch.int64).view(128, 2, 8)
+                        traces.append({"stamps": ((st - t0) / 1e3).float(), "ev": ((ev.cpu().double() - t0) / 1e3).float(),
+                                       "evb": ((evb.cpu().double() - t0) / 1e3).float(),
+                                       "items": torch.tensor(_ml_item_counts(ids, gch, dch)), "ids": ids.cpu()})
         rows = _stamp_rows(torch.stack(per), ML_STAMPS)
         res[str(m)] = rows
         print(f"[{variant}] moe_ml timeline at {m} tokens: µs from the first CTA's entry (median over CTAs / min / max, "
               f"median of {len(per)} launches)")
         for name, r in rows.items():
             print(f"  {name:26s} {r['median_us']:7.2f} {r['min_us']:7.2f} {r['max_us']:7.2f}")
+        if traces:
+            torch.save(traces, out / f"ml_trace_{variant}_{m}.pt")
+        if evs:
+            import statistics
+
+            agg = {k: statistics.median(e[k] for e in evs if k in e) for k in evs[0]}
+            res[str(m)]["events"] = agg
+            print(f"  [{variant}] ring items at {m} tokens, µs (median over items, CTAs, launches): "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in agg.items()))
+    return res
+
+
+def ml_ab(out: Path, reps: int) -> dict[str, Any]:
+    """ML_AB builds side by side: one CUDA graph per build and batch of ROT launches on rotated routings, replayed
+    interleaved; each build's output compared bit for bit with base's on the first routing."""
+    import statistics
+
+    import torch
+
+    from netra import runtime as rt
+    from netra.bench.kernels_moe import interleaved_replay_us, make_routing, make_weights
+    from netra.ops.moe_fp8 import MoeSm90, _fill_layer_inputs, _MlParams
+
+    ours = MoeSm90(0, variant="v3", tune="ml")
+    t = ours.t["ml"]
+    fns = {}
+    for name, (st, gch, extra, _flags) in ML_AB.items():
+        threads, smem = ml_launch_shape(st, gch, gch, extra)
+        if name == "base" and (threads, smem) != (t.block, t.smem_bytes):
+            raise SystemExit(f"ml_launch_shape {threads, smem} != the contract's {t.block, t.smem_bytes}")
+        fns[name] = _timed_fn(ML_TIMED.with_name(f"moe_ml_ab_{name}.cubin"), "moe_ml", threads, smem)
+    ws = torch.zeros(t.workspace.numel(), dtype=torch.uint8, device="cuda")
+    w = make_weights()
+    outs = {name: torch.zeros_like(ours.out) for name in ML_AB}
+    res: dict[str, Any] = {}
+    stream = torch.cuda.current_stream().cuda_stream
+    for m in ML_AB_TOKENS:
+        sets = [make_routing(m, seed=700 + 17 * i + m) for i in range(ROT)]
+        params: dict[str, list[Any]] = {}
+        for name in ML_AB:
+            params[name] = []
+            for (x, ids, wts, _sw) in sets:
+                p = _MlParams()
+                _fill_layer_inputs(p, (x, ids, wts), w["w13"], w["s13"], w["w2"], w["s2"])
+                p.hbuf, p.y, p.hq, p.hs = ours.gu.data_ptr(), ours.y.data_ptr(), ours.aq_q.data_ptr(), ours.aq_s.data_ptr()
+                p.out, p.bar, p.M = outs[name].data_ptr(), ws.data_ptr(), m
+                params[name].append((p, (ctypes.c_void_p * 1)(ctypes.addressof(p))))
+
+        def launcher(name: str) -> Any:
+            fn, cfg = fns[name]
+
+            def run(k: int | None = None) -> None:
+                for i, (_p, ptr) in enumerate(params[name]):
+                    if k is not None and i != k:
+                        continue
+                    cfg.gridDimX, cfg.hStream = 128, torch.cuda.current_stream().cuda_stream
+                    rt.check(rt.driver().cuLaunchKernelEx(cfg, fn, ctypes.addressof(ptr), 0), f"launch {name}")
+            return run
+
+        same = {}
+        for name in ML_AB:
+            outs[name].fill_(float("nan"))
+            launcher(name)(0)
+            torch.cuda.synchronize()
+        for name in ML_AB:
+            same[name] = bool(torch.equal(outs[name][:m].view(torch.int16), outs["base"][:m].view(torch.int16)))
+        graphs = {}
+        for name in ML_AB:
+            run = launcher(name)
+            run()
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                run()
+            g.replay()
+            graphs[name] = g
+        torch.cuda.synchronize()
+        times = interleaved_replay_us(graphs, reps, ROT)
+        med = {name: statistics.median(ts) for name, ts in times.items()}
+        res[str(m)] = {name: {"us": med[name], "vs_base": med[name] / med["base"], "bitwise_base": same[name]}
+                       for name in ML_AB}
+        print(f"m={m:3d} " + "  ".join(f"{name} {med[name]:7.2f}{'' if same[name] else ' (DIFFERS)'}" for name in ML_AB))
+    (out / "ml_ab.json").write_text(json.dumps(res, indent=1))
+    print("moe_ml A/B (interleaved graph replay, µs per launch; ratio to base)")
+    print(f"{'tokens':>6s} " + " ".join(f"{name:>14s}" for name in ML_AB))
+    for m in ML_AB_TOKENS:
+        r = res[str(m)]
+        print(f"{m:6d} " + " ".join(f"{r[n]['us']:7.2f} {r[n]['vs_base']:5.3f}" + ("" if r[n]["bitwise_base"] else "!")
+                                    for n in ML_AB))
+    _ = stream
     return res
 
 
@@ -316,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ms-timeline", action="store_true", help="only the moe_ms phase timeline (timed build)")
     ap.add_argument("--ml-timeline", action="store_true", help="only the moe_ml phase timeline (timed build)")
     ap.add_argument("--m1-timeline", action="store_true", help="only the moe_m1 phase timeline (timed build)")
+    ap.add_argument("--ml-ab", action="store_true", help="only the moe_ml A/B of the ML_AB builds (graph replay)")
     args = ap.parse_args(argv)
     if args.build:
         build()
@@ -334,6 +534,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.m1_timeline:
         m1_timeline(args.out)
+        return 0
+    if args.ml_ab:
+        ml_ab(args.out, args.reps)
         return 0
     cu = rt.driver()
     torch.zeros(1, device="cuda")

@@ -67,12 +67,18 @@
 #define ML_STAGES 4                   // ring stages (exploration builds: -DML_STAGES=5 with smaller chunks)
 #endif
 #define ML_NCW (2 * ML_STAGES)        // consumer warps: a pair per ring stage
-#define ML_THREADS (32 * (ML_NCW + 2))  // + weight producer warp + B producer warp
+#ifndef ML_WARM                       // 1 (round 9): one more warp runs the down-item code once, dry, right after the metadata,
+#define ML_WARM 0                     // so the SM's instruction cache holds it before the down phase (run18: every CTA's first
+#endif                                // down items waited ~4 us for that code under the saturated weight stream)
+#define ML_THREADS (32 * (ML_NCW + 2 + (ML_WARM ? 1 : 0)))  // + weight producer + B producer (+ the warm-up warp)
+#define ML_WARM_WARP (ML_NCW + 2)
 #define STAGE_BYTES 32768
 #define HALF_BYTES 16384              // 8 rows x 2048 B
 #define MAX_ROUTES (ML_MAXM * TOPK)   // 1024
+#ifndef GCH
 #define GCH 8                         // tokens per gate_up chunk: one 8-token MMA tile (round 7: 16 = two tiles
                                       // made the CTAs holding an expert with > 8 tokens the stragglers)
+#endif                                // (exploration: -DGCH=4 -DDCH=4 frees 32 KB for a 5th ring stage)
 #ifndef DCH
 #define DCH 8                         // tokens per down chunk (round 7: 8 against 64 / 32, the same stragglers)
 #endif
@@ -143,12 +149,41 @@ static_assert(!ML_CHUNK_FLAGS || GCH == DCH, "chunk flags pair gate_up chunk i w
 #define ML_GU_REVERSE 0               // 128, single launch): every CTA runs its gate_up range backwards (its last chunk first), so
 #endif                                // its first down chunk completes with its own gate_up instead of the previous CTA's
 #ifndef ML_NOMMA
-#define ML_NOMMA 0                    // 1 (exploration, timing only: wrong results): no MMA work in the consumers
+#define ML_NOMMA 0                    // exploration, timing only (wrong results): no MMA work in the gate_up (bit 0) /
+#endif                                // down (bit 1) consumers; 3 = none anywhere (run17's "nomma")
+#define ML_NOMMA_GU (ML_NOMMA & 1)
+#define ML_NOMMA_DN ((ML_NOMMA >> 1) & 1)
+#ifndef ML_META_COMPACT               // 1 (round 9): warp 0 builds the slot / chunk tables from rolled loops: the kernel's first
+#define ML_META_COMPACT 0             // microseconds fetch their code cold, one line after another (run18: 1.3 us for the tables)
 #endif
+#ifndef ML_META_PAR                   // 1 (round 9, adopted): the slot / chunk tables from 256 threads (one expert each, block-
+#define ML_META_PAR (!ML_SEPARATE_AQ) // wide scans) instead of warp 0 alone (run18 h: 0.982 / 0.996 of the time at 8 / 128 tokens)
+#endif
+static_assert(!ML_META_PAR || (GCH == DCH && ML_NCW >= 8), "one table for both GEMMs; 256 consumer threads");
+#ifndef ML_QSPREAD                    // 1 (round 9, adopted): the in-place quantization's task u = v * ML_NCW + warp (was
+#define ML_QSPREAD (!ML_SEPARATE_AQ)  // warp * 4 + v): a chunk of 1-2 rows spreads over all consumer warps (run18 i: 0.983 -> 0.966)
+#endif
+#ifndef ML_REL_ATOM                   // 1 (round 9, adopted): the chunk counts and the last grid barrier as release atomics +
+#define ML_REL_ATOM (!ML_SEPARATE_AQ) // acquire polls (fence.sc + relaxed atomic before; the barrier also ended on a fence)
+#endif
+#ifndef ML_NO_BSTART                  // 1 (round 9): the weight producer starts with the B producer instead of after the first
+#define ML_NO_BSTART 0                // chunk's x copies (run18: each producer's cold code costs ~1 us before its first copy)
+#endif
+static_assert(!ML_META_COMPACT || GCH == DCH, "the compact tables write one chunk table for both GEMMs");
+#ifndef ML_DN_ROT                     // 1 (round 9): a CTA whose down range starts inside a chunk (shared with the gate_up end of
+#define ML_DN_ROT 0                   // CTA c - 1) runs that chunk's items last, its own chunks first
+#endif
+#ifndef ML_PAIR_XS                    // 1 (round 9, adopted): a stage's warp pair spans two SM sub-partitions (warps 2s, 2s + 1),
+#define ML_PAIR_XS (!ML_SEPARATE_AQ)  // so the item's FP8 unpacking (F2FP) and HMMA work runs on two pipes instead of one
+#endif
+#ifndef ML_SWZ                        // 1 (exploration): lanes of odd g load the two 16-byte halves of their 32 bytes in
+#define ML_SWZ 0                      // the other order (A and B fragments), so rows g / g + 1 (same banks: strides of
+#endif                                // 512 / 1024 / 2048 / 4096 B) no longer conflict; the registers are swapped back
 #ifndef ML_TIMING
 #define ML_TIMING 0                   // 1 (exploration builds only): %globaltimer stamps per CTA and phase
 #endif
 #define ML_TIMING_ROW 1024            // stamps at y row 1024 (past the M * 8 routes): u64 [128 CTAs][16]
+#define ML_EV_ITEMS 192               // ML_TIMING >= 2: per-item events in p.hq (unused by this build): u64 [128][3][192]
 
 namespace {
 
@@ -160,6 +195,71 @@ __device__ __forceinline__ void stamp(const MlParams& p, int k) {
 #else
   (void)p;
   (void)k;
+#endif
+}
+// ML_TIMING >= 2: event `kind` of local ring item j (0 copy issued, 1 landed as seen by a consumer, 2 released)
+__device__ __forceinline__ void ev(const MlParams& p, int kind, int j) {
+#if ML_TIMING >= 2
+  if (j < ML_EV_ITEMS) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    reinterpret_cast<unsigned long long*>(p.hq)[(blockIdx.x * 3 + kind) * ML_EV_ITEMS + j] = t;
+  }
+#else
+  (void)p;
+  (void)kind;
+  (void)j;
+#endif
+}
+
+// ML_TIMING >= 2: event `kind` of the CTA's B chunk b (0 its copies issued, after the h poll; 1 the consumers past its
+// quantization) in p.hs (unused by this build): u64 [128][2][8]
+__device__ __forceinline__ void evb(const MlParams& p, int kind, int b) {
+#if ML_TIMING >= 2
+  if (b < 8) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    reinterpret_cast<unsigned long long*>(p.hs)[(blockIdx.x * 2 + kind) * 8 + b] = t;
+  }
+#else
+  (void)p;
+  (void)kind;
+  (void)b;
+#endif
+}
+
+// moe::load_a / load_b with ML_SWZ: odd-g lanes read the second 16 bytes first (bank-conflict free across g, g + 1)
+__device__ __forceinline__ void ld32(const uint8_t* src, bool odd, uint4& v0, uint4& v1) {
+#if ML_SWZ
+  const uint4 f = *reinterpret_cast<const uint4*>(src + (odd ? 16 : 0));
+  const uint4 s = *reinterpret_cast<const uint4*>(src + (odd ? 0 : 16));
+  v0 = odd ? s : f;
+  v1 = odd ? f : s;
+#else
+  (void)odd;
+  v0 = *reinterpret_cast<const uint4*>(src);
+  v1 = *reinterpret_cast<const uint4*>(src + 16);
+#endif
+}
+template <typename Stride>
+__device__ __forceinline__ void load_a(uint4 (&a)[4], const uint8_t* row_g, Stride row_stride, bool odd) {
+#if ML_SWZ
+  ld32(row_g, odd, a[0], a[1]);
+  ld32(row_g + 8 * row_stride, odd, a[2], a[3]);
+#else
+  (void)odd;
+  moe::load_a(a, row_g, row_stride);
+#endif
+}
+__device__ __forceinline__ void load_b(const uint8_t* src, bool valid, uint32_t (&b)[8], bool odd) {
+#if ML_SWZ
+  uint4 v0 = make_uint4(0u, 0u, 0u, 0u), v1 = v0;
+  if (valid) ld32(src, odd, v0, v1);
+  b[0] = v0.x; b[1] = v0.y; b[2] = v0.z; b[3] = v0.w;
+  b[4] = v1.x; b[5] = v1.y; b[6] = v1.z; b[7] = v1.w;
+#else
+  (void)odd;
+  moe::load_b(src, valid, b);
 #endif
 }
 
@@ -183,7 +283,7 @@ __device__ __forceinline__ void quant_rows_inplace(uint8_t* rows, int n, int str
     float amax[4];
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
-      const int u = wid * 4 + v, row = r0 + u / G, grp = u % G;
+      const int u = ML_QSPREAD ? v * ML_NCW + wid : wid * 4 + v, row = r0 + u / G, grp = u % G;
       raw[v] = row < n && u < RPR * G ? *reinterpret_cast<const uint2*>(rows + row * stride + grp * 256 + lane * 8) : make_uint2(0u, 0u);
       const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw[v]);
       const float2 a = __bfloat1622float2(h2[0]), b = __bfloat1622float2(h2[1]);
@@ -196,7 +296,7 @@ __device__ __forceinline__ void quant_rows_inplace(uint8_t* rows, int n, int str
       for (int v = 0; v < 4; ++v) amax[v] = fmaxf(amax[v], __shfl_xor_sync(0xffffffffu, amax[v], o));
 #pragma unroll
     for (int v = 0; v < 4; ++v) {  // moe::quant_group_warp's arithmetic, four groups at once
-      const int u = wid * 4 + v, row = r0 + u / G, grp = u % G;
+      const int u = ML_QSPREAD ? v * ML_NCW + wid : wid * 4 + v, row = r0 + u / G, grp = u % G;
       if (row < n && u < RPR * G) {
         const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw[v]);
         const float2 a = __bfloat1622float2(h2[0]), b = __bfloat1622float2(h2[1]);
@@ -232,8 +332,24 @@ __device__ __forceinline__ void chunk_of(const Meta& m, int entry, int csize, in
 // number to the chunk's counter (release). A down chunk's B producer waits for GU_PER_CHUNK.
 __device__ __forceinline__ void publish_chunk(const MlParams& p, int gci, int gb, int ge) {
   const int lo = max(gb, gci * GU_PER_CHUNK), hi = min(ge, (gci + 1) * GU_PER_CHUNK);
+#if ML_REL_ATOM
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(p.bar + ML_CNT_WORD + gci), "r"((unsigned)(hi - lo))
+               : "memory");
+#else
   __threadfence();
   atomicAdd(p.bar + ML_CNT_WORD + gci, (unsigned)(hi - lo));
+#endif
+}
+
+// ML_REL_ATOM: the last grid barrier as one release atomic (its return value gives the target) and acquire polls
+__device__ __forceinline__ void grid_arrive_wait_rel(unsigned* count, unsigned ctas) {
+  unsigned prev;
+  asm volatile("atom.add.release.gpu.global.u32 %0, [%1], 1;\n" : "=r"(prev) : "l"(count) : "memory");
+  const unsigned target = prev - (prev & (ctas - 1u)) + ctas;
+  unsigned polls = 0;
+  while ((int)(ld_acquire_gpu(count) - target) < 0) {
+    if (++polls == (1u << 26)) __trap();  // a broken count: fail the launch instead of hanging
+  }
 }
 
 // The CTA's b-th gate_up chunk (ML_GU_REVERSE: from the last of its range to the first).
@@ -297,6 +413,97 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     }
   }
   __syncthreads();
+  if (tid == 0) stamp(p, 3);  // token masks
+#if ML_META_PAR
+  if (wid < 8) {  // the same tables, one expert per thread (256 consumer threads): three block-wide exclusive scans
+    int* wsum = reinterpret_cast<int*>(smem + OFF_XCH);  // [8][3] warp totals (the exchange area is not in use yet)
+    const int e = tid;
+    const uint4 w = *reinterpret_cast<const uint4*>(m.tm[e]);
+    const int k = __popc(w.x) + __popc(w.y) + __popc(w.z) + __popc(w.w), nz = k > 0, ch = (k + GCH - 1) / GCH;
+    int is = nz, it = k, ig = ch;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int a = __shfl_up_sync(0xffffffffu, is, o), b = __shfl_up_sync(0xffffffffu, it, o);
+      const int cg = __shfl_up_sync(0xffffffffu, ig, o);
+      if (lane >= o) {
+        is += a;
+        it += b;
+        ig += cg;
+      }
+    }
+    if (lane == 31) {
+      wsum[wid * 3] = is;
+      wsum[wid * 3 + 1] = it;
+      wsum[wid * 3 + 2] = ig;
+    }
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    int sl = is - nz, pos = it - k, gc = ig - ch;
+    for (int v = 0; v < wid; ++v) {
+      sl += wsum[v * 3];
+      pos += wsum[v * 3 + 1];
+      gc += wsum[v * 3 + 2];
+    }
+    if (tid == 0) stamp(p, 6);  // the scans
+    if (k > 0) {
+      m.slot_of[e] = (unsigned char)sl;
+      m.slot_expert[sl] = (short)e;
+      m.slot_start[sl] = pos;
+      for (int u = 0; u < ch; ++u) m.gchunk[gc + u] = m.dchunk[gc + u] = sl | (u << 16);  // GCH == DCH
+    }
+    if (e == 255) {
+      m.nslots = sl + nz;
+      m.slot_start[sl + nz] = pos + k;
+      m.ngc = gc + ch;
+      m.ndc = gc + ch;
+    }
+  }
+#elif ML_META_COMPACT
+  if (wid == 0) {  // the same tables from rolled loops (less code to fetch on the kernel's critical path; counts recomputed)
+    int ns = 0, nt = 0, ng = 0;
+#pragma unroll 1
+    for (int i = 0; i < 8; ++i) {
+      const uint4 w = *reinterpret_cast<const uint4*>(m.tm[lane * 8 + i]);
+      const int k = __popc(w.x) + __popc(w.y) + __popc(w.z) + __popc(w.w);
+      ns += k > 0;
+      nt += k;
+      ng += (k + GCH - 1) / GCH;
+    }
+    if (lane == 0) stamp(p, 6);  // warp 0: the expert counts
+    int is = ns, it = nt, ig = ng;  // inclusive warp scans
+#pragma unroll 1
+    for (int o = 1; o < 32; o <<= 1) {
+      const int a = __shfl_up_sync(0xffffffffu, is, o), b = __shfl_up_sync(0xffffffffu, it, o);
+      const int cg = __shfl_up_sync(0xffffffffu, ig, o);
+      if (lane >= o) {
+        is += a;
+        it += b;
+        ig += cg;
+      }
+    }
+    if (lane == 0) stamp(p, 15);  // warp 0: the scans
+    int sl = is - ns, pos = it - nt, gc = ig - ng;
+#pragma unroll 1
+    for (int i = 0; i < 8; ++i) {
+      const int e = lane * 8 + i;
+      const uint4 w = *reinterpret_cast<const uint4*>(m.tm[e]);
+      const int k = __popc(w.x) + __popc(w.y) + __popc(w.z) + __popc(w.w);
+      if (k == 0) continue;
+      m.slot_of[e] = (unsigned char)sl;
+      m.slot_expert[sl] = (short)e;
+      m.slot_start[sl] = pos;
+      for (int u = 0; u < (k + GCH - 1) / GCH; ++u) m.gchunk[gc + u] = m.dchunk[gc + u] = sl | (u << 16);  // GCH == DCH
+      gc += (k + GCH - 1) / GCH;
+      ++sl;
+      pos += k;
+    }
+    if (lane == 31) {
+      m.nslots = sl;
+      m.slot_start[sl] = pos;
+      m.ngc = gc;
+      m.ndc = gc;
+    }
+  }
+#else
   if (wid == 0) {  // slots, route-list starts and chunk tables: lane l owns experts [8l, 8l + 8)
     int cnt[8], ns = 0, nt = 0, ng = 0, nd = 0;
 #pragma unroll
@@ -308,6 +515,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
       ng += (cnt[i] + GCH - 1) / GCH;
       nd += (cnt[i] + DCH - 1) / DCH;
     }
+    if (lane == 0) stamp(p, 6);  // warp 0: the expert counts
     int is = ns, it = nt, ig = ng, id = nd;  // inclusive warp scans
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -320,6 +528,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
         id += cd;
       }
     }
+    if (lane == 0) stamp(p, 15);  // warp 0: the scans
     int sl = is - ns, pos = it - nt, gc = ig - ng, dc = id - nd;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -340,7 +549,9 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
       m.ndc = dc;
     }
   }
+#endif
   __syncthreads();
+  if (tid == 0) stamp(p, 8);  // slot tables
   if (!ML_EARLY_GO || wid < ML_NCW) {
 #pragma unroll
   for (int u = 0; u < RPT; ++u) {  // route r of token t to expert e -> position slot_start + (# tokens < t on e)
@@ -368,10 +579,23 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   const int ng = ge - gb, nd = de - db;                             // this CTA's items (ng, nd >= 4)
   const int gc0 = gb / GU_PER_CHUNK, nbg = (ge - 1) / GU_PER_CHUNK - gc0 + 1;
   const int dc0 = db / DN_PER_CHUNK, nbd = (de - 1) / DN_PER_CHUNK - dc0 + 1;
+#if ML_DN_ROT  // the down order: chunks dc0 + 1 .. dc0 + nbd - 1 first, then dc0; items [cb, de) then [db, cb)
+  const int drot = (nbd > 1 && db % DN_PER_CHUNK != 0) ? 1 : 0;
+  const int cb = drot ? (dc0 + 1) * DN_PER_CHUNK : db, nfirst = de - cb;
+#define ML_DN_CHUNK(k) (dc0 + ((k) + drot) % nbd)                              // the CTA's k-th down chunk
+#define ML_DN_ITEM(u) ((u) < nfirst ? cb + (u) : db + ((u) - nfirst))          // its u-th down item
+#define ML_DN_LOCAL(i) ((i) >= cb ? (i) - cb : nfirst + ((i) - db))            // item i's place in that order
+#else
+#define ML_DN_CHUNK(k) (dc0 + (k))
+#define ML_DN_ITEM(u) (db + (u))
+#define ML_DN_LOCAL(i) ((i) - db)
+#endif
 
   if (wid == ML_NCW) {  // ------------------------------------------------ weight producer
     if (lane == 0) {
+#if !ML_NO_BSTART
       mbar_wait(bstart, 0);  // the first chunk's x rows go first in this SM's copy queue
+#endif
       for (int j = 0; j < ng + nd; ++j) {
         const int s = j % ML_STAGES;
         if (j >= ML_STAGES) mbar_wait(&empty[s], ((j / ML_STAGES) - 1) & 1);
@@ -385,10 +609,11 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
           bulk_g2s(dst, base + (size_t)(8 * col8) * HID, HALF_BYTES, &full[s]);
           bulk_g2s(dst + HALF_BYTES, base + (size_t)(512 + 8 * col8) * HID, HALF_BYTES, &full[s]);
         } else {
-          const int i = db + (j - ng), r64 = i % DN_PER_CHUNK;
+          const int i = ML_DN_ITEM(j - ng), r64 = i % DN_PER_CHUNK;
           const int e = m.slot_expert[m.dchunk[i / DN_PER_CHUNK] & 0xffff];
           bulk_g2s(dst, p.w2 + ((size_t)e * HID + r64 * 64) * INTER, STAGE_BYTES, &full[s]);
         }
+        ev(p, 0, j);
       }
       stamp(p, 14);  // the last copy issued
     }
@@ -401,7 +626,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
         if (b >= 2) mbar_wait(&bempty[s], ((b >> 1) - 1) & 1);
 #if ML_CHUNK_FLAGS
         if (b >= nbg) {  // the chunk's h rows: every item of the gate_up chunk with the same index has published
-          const unsigned* cnt = p.bar + ML_CNT_WORD + (dc0 + (b - nbg));
+          const unsigned* cnt = p.bar + ML_CNT_WORD + ML_DN_CHUNK(b - nbg);
           unsigned polls = 0;
           while (ld_acquire_gpu(cnt) < GU_PER_CHUNK) {
             __nanosleep(64);
@@ -441,8 +666,9 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
 #if !ML_WAIT_XQ
           if (b == 0) mbar_arrive(bstart);
 #endif
+          evb(p, 0, b);
         } else {
-          chunk_of(m, m.dchunk[dc0 + (b - nbg)], DCH, slot, p0, n, e);
+          chunk_of(m, m.dchunk[ML_DN_CHUNK(b - nbg)], DCH, slot, p0, n, e);
 #if ML_SEPARATE_AQ
           mbar_expect_tx(&bfull[s], n * (INTER + 16) + 256);
           bulk_g2s(dst + B_WS2, p.w2_scale + (size_t)e * 64, 256, &bfull[s]);
@@ -454,6 +680,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
           for (int i = 0; i < n; ++i)  // the chunk's h rows, BF16 (slot order: contiguous)
             bulk_g2s(dst + i * HROW, p.hbuf + (size_t)(p0 + i) * INTER, INTER * 2, &bfull[s]);
 #endif
+          evb(p, 0, b);
         }
       }
     }
@@ -470,201 +697,221 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   // warp sw + ML_STAGES runs the MMAs of K blocks 8-15 (the expensive part: FP8 unpacking + HMMA) at the same
   // time, keeps their raw fragments, takes sw's partial sums through shared memory and continues the chain in
   // K order (acc = fma(d, scales, acc), as kblock_mma2), then writes h.
-  const int sw = wid % ML_STAGES, half = wid / ML_STAGES;
-  float* xch = reinterpret_cast<float*>(smem + OFF_XCH);
-  for (int b = 0; b < nbg; ++b) {
-    const int gci = gu_chunk(gc0, nbg, b);
-    int slot, p0, n, e;
-    chunk_of(m, m.gchunk[gci], GCH, slot, p0, n, e);
-    uint8_t* bb = smem + OFF_B + (b & 1) * BBUF;
-    float* bxs = reinterpret_cast<float*>(bb + B_XS);
-    const float* bws = reinterpret_cast<const float*>(bb + B_WS);
-    mbar_wait(&bfull[b & 1], (b >> 1) & 1);
-    if (tid == 0 && b == 0) stamp(p, 4);  // the first gate_up B chunk in
-    quant_rows_inplace<16>(bb, n, XROW, bxs, wid, lane);
-    consumer_sync();
-    if (tid == 0 && b == 0) stamp(p, 2);  // the first chunk's x quantized
+  const bool dry = ML_WARM && wid == ML_WARM_WARP;  // the warm-up warp: phase 4's code once, no waits, arrivals or stores
+#if ML_PAIR_XS  // the pair = warps 2s, 2s + 1: two SM sub-partitions (warp % 4) share each item's MMA / FP8 unpacking work
+  const int sw = dry ? 0 : wid >> 1, half = dry ? 0 : wid & 1;
+#else           // the pair = warps s, s + ML_STAGES: with 4 stages both on sub-partition s
+  const int sw = dry ? 0 : wid % ML_STAGES, half = dry ? 0 : wid / ML_STAGES;
+#endif
+  if (!dry) {  // phases 2 and 3 (the warm-up warp goes straight to phase 4)
+    float* xch = reinterpret_cast<float*>(smem + OFF_XCH);
+    for (int b = 0; b < nbg; ++b) {
+      const int gci = gu_chunk(gc0, nbg, b);
+      int slot, p0, n, e;
+      chunk_of(m, m.gchunk[gci], GCH, slot, p0, n, e);
+      uint8_t* bb = smem + OFF_B + (b & 1) * BBUF;
+      float* bxs = reinterpret_cast<float*>(bb + B_XS);
+      const float* bws = reinterpret_cast<const float*>(bb + B_WS);
+      mbar_wait(&bfull[b & 1], (b >> 1) & 1);
+      if (tid == 0 && b == 0) stamp(p, 4);  // the first gate_up B chunk in
+      quant_rows_inplace<16>(bb, n, XROW, bxs, wid, lane);
+      consumer_sync();
+      if (tid == 0) evb(p, 1, b);
+      if (tid == 0 && b == 0) stamp(p, 2);  // the first chunk's x quantized
 #if ML_CHUNK_FLAGS
-    if (tid == 0 && b > 0) publish_chunk(p, gu_chunk(gc0, nbg, b - 1), gb, ge);  // every warp is past chunk b - 1's items
+      if (tid == 0 && b > 0) publish_chunk(p, gu_chunk(gc0, nbg, b - 1), gb, ge);  // every warp is past chunk b - 1's items
 #endif
 #if ML_WAIT_XQ
-    if (tid == 0 && b == 0) mbar_arrive(bstart);  // exploration: the weight stream starts only now
+      if (tid == 0 && b == 0) mbar_arrive(bstart);  // exploration: the weight stream starts only now
 #endif
-    const int lo = max(gb, gci * GU_PER_CHUNK), hi = min(ge, (gci + 1) * GU_PER_CHUNK);
+      const int lo = max(gb, gci * GU_PER_CHUNK), hi = min(ge, (gci + 1) * GU_PER_CHUNK);
 #pragma unroll 1
 #if ML_GU_REVERSE
-    // local item j = ge - 1 - i: this chunk's items are local [ge - hi, ge - lo)
-    for (int j = (ge - hi) + (((sw - (ge - hi)) % ML_STAGES) + ML_STAGES) % ML_STAGES; j < ge - lo; j += ML_STAGES) {
-      const int i = ge - 1 - j, col8 = i % GU_PER_CHUNK;
+      // local item j = ge - 1 - i: this chunk's items are local [ge - hi, ge - lo)
+      for (int j = (ge - hi) + (((sw - (ge - hi)) % ML_STAGES) + ML_STAGES) % ML_STAGES; j < ge - lo; j += ML_STAGES) {
+        const int i = ge - 1 - j, col8 = i % GU_PER_CHUNK;
 #else
-    for (int i = lo + (((sw - (lo - gb)) % ML_STAGES) + ML_STAGES) % ML_STAGES; i < hi; i += ML_STAGES) {
-      const int j = i - gb, col8 = i % GU_PER_CHUNK;
+      for (int i = lo + (((sw - (lo - gb)) % ML_STAGES) + ML_STAGES) % ML_STAGES; i < hi; i += ML_STAGES) {
+        const int j = i - gb, col8 = i % GU_PER_CHUNK;
 #endif
-      mbar_wait(&full[sw], (j / ML_STAGES) & 1);
-      const uint8_t* tile = ring + sw * STAGE_BYTES + g * HID + t * 32;
-      const float* wsg = bws + (col8 >> 4) * 16;
-      const float* wsu = bws + (4 + (col8 >> 4)) * 16;
-      float* xb = xch + (((j / ML_STAGES) & 1) * ML_STAGES + sw) * 4 * 32;  // [4][lane]
-      const bool valid = g < n;
-      const uint8_t* xrow = bb + g * XROW + t * 32;
-      float acc[4] = {0.f, 0.f, 0.f, 0.f};
-      if (half == 0) {
+        mbar_wait(&full[sw], (j / ML_STAGES) & 1);
+        if (half == 0 && lane == 0) ev(p, 1, j);
+        const uint8_t* tile = ring + sw * STAGE_BYTES + g * HID + t * 32;
+        const float* wsg = bws + (col8 >> 4) * 16;
+        const float* wsu = bws + (4 + (col8 >> 4)) * 16;
+        float* xb = xch + (((j / ML_STAGES) & 1) * ML_STAGES + sw) * 4 * 32;  // [4][lane]
+        const bool valid = g < n;
+        const uint8_t* xrow = bb + g * XROW + t * 32;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        if (half == 0) {
 #pragma unroll 4
-        for (int kb = 0; kb < (ML_NOMMA ? 0 : 8); ++kb) {
+          for (int kb = 0; kb < (ML_NOMMA_GU ? 0 : 8); ++kb) {
+            uint32_t bf[8];
+            load_b(xrow + kb * 128, valid, bf, g & 1);
+            const float st = valid ? bxs[g * 16 + kb] : 0.0f;
+            uint4 a[4];
+            load_a(a, tile + kb * 128, HID, g & 1);
+            moe::kblock_mma2(acc, a, bf, wsg[kb], wsu[kb], st, t);
+          }
+          __syncwarp();
+          if (lane == 0) mbar_arrive(&empty[sw]);
+#pragma unroll
+          for (int z = 0; z < 4; ++z) xb[z * 32 + lane] = acc[z];
+          asm volatile("bar.sync %0, 64;\n" ::"r"(2 + sw) : "memory");
+          continue;
+        }
+        float d[8][4], sts[8];
+#if ML_NOMMA_GU
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+          sts[kk] = 0.0f;
+          d[kk][0] = d[kk][1] = d[kk][2] = d[kk][3] = 0.0f;
+        }
+#endif
+#pragma unroll
+        for (int kk = 0; kk < (ML_NOMMA_GU ? 0 : 8); ++kk) {
+          const int kb = 8 + kk;
           uint32_t bf[8];
-          moe::load_b(xrow + kb * 128, valid, bf);
-          const float st = valid ? bxs[g * 16 + kb] : 0.0f;
+          load_b(xrow + kb * 128, valid, bf, g & 1);
+          sts[kk] = valid ? bxs[g * 16 + kb] : 0.0f;
           uint4 a[4];
-          moe::load_a(a, tile + kb * 128, HID);
-          moe::kblock_mma2(acc, a, bf, wsg[kb], wsu[kb], st, t);
+          load_a(a, tile + kb * 128, HID, g & 1);
+          moe::kblock_d(d[kk], a, bf);
         }
         __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[sw]);
+        if (lane == 0) mbar_arrive(&empty[sw]);  // the stage is read: the producer may refill it
+        if (lane == 0) ev(p, 2, j);
+        asm volatile("bar.sync %0, 64;\n" ::"r"(2 + sw) : "memory");  // sw's partial sums
 #pragma unroll
-        for (int z = 0; z < 4; ++z) xb[z * 32 + lane] = acc[z];
-        asm volatile("bar.sync %0, 64;\n" ::"r"(2 + sw) : "memory");
-        continue;
-      }
-      float d[8][4], sts[8];
-#if ML_NOMMA
+        for (int z = 0; z < 4; ++z) acc[z] = xb[z * 32 + lane];
 #pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        sts[kk] = 0.0f;
-        d[kk][0] = d[kk][1] = d[kk][2] = d[kk][3] = 0.0f;
-      }
-#endif
+        for (int kk = 0; kk < 8; ++kk) moe::kblock_acc2(acc, d[kk], wsg[8 + kk], wsu[8 + kk], sts[kk], t);
 #pragma unroll
-      for (int kk = 0; kk < (ML_NOMMA ? 0 : 8); ++kk) {
-        const int kb = 8 + kk;
-        uint32_t bf[8];
-        moe::load_b(xrow + kb * 128, valid, bf);
-        sts[kk] = valid ? bxs[g * 16 + kb] : 0.0f;
-        uint4 a[4];
-        moe::load_a(a, tile + kb * 128, HID);
-        moe::kblock_d(d[kk], a, bf);
-      }
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[sw]);  // the stage is read: the producer may refill it
-      asm volatile("bar.sync %0, 64;\n" ::"r"(2 + sw) : "memory");  // sw's partial sums
-#pragma unroll
-      for (int z = 0; z < 4; ++z) acc[z] = xb[z * 32 + lane];
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk) moe::kblock_acc2(acc, d[kk], wsg[8 + kk], wsu[8 + kk], sts[kk], t);
-#pragma unroll
-      for (int h2 = 0; h2 < 2; ++h2) {  // acc[h2]: gate (row g), acc[2 + h2]: up, token column 2t + h2
-        const int col = 2 * t + h2;
-        if (col < n) {
-          const float gt = __bfloat162float(__float2bfloat16_rn(acc[h2]));
-          const float up = __bfloat162float(__float2bfloat16_rn(acc[2 + h2]));
+        for (int h2 = 0; h2 < 2; ++h2) {  // acc[h2]: gate (row g), acc[2 + h2]: up, token column 2t + h2
+          const int col = 2 * t + h2;
+          if (col < n) {
+            const float gt = __bfloat162float(__float2bfloat16_rn(acc[h2]));
+            const float up = __bfloat162float(__float2bfloat16_rn(acc[2 + h2]));
 #if ML_SEPARATE_AQ
-          p.hbuf[(size_t)(p0 + col) * 1024 + 8 * col8 + g] = __float2bfloat16_rn(acc[h2]);  // gate|up, as st8's cache
-          p.hbuf[(size_t)(p0 + col) * 1024 + 512 + 8 * col8 + g] = __float2bfloat16_rn(acc[2 + h2]);
-          (void)gt;
-          (void)up;
+            p.hbuf[(size_t)(p0 + col) * 1024 + 8 * col8 + g] = __float2bfloat16_rn(acc[h2]);  // gate|up, as st8's cache
+            p.hbuf[(size_t)(p0 + col) * 1024 + 512 + 8 * col8 + g] = __float2bfloat16_rn(acc[2 + h2]);
+            (void)gt;
+            (void)up;
 #else
-          p.hbuf[(size_t)(p0 + col) * INTER + 8 * col8 + g] = __float2bfloat16_rn(moe::silu_mul(gt, up));
+            p.hbuf[(size_t)(p0 + col) * INTER + 8 * col8 + g] = __float2bfloat16_rn(moe::silu_mul(gt, up));
 #endif
+          }
+        }
+      }
+      // this warp's generic writes to the buffer (the in-place quantization) before the bulk copies that refill it
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#if ML_CHUNK_FLAGS
+      fence_proxy_async_global();  // this thread's h stores, before other CTAs' bulk copies read them
+#endif
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&bempty[b & 1]);
+    }
+
+    // phase 3: the last chunk's count (ML_CHUNK_FLAGS) or a grid barrier (h of every route in hbuf; the twin); the B
+    // producer then copies each down chunk's h rows
+    fence_proxy_async_global();  // this thread's h stores, before other CTAs' bulk copies read them
+    consumer_sync();
+#if ML_CHUNK_FLAGS
+    if (tid == 0) {
+      stamp(p, 5);  // gate_up done
+      publish_chunk(p, gu_chunk(gc0, nbg, nbg - 1), gb, ge);
+    }
+#else
+    if (tid == 0) {
+      stamp(p, 5);  // gate_up done
+      grid_arrive_wait(p.bar, gridDim.x);
+      stamp(p, 6);  // grid barrier passed
+#if !ML_SEPARATE_AQ
+      mbar_arrive(gridok);
+#endif
+    }
+    __syncwarp();
+#endif
+#if ML_SEPARATE_AQ
+    // the A/B twin: SiLU*up + group quantization as a grid-wide step (st8's fused down prologue / moe_act_quant
+    // arithmetic: 16 lanes x 8 values per (row, 128-group) pair), h_q / h_s to global, one more grid barrier
+    consumer_sync();
+    {
+      const int hw = wid * 2 + (lane >> 4), sub = lane & 15;
+      const int np = c < R * 4 ? (R * 4 - c + ML_CTAS - 1) / ML_CTAS : 0;  // pairs idx = u * 128 + c
+#pragma unroll 1
+      for (int u0 = 0; u0 < np; u0 += 2 * ML_NCW) {  // warp-uniform trip count (shuffles below)
+        const int u = u0 + hw, idx = u * ML_CTAS + c;
+        uint4 gv = make_uint4(0u, 0u, 0u, 0u), uv = gv;
+        if (u < np) {
+          const __nv_bfloat16* src = p.hbuf + (size_t)(idx >> 2) * 1024 + (idx & 3) * 128 + sub * 8;
+          gv = __ldcg(reinterpret_cast<const uint4*>(src));
+          uv = __ldcg(reinterpret_cast<const uint4*>(src + 512));
+        }
+        float gf[8], uf[8], h[8];
+        moe::bf16x8_to_float(gv, gf);
+        moe::bf16x8_to_float(uv, uf);
+        float amax = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          h[i] = __bfloat162float(__float2bfloat16_rn(moe::silu_mul(gf[i], uf[i])));
+          amax = fmaxf(amax, fabsf(h[i]));
+        }
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        if (u < np) {
+          const float sc = moe::group_scale(amax);
+          uint2 q;
+          q.x = moe::quant4(h[0], h[1], h[2], h[3], sc);
+          q.y = moe::quant4(h[4], h[5], h[6], h[7], sc);
+          *reinterpret_cast<uint2*>(p.hq + (size_t)(idx >> 2) * INTER + (idx & 3) * 128 + sub * 8) = q;
+          if (sub == 0) p.hs[idx] = sc;
         }
       }
     }
-    // this warp's generic writes to the buffer (the in-place quantization) before the bulk copies that refill it
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#if ML_CHUNK_FLAGS
-    fence_proxy_async_global();  // this thread's h stores, before other CTAs' bulk copies read them
-#endif
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&bempty[b & 1]);
-  }
-
-  // phase 3: the last chunk's count (ML_CHUNK_FLAGS) or a grid barrier (h of every route in hbuf; the twin); the B
-  // producer then copies each down chunk's h rows
-  fence_proxy_async_global();  // this thread's h stores, before other CTAs' bulk copies read them
-  consumer_sync();
-#if ML_CHUNK_FLAGS
-  if (tid == 0) {
-    stamp(p, 5);  // gate_up done
-    publish_chunk(p, gu_chunk(gc0, nbg, nbg - 1), gb, ge);
-  }
-#else
-  if (tid == 0) {
-    stamp(p, 5);  // gate_up done
-    grid_arrive_wait(p.bar, gridDim.x);
-    stamp(p, 6);  // grid barrier passed
-#if !ML_SEPARATE_AQ
-    mbar_arrive(gridok);
-#endif
-  }
-  __syncwarp();
-#endif
-#if ML_SEPARATE_AQ
-  // the A/B twin: SiLU*up + group quantization as a grid-wide step (st8's fused down prologue / moe_act_quant
-  // arithmetic: 16 lanes x 8 values per (row, 128-group) pair), h_q / h_s to global, one more grid barrier
-  consumer_sync();
-  {
-    const int hw = wid * 2 + (lane >> 4), sub = lane & 15;
-    const int np = c < R * 4 ? (R * 4 - c + ML_CTAS - 1) / ML_CTAS : 0;  // pairs idx = u * 128 + c
-#pragma unroll 1
-    for (int u0 = 0; u0 < np; u0 += 2 * ML_NCW) {  // warp-uniform trip count (shuffles below)
-      const int u = u0 + hw, idx = u * ML_CTAS + c;
-      uint4 gv = make_uint4(0u, 0u, 0u, 0u), uv = gv;
-      if (u < np) {
-        const __nv_bfloat16* src = p.hbuf + (size_t)(idx >> 2) * 1024 + (idx & 3) * 128 + sub * 8;
-        gv = __ldcg(reinterpret_cast<const uint4*>(src));
-        uv = __ldcg(reinterpret_cast<const uint4*>(src + 512));
-      }
-      float gf[8], uf[8], h[8];
-      moe::bf16x8_to_float(gv, gf);
-      moe::bf16x8_to_float(uv, uf);
-      float amax = 0.0f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        h[i] = __bfloat162float(__float2bfloat16_rn(moe::silu_mul(gf[i], uf[i])));
-        amax = fmaxf(amax, fabsf(h[i]));
-      }
-#pragma unroll
-      for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      if (u < np) {
-        const float sc = moe::group_scale(amax);
-        uint2 q;
-        q.x = moe::quant4(h[0], h[1], h[2], h[3], sc);
-        q.y = moe::quant4(h[4], h[5], h[6], h[7], sc);
-        *reinterpret_cast<uint2*>(p.hq + (size_t)(idx >> 2) * INTER + (idx & 3) * 128 + sub * 8) = q;
-        if (sub == 0) p.hs[idx] = sc;
-      }
+    fence_proxy_async_global();
+    consumer_sync();
+    if (tid == 0) {
+      grid_arrive_wait(p.bar, gridDim.x);
+      mbar_arrive(gridok);
     }
-  }
-  fence_proxy_async_global();
-  consumer_sync();
-  if (tid == 0) {
-    grid_arrive_wait(p.bar, gridDim.x);
-    mbar_arrive(gridok);
-  }
-  __syncwarp();
+    __syncwarp();
 #endif
 
-  // phase 4: down items; local item j = ng + (i - db)
-  for (int b = nbg; b < nbg + nbd; ++b) {
-    const int dci = dc0 + (b - nbg);
+  }
+
+  // phase 4: down items; local item j = ng + (i - db) (ML_DN_ROT: ng + the item's place in the rotated order)
+  for (int b = nbg; b < (dry ? nbg + 1 : nbg + nbd); ++b) {
+    const int dci = ML_DN_CHUNK(b - nbg);
     int slot, p0, n, e;
     chunk_of(m, m.dchunk[dci], DCH, slot, p0, n, e);
     uint8_t* bb = smem + OFF_B + (b & 1) * BBUF;
     float* bhs = reinterpret_cast<float*>(bb + B_HS);
     const float* bws = reinterpret_cast<const float*>(bb + B_WS2);
-    mbar_wait(&bfull[b & 1], (b >> 1) & 1);
+    if (!dry) mbar_wait(&bfull[b & 1], (b >> 1) & 1);
     if (tid == 0 && b == nbg) stamp(p, 9);  // the first down B chunk in
 #if !ML_SEPARATE_AQ
-    quant_rows_inplace<4>(bb, n, HROW, bhs, wid, lane);  // the chunk's h rows
-    consumer_sync();
+    if (!dry) {
+      quant_rows_inplace<4>(bb, n, HROW, bhs, wid, lane);  // the chunk's h rows
+      consumer_sync();
+    }
+    if (tid == 0) evb(p, 1, b);
 #else
     (void)bhs;
 #endif
     if (tid == 0 && b == nbg) stamp(p, 7);  // the first down chunk's h quantized
     const int lo = max(db, dci * DN_PER_CHUNK), hi = min(de, (dci + 1) * DN_PER_CHUNK);
+#if ML_WARM
+    const int ntile = dry ? 1 : (n + 7) >> 3;
+#else
     const int ntile = (n + 7) >> 3;
+#endif
 #pragma unroll 1
-    for (int i = lo + (((sw - (ng + lo - db)) % ML_STAGES) + ML_STAGES) % ML_STAGES; i < hi; i += ML_STAGES) {
-      const int j = ng + (i - db), r64 = i % DN_PER_CHUNK;
-      mbar_wait(&full[sw], (j / ML_STAGES) & 1);
+    for (int i = dry ? lo : lo + (((sw - (ng + ML_DN_LOCAL(lo))) % ML_STAGES) + ML_STAGES) % ML_STAGES; i < (dry ? lo + 1 : hi);
+         i += ML_STAGES) {
+      const int j = ng + ML_DN_LOCAL(i), r64 = i % DN_PER_CHUNK;
+      if (!dry) mbar_wait(&full[sw], (j / ML_STAGES) & 1);
+      if (half == 0 && lane == 0 && !dry) ev(p, 1, j);
       // the pair splits the item's 4 row tiles: warp sw rows [0, 32), warp sw + ML_STAGES rows [32, 64)
       const uint8_t* tile = ring + sw * STAGE_BYTES + (half * 32 + g) * INTER + t * 32;
       const float* ws = bws + (r64 >> 1) * 4;
@@ -677,25 +924,26 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
 #pragma unroll
         for (int q = 0; q < 2; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.0f;
 #pragma unroll
-        for (int kb = 0; kb < (ML_NOMMA ? 0 : 4); ++kb) {
+        for (int kb = 0; kb < (ML_NOMMA_DN ? 0 : 4); ++kb) {
           uint32_t bf[8];
-          moe::load_b(hrow + kb * 128, valid, bf);
+          load_b(hrow + kb * 128, valid, bf, g & 1);
           const float st = valid ? bhs[col * 4 + kb] : 0.0f;
 #pragma unroll
           for (int q = 0; q < 2; ++q) {
             uint4 a[4];
-            moe::load_a(a, tile + q * 16 * INTER + kb * 128, INTER);
+            load_a(a, tile + q * 16 * INTER + kb * 128, INTER, g & 1);
             moe::kblock_mma(acc[q], a, bf, ws[kb], st, t);
           }
         }
         if (nt == ntile - 1) {  // the stage is read: release it before the last tile's stores
           __syncwarp();
-          if (lane == 0) mbar_arrive(&empty[sw]);
+          if (lane == 0 && !dry) mbar_arrive(&empty[sw]);
+          if (half == 1 && lane == 0) ev(p, 2, j);
         }
 #pragma unroll
         for (int h2 = 0; h2 < 2; ++h2) {  // token column nt*8 + 2t + h2: acc[q][h2] row q*16 + g, acc[q][2 + h2] row + 8
           const int cc = nt * 8 + 2 * t + h2;
-          if (cc < n) {
+          if (cc < n && !dry) {
             const int r = m.prt[p0 + cc];
             const float w = m.pw[p0 + cc];
             __nv_bfloat16* yr = p.y + (size_t)r * HID + r64 * 64 + half * 32 + g;
@@ -710,14 +958,21 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     }
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the in-place h quantization, as above
     __syncwarp();
-    if (lane == 0) mbar_arrive(&bempty[b & 1]);
+    if (lane == 0 && !dry) mbar_arrive(&bempty[b & 1]);
   }
+#if ML_WARM < 2
+  if (dry) return;
+#else
+  if (!dry) {  // ML_WARM 2: the warm-up warp also runs the top-k sum's code once (loads only)
+#endif
 
   // phase 5: the last grid barrier (y complete), top-k sum in rank order (FP32), rounded once to BF16
   consumer_sync();
   if (tid == 0) {
     stamp(p, 10);  // down done
-#if ML_MONO_BAR
+#if ML_REL_ATOM
+    grid_arrive_wait_rel(p.bar + 64, gridDim.x);
+#elif ML_MONO_BAR
     grid_arrive_wait_mono(p.bar + 64, gridDim.x);
 #else
     grid_arrive_wait(p.bar, gridDim.x);
@@ -729,8 +984,17 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   // every down chunk's producer has seen its count (they all precede the last grid barrier): zero them for the next launch
   for (int i = c * ML_NCW * 32 + tid; i < MAX_GCHUNKS; i += ML_CTAS * ML_NCW * 32) p.bar[ML_CNT_WORD + i] = 0u;
 #endif
+#if ML_WARM >= 2
+  }
+#endif
+#if ML_WARM >= 2
+  const int u0 = dry ? (c % M) * (HID / 8) + lane : c * (ML_NCW * 32) + tid;  // the warm-up warp: one unit per lane
+  const int ustep = dry ? M * (HID / 8) : ML_CTAS * ML_NCW * 32;
+#else
+  const int u0 = c * (ML_NCW * 32) + tid, ustep = ML_CTAS * ML_NCW * 32;
+#endif
 #pragma unroll 1
-  for (int u = c * (ML_NCW * 32) + tid; u < M * (HID / 8); u += ML_CTAS * ML_NCW * 32) {
+  for (int u = u0; u < M * (HID / 8); u += ustep) {
     const int tk = u / (HID / 8), col = (u % (HID / 8)) * 8;
     uint4 v[TOPK];
 #pragma unroll
@@ -749,7 +1013,10 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(&o);
 #pragma unroll
     for (int i = 0; i < 4; ++i) o2[i] = __floats2bfloat162_rn(s[2 * i], s[2 * i + 1]);
-    *reinterpret_cast<uint4*>(p.out + (size_t)tk * HID + col) = o;
+#if ML_WARM >= 2
+    if (!dry)
+#endif
+      *reinterpret_cast<uint4*>(p.out + (size_t)tk * HID + col) = o;
   }
   if (tid == 0) stamp(p, 12);  // top-k sum done (thread 0)
 }
