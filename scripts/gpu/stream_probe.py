@@ -88,7 +88,11 @@ _MQ = ["-DML_META_PAR=1", "-DML_QSPREAD=1"]
 # s5g4 0.965 at 8 (no gain over mpqs: the 5th stage is rejected), 1.29 at 128
 # run18 k: "rel" (ML_REL_ATOM) on top of mpqs + xs
 _MQ = _MQ + ["-DML_PAIR_XS=1"]
-ML_AB = {"base": (4, 8, 0, []), "mpqsxs": (4, 8, 0, _MQ), "rel": (4, 8, 0, _MQ + ["-DML_REL_ATOM=1"])}
+# run18 k: rel 0.948 / 0.992 (8 / 128) against mpqsxs 0.953 / 0.994: adopted; the contract's defaults are now mp + qs + xs + rel
+# run18 m, on top of the new defaults ("base"): "rot" (ML_DN_ROT), "spin" (ML_POLL_SPIN)
+# run18 m: rot 1.008 / 1.002 / 0.997 / 0.993 / 0.996 at 8 / 16 / 32 / 64 / 128 tokens (adopted from 32 tokens on:
+# ML_DN_ROT_MIN_M); spin 0.999-1.002 (rejected)
+ML_AB = {"base": (4, 8, 0, []), "norot": (4, 8, 0, ["-DML_DN_ROT=0"])}
 ML_AB_TOKENS = (8, 16, 32, 64, 128)
 # round 8: kernels/sm90/moe/moe_m1.cu with -DM1_TIMING=1 (stamps at byte 512 K of gu)
 M1_TIMED = ROOT / "build" / "explore" / "moe_m1_timed.cubin"

@@ -166,13 +166,17 @@ static_assert(!ML_META_PAR || (GCH == DCH && ML_NCW >= 8), "one table for both G
 #ifndef ML_REL_ATOM                   // 1 (round 9, adopted): the chunk counts and the last grid barrier as release atomics +
 #define ML_REL_ATOM (!ML_SEPARATE_AQ) // acquire polls (fence.sc + relaxed atomic before; the barrier also ended on a fence)
 #endif
+#ifndef ML_POLL_SPIN                  // 1 (round 9, exploration): the B producer's chunk-count poll without __nanosleep(64)
+#define ML_POLL_SPIN 0
+#endif
 #ifndef ML_NO_BSTART                  // 1 (round 9): the weight producer starts with the B producer instead of after the first
 #define ML_NO_BSTART 0                // chunk's x copies (run18: each producer's cold code costs ~1 us before its first copy)
 #endif
 static_assert(!ML_META_COMPACT || GCH == DCH, "the compact tables write one chunk table for both GEMMs");
-#ifndef ML_DN_ROT                     // 1 (round 9): a CTA whose down range starts inside a chunk (shared with the gate_up end of
-#define ML_DN_ROT 0                   // CTA c - 1) runs that chunk's items last, its own chunks first
-#endif
+#ifndef ML_DN_ROT                     // 1 (round 9, adopted): at M >= ML_DN_ROT_MIN_M, a CTA whose down range starts inside a chunk
+#define ML_DN_ROT (!ML_SEPARATE_AQ)   // (shared with the gate_up end of CTA c - 1) runs that chunk's items last, its own chunks first
+#endif                                // (run18 m: 0.997 / 0.993 / 0.996 of the time at 32 / 64 / 128 tokens; 1.008 at 8)
+#define ML_DN_ROT_MIN_M 32
 #ifndef ML_PAIR_XS                    // 1 (round 9, adopted): a stage's warp pair spans two SM sub-partitions (warps 2s, 2s + 1),
 #define ML_PAIR_XS (!ML_SEPARATE_AQ)  // so the item's FP8 unpacking (F2FP) and HMMA work runs on two pipes instead of one
 #endif
@@ -580,7 +584,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   const int gc0 = gb / GU_PER_CHUNK, nbg = (ge - 1) / GU_PER_CHUNK - gc0 + 1;
   const int dc0 = db / DN_PER_CHUNK, nbd = (de - 1) / DN_PER_CHUNK - dc0 + 1;
 #if ML_DN_ROT  // the down order: chunks dc0 + 1 .. dc0 + nbd - 1 first, then dc0; items [cb, de) then [db, cb)
-  const int drot = (nbd > 1 && db % DN_PER_CHUNK != 0) ? 1 : 0;
+  const int drot = (M >= ML_DN_ROT_MIN_M && nbd > 1 && db % DN_PER_CHUNK != 0) ? 1 : 0;
   const int cb = drot ? (dc0 + 1) * DN_PER_CHUNK : db, nfirst = de - cb;
 #define ML_DN_CHUNK(k) (dc0 + ((k) + drot) % nbd)                              // the CTA's k-th down chunk
 #define ML_DN_ITEM(u) ((u) < nfirst ? cb + (u) : db + ((u) - nfirst))          // its u-th down item
@@ -629,7 +633,9 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
           const unsigned* cnt = p.bar + ML_CNT_WORD + ML_DN_CHUNK(b - nbg);
           unsigned polls = 0;
           while (ld_acquire_gpu(cnt) < GU_PER_CHUNK) {
+#if !ML_POLL_SPIN
             __nanosleep(64);
+#endif
             if (++polls == (1u << 24)) __trap();  // a count that cannot complete: fail instead of hanging
           }
           fence_proxy_async_global();
