@@ -912,7 +912,10 @@ def write_records_v3(src: Path, out: Path, tag: str, git_sha: str, judge: str = 
                      *(["tune m1fl: as m1l with moe_m1f at 1 token (m1's plan: every CTA's weights requested at entry, "
                         "the down share once gate_up tile 2 has landed; all MMA warps on every gate_up tile, per-tile "
                         "chain warps, h written by the gate_up CTA, per-route arrival counters instead of a grid "
-                        "barrier; results/sm90/moe_runs/run17_m1f)"] if doc.get("v3_tune") == "m1fl" else [])]}
+                        "barrier; results/sm90/moe_runs/run17_m1f). From git 51c540b on, moe_ml has round 9's defaults: "
+                        "tables from 256 threads, quantization tasks over all warps, each ring stage's warp pair on two "
+                        "SM sub-partitions, release atomics, down ranges starting with the CTA's own chunks from 32 "
+                        "tokens (results/sm90/moe_runs/run18_ring)"] if doc.get("v3_tune") == "m1fl" else [])]}
     if not rows:
         rec["verdict"] = "inconclusive"
     path = write_record(rec, out, f"moe_layer{tag}")

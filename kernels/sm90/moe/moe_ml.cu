@@ -36,6 +36,10 @@
 //   3. top-k sum: out[t, 8 columns] = bf16(sum over k in rank order, FP32) by (token, 8-column) units.
 // A gate_up item's pair splits the 16 K blocks keeping one warp's numerics: warp sw runs the scaled FP32 chain
 // over K blocks 0-7 while warp sw + 4 runs the MMAs of blocks 8-15, then continues the chain in K order.
+// Round 9 (run18, results/sm90/moe_runs/run18_ring; A/B in interleaved graph replay, flags below): the pair is warps
+// 2s / 2s + 1 (two SM sub-partitions: sm90 runs mma.sync e4m3 as F2FP unpacking + HMMA.16816, ~1.3 us per item on one);
+// the slot / chunk tables come from 256 threads; the in-place quantization spreads its tasks over all consumer warps;
+// the chunk counts and the last barrier are release atomics; from 32 tokens a CTA runs its own down chunks first.
 // A down item's pair splits the 4 row tiles.
 // Numerics of the v3 st8 sequence by construction (bitwise): the same x and h quantization, the same
 // swapped-operand mma.sync m16n8k32 e4m3 core (moe_common.cuh) with the same K order and per-128-K-block
@@ -698,7 +702,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   // phase 2: gate_up. Per chunk (an expert's <= 8 tokens): its x rows arrive in BF16; consumer warp w quantizes
   // row w in place (moe_align's x quantization, group by group in increasing order: group q's 128 E4M3 bytes
   // land on bytes [128 q, 128 q + 128) of the row, which only groups <= q / 2 occupied); then the chunk's items.
-  // Local item j = i - gb goes to stage j % ML_STAGES and to its warp pair (sw, sw + ML_STAGES). The pair splits
+  // Local item j = i - gb goes to stage j % ML_STAGES and to its warp pair (sw, half: ML_PAIR_XS). The pair splits
   // the 16 K blocks with the numerics of one warp: warp sw runs the scaled accumulation chain over K blocks 0-7;
   // warp sw + ML_STAGES runs the MMAs of K blocks 8-15 (the expensive part: FP8 unpacking + HMMA) at the same
   // time, keeps their raw fragments, takes sw's partial sums through shared memory and continues the chain in
