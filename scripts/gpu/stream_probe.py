@@ -71,9 +71,8 @@ ML_FLAGS = {"rev": ["-DML_GU_REVERSE=1"], "nomma": ["-DML_NOMMA=3"], "nommagu": 
             "nommadn": ["-DML_NOMMA=2"], "swz": ["-DML_SWZ=1"], "xs": ["-DML_PAIR_XS=1"],
             "xsnommadn": ["-DML_PAIR_XS=1", "-DML_NOMMA=2"], "xss5g4": ["-DML_PAIR_XS=1"], "warm": ["-DML_WARM=1"],
             "rot": ["-DML_DN_ROT=1"], "warmrot": ["-DML_WARM=1", "-DML_DN_ROT=1"], "warm2": ["-DML_WARM=2"],
-            "s5warm2": ["-DML_WARM=2"], "warm2nb": ["-DML_WARM=2", "-DML_NO_BSTART=1"],
-            "warm2mc": ["-DML_WARM=2", "-DML_META_COMPACT=1"],
-            "warm2nbmc": ["-DML_WARM=2", "-DML_NO_BSTART=1", "-DML_META_COMPACT=1"], "mp": ["-DML_META_PAR=1"]}
+            "s5warm2": ["-DML_WARM=2"], "warm2nb": ["-DML_WARM=2", "-DML_NO_BSTART=1"], "mp": ["-DML_META_PAR=1"]}
+# (run18 e also timed "warm2mc" / "warm2nbmc" with -DML_META_COMPACT=1, rolled warp-0 table loops: slower, removed)
 ML_EVENTS = ("base", "mp")  # built with -DML_TIMING=2
 # round 9: untimed exploration builds of moe_ml, A/B in interleaved graph replay (--ml-ab): name -> (extra warps, flags);
 # "base" is built from the same source with no flags (and checked against the contract's launch shape)
@@ -87,7 +86,7 @@ _MQ = ["-DML_META_PAR=1", "-DML_QSPREAD=1"]
 # run18 j: xs 0.956 / 0.991 (8 / 128 tokens) against mpqs 0.966 / 0.993 (adopted); swz 1.005 / 1.015 (rejected again);
 # s5g4 0.965 at 8 (no gain over mpqs: the 5th stage is rejected), 1.29 at 128
 # run18 k: "rel" (ML_REL_ATOM) on top of mpqs + xs
-_MQ = _MQ + ["-DML_PAIR_XS=1"]
+_MQ = [*_MQ, "-DML_PAIR_XS=1"]
 # run18 k: rel 0.948 / 0.992 (8 / 128) against mpqsxs 0.953 / 0.994: adopted; the contract's defaults are now mp + qs + xs + rel
 # run18 m, on top of the new defaults ("base"): "rot" (ML_DN_ROT), "spin" (ML_POLL_SPIN)
 # run18 m: rot 1.008 / 1.002 / 0.997 / 0.993 / 0.996 at 8 / 16 / 32 / 64 / 128 tokens (adopted from 32 tokens on:
@@ -183,6 +182,19 @@ def _stamp_rows(stamps: Any, names: tuple[str, ...]) -> dict[str, Any]:
         rows[name] = {"median_us": float(v.median()), "max_us": float(v.max(dim=1).values.median()),
                       "min_us": float(v.min(dim=1).values.median())}
     return rows
+
+
+def _capture(run: Any) -> Any:
+    """A CUDA graph of run() (run once eagerly first), replayed once."""
+    import torch
+
+    run()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        run()
+    g.replay()
+    return g
 
 
 def _ml_item_counts(ids: Any, gch: int, dch: int) -> list[tuple[int, int]]:
@@ -379,7 +391,7 @@ def ml_ab(out: Path, reps: int) -> dict[str, Any]:
                 p.out, p.bar, p.M = outs[name].data_ptr(), ws.data_ptr(), m
                 params[name].append((p, (ctypes.c_void_p * 1)(ctypes.addressof(p))))
 
-        def launcher(name: str) -> Any:
+        def launcher(name: str, params: dict[str, list[Any]] = params) -> Any:
             fn, cfg = fns[name]
 
             def run(k: int | None = None) -> None:
@@ -397,16 +409,7 @@ def ml_ab(out: Path, reps: int) -> dict[str, Any]:
             torch.cuda.synchronize()
         for name in ML_AB:
             same[name] = bool(torch.equal(outs[name][:m].view(torch.int16), outs["base"][:m].view(torch.int16)))
-        graphs = {}
-        for name in ML_AB:
-            run = launcher(name)
-            run()
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                run()
-            g.replay()
-            graphs[name] = g
+        graphs = {name: _capture(launcher(name)) for name in ML_AB}
         torch.cuda.synchronize()
         times = interleaved_replay_us(graphs, reps, ROT)
         med = {name: statistics.median(ts) for name, ts in times.items()}
@@ -580,16 +583,7 @@ def main(argv: list[str] | None = None) -> int:
                         raise rt.RuntimeBridgeError(f"launch {name}: {int(err)}")
             return run
 
-        graphs = {}
-        for name in launches:
-            fn = make(name)
-            fn()
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                fn()
-            g.replay()
-            graphs[name] = g
+        graphs = {name: _capture(make(name)) for name in launches}
         torch.cuda.synchronize()
         times = interleaved_replay_us(graphs, args.reps, ROT)
         byts = d * 64 * 32768

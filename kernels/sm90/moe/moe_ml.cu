@@ -157,9 +157,7 @@ static_assert(!ML_CHUNK_FLAGS || GCH == DCH, "chunk flags pair gate_up chunk i w
 #endif                                // down (bit 1) consumers; 3 = none anywhere (run17's "nomma")
 #define ML_NOMMA_GU (ML_NOMMA & 1)
 #define ML_NOMMA_DN ((ML_NOMMA >> 1) & 1)
-#ifndef ML_META_COMPACT               // 1 (round 9): warp 0 builds the slot / chunk tables from rolled loops: the kernel's first
-#define ML_META_COMPACT 0             // microseconds fetch their code cold, one line after another (run18: 1.3 us for the tables)
-#endif
+// (round 9 also tried the warp-0 tables from rolled loops, ML_META_COMPACT: slower; removed)
 #ifndef ML_META_PAR                   // 1 (round 9, adopted): the slot / chunk tables from 256 threads (one expert each, block-
 #define ML_META_PAR (!ML_SEPARATE_AQ) // wide scans) instead of warp 0 alone (run18 h: 0.982 / 0.996 of the time at 8 / 128 tokens)
 #endif
@@ -176,7 +174,6 @@ static_assert(!ML_META_PAR || (GCH == DCH && ML_NCW >= 8), "one table for both G
 #ifndef ML_NO_BSTART                  // 1 (round 9): the weight producer starts with the B producer instead of after the first
 #define ML_NO_BSTART 0                // chunk's x copies (run18: each producer's cold code costs ~1 us before its first copy)
 #endif
-static_assert(!ML_META_COMPACT || GCH == DCH, "the compact tables write one chunk table for both GEMMs");
 #ifndef ML_DN_ROT                     // 1 (round 9, adopted): at M >= ML_DN_ROT_MIN_M, a CTA whose down range starts inside a chunk
 #define ML_DN_ROT (!ML_SEPARATE_AQ)   // (shared with the gate_up end of CTA c - 1) runs that chunk's items last, its own chunks first
 #endif                                // (run18 m: 0.997 / 0.993 / 0.996 of the time at 32 / 64 / 128 tokens; 1.008 at 8)
@@ -463,52 +460,6 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
       m.slot_start[sl + nz] = pos + k;
       m.ngc = gc + ch;
       m.ndc = gc + ch;
-    }
-  }
-#elif ML_META_COMPACT
-  if (wid == 0) {  // the same tables from rolled loops (less code to fetch on the kernel's critical path; counts recomputed)
-    int ns = 0, nt = 0, ng = 0;
-#pragma unroll 1
-    for (int i = 0; i < 8; ++i) {
-      const uint4 w = *reinterpret_cast<const uint4*>(m.tm[lane * 8 + i]);
-      const int k = __popc(w.x) + __popc(w.y) + __popc(w.z) + __popc(w.w);
-      ns += k > 0;
-      nt += k;
-      ng += (k + GCH - 1) / GCH;
-    }
-    if (lane == 0) stamp(p, 6);  // warp 0: the expert counts
-    int is = ns, it = nt, ig = ng;  // inclusive warp scans
-#pragma unroll 1
-    for (int o = 1; o < 32; o <<= 1) {
-      const int a = __shfl_up_sync(0xffffffffu, is, o), b = __shfl_up_sync(0xffffffffu, it, o);
-      const int cg = __shfl_up_sync(0xffffffffu, ig, o);
-      if (lane >= o) {
-        is += a;
-        it += b;
-        ig += cg;
-      }
-    }
-    if (lane == 0) stamp(p, 15);  // warp 0: the scans
-    int sl = is - ns, pos = it - nt, gc = ig - ng;
-#pragma unroll 1
-    for (int i = 0; i < 8; ++i) {
-      const int e = lane * 8 + i;
-      const uint4 w = *reinterpret_cast<const uint4*>(m.tm[e]);
-      const int k = __popc(w.x) + __popc(w.y) + __popc(w.z) + __popc(w.w);
-      if (k == 0) continue;
-      m.slot_of[e] = (unsigned char)sl;
-      m.slot_expert[sl] = (short)e;
-      m.slot_start[sl] = pos;
-      for (int u = 0; u < (k + GCH - 1) / GCH; ++u) m.gchunk[gc + u] = m.dchunk[gc + u] = sl | (u << 16);  // GCH == DCH
-      gc += (k + GCH - 1) / GCH;
-      ++sl;
-      pos += k;
-    }
-    if (lane == 31) {
-      m.nslots = sl;
-      m.slot_start[sl] = pos;
-      m.ngc = gc;
-      m.ndc = gc;
     }
   }
 #else
