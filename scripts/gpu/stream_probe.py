@@ -65,15 +65,13 @@ ML_TIMED = ROOT / "build" / "explore" / "moe_ml_timed.cubin"
 # above measured cold code. From run18 g on, a timeline launch comes after ML_PRE launches of the same.
 ML_PRE = 3
 # run18 g (hot code): 8 tokens: metadata 2.56, first copy issued 3.20, first item released 5.89 us; 128: 3.58 / 4.22 / 7.94
-ML_VARIANTS = {"base": (4, 8, 8), "mp": (4, 8, 8)}
-ML_WARPS_EXTRA = {"warm": 1, "warm2": 1, "warm2nb": 1, "warm2mc": 1, "warm2nbmc": 1}  # the ML_WARM warp
+# (after run18 the rejected flags ML_SWZ, ML_NO_BSTART, ML_POLL_SPIN and ML_META_COMPACT were removed from the kernel, and
+# ML_META_PAR / ML_QSPREAD / ML_PAIR_XS / ML_REL_ATOM / ML_DN_ROT became its defaults)
+ML_VARIANTS = {"base": (4, 8, 8), "nommadn": (4, 8, 8)}
+ML_WARPS_EXTRA = {"warm": 1, "warm2": 1}  # the ML_WARM warp
 ML_FLAGS = {"rev": ["-DML_GU_REVERSE=1"], "nomma": ["-DML_NOMMA=3"], "nommagu": ["-DML_NOMMA=1"],
-            "nommadn": ["-DML_NOMMA=2"], "swz": ["-DML_SWZ=1"], "xs": ["-DML_PAIR_XS=1"],
-            "xsnommadn": ["-DML_PAIR_XS=1", "-DML_NOMMA=2"], "xss5g4": ["-DML_PAIR_XS=1"], "warm": ["-DML_WARM=1"],
-            "rot": ["-DML_DN_ROT=1"], "warmrot": ["-DML_WARM=1", "-DML_DN_ROT=1"], "warm2": ["-DML_WARM=2"],
-            "s5warm2": ["-DML_WARM=2"], "warm2nb": ["-DML_WARM=2", "-DML_NO_BSTART=1"], "mp": ["-DML_META_PAR=1"]}
-# (run18 e also timed "warm2mc" / "warm2nbmc" with -DML_META_COMPACT=1, rolled warp-0 table loops: slower, removed)
-ML_EVENTS = ("base", "mp")  # built with -DML_TIMING=2
+            "nommadn": ["-DML_NOMMA=2"], "warm": ["-DML_WARM=1"], "warm2": ["-DML_WARM=2"], "norot": ["-DML_DN_ROT=0"]}
+ML_EVENTS = ("base", "nommadn")  # built with -DML_TIMING=2
 # round 9: untimed exploration builds of moe_ml, A/B in interleaved graph replay (--ml-ab): name -> (extra warps, flags);
 # "base" is built from the same source with no flags (and checked against the contract's launch shape)
 # run18 f: warm2 / nb / warm2nb: no gain in graph replay (above). run18 h: "mp" the tables from 256 threads (ML_META_PAR)

@@ -157,7 +157,9 @@ static_assert(!ML_CHUNK_FLAGS || GCH == DCH, "chunk flags pair gate_up chunk i w
 #endif                                // down (bit 1) consumers; 3 = none anywhere (run17's "nomma")
 #define ML_NOMMA_GU (ML_NOMMA & 1)
 #define ML_NOMMA_DN ((ML_NOMMA >> 1) & 1)
-// (round 9 also tried the warp-0 tables from rolled loops, ML_META_COMPACT: slower; removed)
+// (round 9 also tried, and removed: warp-0 tables from rolled loops; fragment loads without bank conflicts (odd-g lanes
+// swapping their 16-byte halves: 1.005 / 1.015 of the time at 8 / 128 tokens); the weight producer not waiting for the x
+// copies (up to 1.011); a spinning count poll (no gain): results/sm90/moe_runs/run18_ring)
 #ifndef ML_META_PAR                   // 1 (round 9, adopted): the slot / chunk tables from 256 threads (one expert each, block-
 #define ML_META_PAR (!ML_SEPARATE_AQ) // wide scans) instead of warp 0 alone (run18 h: 0.982 / 0.996 of the time at 8 / 128 tokens)
 #endif
@@ -168,12 +170,6 @@ static_assert(!ML_META_PAR || (GCH == DCH && ML_NCW >= 8), "one table for both G
 #ifndef ML_REL_ATOM                   // 1 (round 9, adopted): the chunk counts and the last grid barrier as release atomics +
 #define ML_REL_ATOM (!ML_SEPARATE_AQ) // acquire polls (fence.sc + relaxed atomic before; the barrier also ended on a fence)
 #endif
-#ifndef ML_POLL_SPIN                  // 1 (round 9, exploration): the B producer's chunk-count poll without __nanosleep(64)
-#define ML_POLL_SPIN 0
-#endif
-#ifndef ML_NO_BSTART                  // 1 (round 9): the weight producer starts with the B producer instead of after the first
-#define ML_NO_BSTART 0                // chunk's x copies (run18: each producer's cold code costs ~1 us before its first copy)
-#endif
 #ifndef ML_DN_ROT                     // 1 (round 9, adopted): at M >= ML_DN_ROT_MIN_M, a CTA whose down range starts inside a chunk
 #define ML_DN_ROT (!ML_SEPARATE_AQ)   // (shared with the gate_up end of CTA c - 1) runs that chunk's items last, its own chunks first
 #endif                                // (run18 m: 0.997 / 0.993 / 0.996 of the time at 32 / 64 / 128 tokens; 1.008 at 8)
@@ -181,9 +177,6 @@ static_assert(!ML_META_PAR || (GCH == DCH && ML_NCW >= 8), "one table for both G
 #ifndef ML_PAIR_XS                    // 1 (round 9, adopted): a stage's warp pair spans two SM sub-partitions (warps 2s, 2s + 1),
 #define ML_PAIR_XS (!ML_SEPARATE_AQ)  // so the item's FP8 unpacking (F2FP) and HMMA work runs on two pipes instead of one
 #endif
-#ifndef ML_SWZ                        // 1 (exploration): lanes of odd g load the two 16-byte halves of their 32 bytes in
-#define ML_SWZ 0                      // the other order (A and B fragments), so rows g / g + 1 (same banks: strides of
-#endif                                // 512 / 1024 / 2048 / 4096 B) no longer conflict; the registers are swapped back
 #ifndef ML_TIMING
 #define ML_TIMING 0                   // 1 (exploration builds only): %globaltimer stamps per CTA and phase
 #endif
@@ -230,41 +223,6 @@ __device__ __forceinline__ void evb(const MlParams& p, int kind, int b) {
   (void)p;
   (void)kind;
   (void)b;
-#endif
-}
-
-// moe::load_a / load_b with ML_SWZ: odd-g lanes read the second 16 bytes first (bank-conflict free across g, g + 1)
-__device__ __forceinline__ void ld32(const uint8_t* src, bool odd, uint4& v0, uint4& v1) {
-#if ML_SWZ
-  const uint4 f = *reinterpret_cast<const uint4*>(src + (odd ? 16 : 0));
-  const uint4 s = *reinterpret_cast<const uint4*>(src + (odd ? 0 : 16));
-  v0 = odd ? s : f;
-  v1 = odd ? f : s;
-#else
-  (void)odd;
-  v0 = *reinterpret_cast<const uint4*>(src);
-  v1 = *reinterpret_cast<const uint4*>(src + 16);
-#endif
-}
-template <typename Stride>
-__device__ __forceinline__ void load_a(uint4 (&a)[4], const uint8_t* row_g, Stride row_stride, bool odd) {
-#if ML_SWZ
-  ld32(row_g, odd, a[0], a[1]);
-  ld32(row_g + 8 * row_stride, odd, a[2], a[3]);
-#else
-  (void)odd;
-  moe::load_a(a, row_g, row_stride);
-#endif
-}
-__device__ __forceinline__ void load_b(const uint8_t* src, bool valid, uint32_t (&b)[8], bool odd) {
-#if ML_SWZ
-  uint4 v0 = make_uint4(0u, 0u, 0u, 0u), v1 = v0;
-  if (valid) ld32(src, odd, v0, v1);
-  b[0] = v0.x; b[1] = v0.y; b[2] = v0.z; b[3] = v0.w;
-  b[4] = v1.x; b[5] = v1.y; b[6] = v1.z; b[7] = v1.w;
-#else
-  (void)odd;
-  moe::load_b(src, valid, b);
 #endif
 }
 
@@ -552,9 +510,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
 
   if (wid == ML_NCW) {  // ------------------------------------------------ weight producer
     if (lane == 0) {
-#if !ML_NO_BSTART
       mbar_wait(bstart, 0);  // the first chunk's x rows go first in this SM's copy queue
-#endif
       for (int j = 0; j < ng + nd; ++j) {
         const int s = j % ML_STAGES;
         if (j >= ML_STAGES) mbar_wait(&empty[s], ((j / ML_STAGES) - 1) & 1);
@@ -588,9 +544,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
           const unsigned* cnt = p.bar + ML_CNT_WORD + ML_DN_CHUNK(b - nbg);
           unsigned polls = 0;
           while (ld_acquire_gpu(cnt) < GU_PER_CHUNK) {
-#if !ML_POLL_SPIN
             __nanosleep(64);
-#endif
             if (++polls == (1u << 24)) __trap();  // a count that cannot complete: fail instead of hanging
           }
           fence_proxy_async_global();
@@ -708,10 +662,10 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
 #pragma unroll 4
           for (int kb = 0; kb < (ML_NOMMA_GU ? 0 : 8); ++kb) {
             uint32_t bf[8];
-            load_b(xrow + kb * 128, valid, bf, g & 1);
+            moe::load_b(xrow + kb * 128, valid, bf);
             const float st = valid ? bxs[g * 16 + kb] : 0.0f;
             uint4 a[4];
-            load_a(a, tile + kb * 128, HID, g & 1);
+            moe::load_a(a, tile + kb * 128, HID);
             moe::kblock_mma2(acc, a, bf, wsg[kb], wsu[kb], st, t);
           }
           __syncwarp();
@@ -733,10 +687,10 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
         for (int kk = 0; kk < (ML_NOMMA_GU ? 0 : 8); ++kk) {
           const int kb = 8 + kk;
           uint32_t bf[8];
-          load_b(xrow + kb * 128, valid, bf, g & 1);
+          moe::load_b(xrow + kb * 128, valid, bf);
           sts[kk] = valid ? bxs[g * 16 + kb] : 0.0f;
           uint4 a[4];
-          load_a(a, tile + kb * 128, HID, g & 1);
+          moe::load_a(a, tile + kb * 128, HID);
           moe::kblock_d(d[kk], a, bf);
         }
         __syncwarp();
@@ -887,12 +841,12 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
 #pragma unroll
         for (int kb = 0; kb < (ML_NOMMA_DN ? 0 : 4); ++kb) {
           uint32_t bf[8];
-          load_b(hrow + kb * 128, valid, bf, g & 1);
+          moe::load_b(hrow + kb * 128, valid, bf);
           const float st = valid ? bhs[col * 4 + kb] : 0.0f;
 #pragma unroll
           for (int q = 0; q < 2; ++q) {
             uint4 a[4];
-            load_a(a, tile + q * 16 * INTER + kb * 128, INTER, g & 1);
+            moe::load_a(a, tile + q * 16 * INTER + kb * 128, INTER);
             moe::kblock_mma(acc[q], a, bf, ws[kb], st, t);
           }
         }
