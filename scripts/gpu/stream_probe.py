@@ -89,7 +89,27 @@ _MQ = [*_MQ, "-DML_PAIR_XS=1"]
 # run18 m, on top of the new defaults ("base"): "rot" (ML_DN_ROT), "spin" (ML_POLL_SPIN)
 # run18 m: rot 1.008 / 1.002 / 0.997 / 0.993 / 0.996 at 8 / 16 / 32 / 64 / 128 tokens (adopted from 32 tokens on:
 # ML_DN_ROT_MIN_M); spin 0.999-1.002 (rejected)
-ML_AB = {"base": (4, 8, 0, []), "norot": (4, 8, 0, ["-DML_DN_ROT=0"])}
+# round 10 (run19): "bal" (ML_BAL: the down split balances each CTA's gate_up + down item total), "fly" (ML_FLYSUM: per-(token,
+# 64-row block) arrival counters and sums in the down epilogues instead of the last grid barrier + top-k phase), both
+# run19 a: bal 1.000-1.002 (no gain: rejected); fly 1.037-1.055 (the per-item arrival atomics lengthen every consumer's item:
+# rejected); balfly 1.038-1.056 and NOT bitwise at 32 / 64 / 128 tokens: a harness bug - this A/B still allocated the
+# contract's 4 KB workspace, so the arrival counters (words 1024..) lay outside it; fixed below (ML_AB_WS). Both kept as
+# kernels/sm90/moe/rejected/moe_ml_bal_flysum.patch.
+# run19 b: "fq" (ML_FASTQ: the in-place quantization one warp per row, no barrier per round), "e1" / "e2" (ML_EARLYW: the
+# weight producer's first 1 / 2 items go out before the x rows)
+# run19 b: fq 1.043 / 1.025 / 1.021 / 1.009 / 1.006 at 8..128 tokens (a 1-2 row chunk on 1-2 warps: the quantization is on
+# the critical path at every chunk; rejected); e1 0.995 / 0.997 / 0.997 / 1.002 / 1.003; fqe1, fqe2 worse than fq
+# run19 c: "qr" (ML_QRCP: x / scale from one reciprocal + an FMA correction), "fq2" (ML_FASTQ=2: (row, window) tasks in
+# one round), both, and e1 on top of the pair
+# run19 c: qr 1.003 / 1.003 / 0.999 / 0.999 / 0.998, fq2 1.007 / 1.005 / 1.000 / 0.998 / 0.999, fq2qr 1.016 .. 1.002,
+# fq2qre1 1.012 .. 1.003 at 8..128 tokens: a faster quantization gains nothing (it is off the critical path once spread over
+# all warps; ML_FASTQ=1 lost because it was not). quant_exact: 65280 byte mismatches in 1.07e9 pairs, all the sign of a zero
+# quotient (-0 / s); div_rcp now copies x's sign.
+# run19 d: "ad1" / "ad2" (ML_ADAPT 1 / 2: splits weighted by the CTAs' speeds in the previous launch, measured to down done /
+# gate_up done), "ad1e1" (+ ML_EARLYW=1); each adaptive build keeps its own weights
+ML_AB = {"base": (4, 8, 0, []), "ad1": (4, 8, 0, ["-DML_ADAPT=1"]), "ad2": (4, 8, 0, ["-DML_ADAPT=2", "-DML_W_WORD=2304"]),
+         "ad1e1": (4, 8, 0, ["-DML_ADAPT=1", "-DML_EARLYW=1", "-DML_W_WORD=2560"])}
+ML_AB_WS = 20480  # workspace bytes of the A/B (ML_FLYSUM's arrival counters at words 1024 + 128 * 32)
 ML_AB_TOKENS = (8, 16, 32, 64, 128)
 # round 8: kernels/sm90/moe/moe_m1.cu with -DM1_TIMING=1 (stamps at byte 512 K of gu)
 M1_TIMED = ROOT / "build" / "explore" / "moe_m1_timed.cubin"
@@ -161,6 +181,10 @@ def build() -> None:
                str(ROOT / "kernels" / "sm90" / "moe" / "moe_ml.cu")]
         subprocess.run(cmd, check=True)
         print("built", path)
+    cmd = ["nvcc", "-cubin", "-arch=sm_90a", "-O3", "-std=c++17", "-I", str(ROOT / "kernels" / "sm90" / "moe"), "-o",
+           str(QUANT_EXACT), str(ROOT / "scripts" / "gpu" / "quant_exact.cu")]
+    subprocess.run(cmd, check=True)
+    print("built", QUANT_EXACT)
     for src, _sym, _tune, path, flags in M1_KERNELS.values():
         cmd = ["nvcc", "-cubin", "-arch=sm_90a", "-O3", "-std=c++17", *flags, "-o", str(path),
                str(ROOT / "kernels" / "sm90" / "moe" / src)]
@@ -372,7 +396,7 @@ def ml_ab(out: Path, reps: int) -> dict[str, Any]:
         if name == "base" and (threads, smem) != (t.block, t.smem_bytes):
             raise SystemExit(f"ml_launch_shape {threads, smem} != the contract's {t.block, t.smem_bytes}")
         fns[name] = _timed_fn(ML_TIMED.with_name(f"moe_ml_ab_{name}.cubin"), "moe_ml", threads, smem)
-    ws = torch.zeros(t.workspace.numel(), dtype=torch.uint8, device="cuda")
+    ws = torch.zeros(max(t.workspace.numel(), ML_AB_WS), dtype=torch.uint8, device="cuda")
     w = make_weights()
     outs = {name: torch.zeros_like(ours.out) for name in ML_AB}
     res: dict[str, Any] = {}
@@ -400,13 +424,14 @@ def ml_ab(out: Path, reps: int) -> dict[str, Any]:
                     rt.check(rt.driver().cuLaunchKernelEx(cfg, fn, ctypes.addressof(ptr), 0), f"launch {name}")
             return run
 
-        same = {}
-        for name in ML_AB:
-            outs[name].fill_(float("nan"))
-            launcher(name)(0)
+        same = {name: True for name in ML_AB}
+        for k in range(ROT):  # every rotated routing, outputs poisoned first; the builds interleaved (shared workspace)
+            for name in ML_AB:
+                outs[name].fill_(float("nan"))
+                launcher(name)(k)
             torch.cuda.synchronize()
-        for name in ML_AB:
-            same[name] = bool(torch.equal(outs[name][:m].view(torch.int16), outs["base"][:m].view(torch.int16)))
+            for name in ML_AB:
+                same[name] &= bool(torch.equal(outs[name][:m].view(torch.int16), outs["base"][:m].view(torch.int16)))
         graphs = {name: _capture(launcher(name)) for name in ML_AB}
         torch.cuda.synchronize()
         times = interleaved_replay_us(graphs, reps, ROT)
@@ -414,6 +439,12 @@ def ml_ab(out: Path, reps: int) -> dict[str, Any]:
         res[str(m)] = {name: {"us": med[name], "vs_base": med[name] / med["base"], "bitwise_base": same[name]}
                        for name in ML_AB}
         print(f"m={m:3d} " + "  ".join(f"{name} {med[name]:7.2f}{'' if same[name] else ' (DIFFERS)'}" for name in ML_AB))
+        wts = ws.view(torch.float32)[2048:2048 + 3 * 256].view(3, 256)[:, :128].cpu()
+        for row, wname in zip(wts, ("ad1", "ad2", "ad1e1"), strict=True):
+            if float(row.min()) > 0:
+                order = torch.argsort(row)[:6].tolist()
+                res.setdefault("weights", {}).setdefault(str(m), {})[wname] = row.tolist()
+                print(f"  weights {wname}: max/min {float(row.max() / row.min()):.3f}, slowest CTAs {order}")
     (out / "ml_ab.json").write_text(json.dumps(res, indent=1))
     print("moe_ml A/B (interleaved graph replay, µs per launch; ratio to base)")
     print(f"{'tokens':>6s} " + " ".join(f"{name:>14s}" for name in ML_AB))
@@ -423,6 +454,38 @@ def ml_ab(out: Path, reps: int) -> dict[str, Any]:
                                     for n in ML_AB))
     _ = stream
     return res
+
+
+QUANT_EXACT = ROOT / "build" / "explore" / "quant_exact.cubin"
+
+
+def quant_exact(out: Path) -> bool:
+    """scripts/gpu/quant_exact.cu over its whole domain: True when no e4m3 byte differs."""
+    import time
+
+    import torch
+
+    from netra import runtime as rt
+
+    cu = rt.driver()
+    torch.zeros(1, device="cuda")
+    module = rt.check(cu.cuModuleLoadData(QUANT_EXACT.read_bytes()), "cuModuleLoadData quant_exact")
+    fn = rt.check(cu.cuModuleGetFunction(module, b"quant_exact"), "quant_exact")
+    counts = torch.zeros(3, dtype=torch.int64, device="cuda")
+    first = torch.zeros(3, dtype=torch.int32, device="cuda")
+    args = (ctypes.c_uint64 * 2)(counts.data_ptr(), first.data_ptr())
+    ptrs = (ctypes.c_void_p * 2)(ctypes.addressof(args), ctypes.addressof(args) + 8)
+    cfg = rt._launch_config(256, 0)
+    cfg.gridDimX, cfg.hStream = (0x7F80 + 255) // 256, torch.cuda.current_stream().cuda_stream
+    t0 = time.time()
+    rt.check(cu.cuLaunchKernelEx(cfg, fn, ctypes.addressof(ptrs), 0), "launch quant_exact")
+    torch.cuda.synchronize()
+    nbyte, nquot, n = (int(v) for v in counts.tolist())
+    res = {"pairs": n, "byte_mismatches": nbyte, "quotient_mismatches": nquot, "first_mismatch_amax_x_bits": first.tolist()[1:],
+           "seconds": round(time.time() - t0, 2)}
+    (out / "quant_exact.json").write_text(json.dumps(res, indent=1))
+    print("quant_exact:", json.dumps(res))
+    return nbyte == 0
 
 
 def m1_timeline(out: Path) -> dict[str, Any]:
@@ -521,6 +584,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ml-timeline", action="store_true", help="only the moe_ml phase timeline (timed build)")
     ap.add_argument("--m1-timeline", action="store_true", help="only the moe_m1 phase timeline (timed build)")
     ap.add_argument("--ml-ab", action="store_true", help="only the moe_ml A/B of the ML_AB builds (graph replay)")
+    ap.add_argument("--quant-exact", action="store_true", help="only the exhaustive moe::quant4_rcp == moe::quant4 check")
     args = ap.parse_args(argv)
     if args.build:
         build()
@@ -543,6 +607,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.ml_ab:
         ml_ab(args.out, args.reps)
         return 0
+    if args.quant_exact:
+        return 0 if quant_exact(args.out) else 1
     cu = rt.driver()
     torch.zeros(1, device="cuda")
     module = rt.check(cu.cuModuleLoadData(CUBIN.read_bytes()), "cuModuleLoadData stream_probe")

@@ -36,6 +36,24 @@ __device__ __forceinline__ uint32_t quant4(float a, float b, float c, float d, f
   return (l & 0xffffu) | (h << 16);
 }
 
+// x / scale from the group's reciprocal r = 1 / scale (IEEE): q0 = RN(x r), then one FMA correction
+// RN(q0 + RN(x - q0 scale) r) (Markstein), the quotient that div.rn's own fast path forms. quant4_rcp is quant4 with it, for
+// finite scales; scripts/gpu/quant_exact.cu compares it byte for byte with quant4 over every BF16 value x and every finite
+// BF16 amax >= |x| (the whole domain of a group quantization of BF16 values).
+__device__ __forceinline__ float div_rcp(float x, float scale, float r) {
+  const float q0 = __fmul_rn(x, r);
+  return copysignf(__fmaf_rn(__fmaf_rn(-q0, scale, x), r, q0), x);  // the sign of a zero quotient (run19 c: -0 / s)
+}
+__device__ __forceinline__ uint32_t quant4_rcp(float a, float b, float c, float d, float scale, float r) {
+  float2 lo = make_float2(fminf(fmaxf(div_rcp(a, scale, r), -MOE_FP8_MAX), MOE_FP8_MAX),
+                          fminf(fmaxf(div_rcp(b, scale, r), -MOE_FP8_MAX), MOE_FP8_MAX));
+  float2 hi = make_float2(fminf(fmaxf(div_rcp(c, scale, r), -MOE_FP8_MAX), MOE_FP8_MAX),
+                          fminf(fmaxf(div_rcp(d, scale, r), -MOE_FP8_MAX), MOE_FP8_MAX));
+  uint32_t l = __nv_cvt_float2_to_fp8x2(lo, __NV_SATFINITE, __NV_E4M3);
+  uint32_t h = __nv_cvt_float2_to_fp8x2(hi, __NV_SATFINITE, __NV_E4M3);
+  return (l & 0xffffu) | (h << 16);
+}
+
 // One group of 128 BF16 values held 4 per lane across a warp: the group's scale (warp-wide amax) and this
 // lane's 4 e4m3 bytes (moe_align's x quantization, also in the one-kernel layers).
 __device__ __forceinline__ uint32_t quant_group_warp(const uint2 raw, float& scale) {
