@@ -107,8 +107,24 @@ _MQ = [*_MQ, "-DML_PAIR_XS=1"]
 # quotient (-0 / s); div_rcp now copies x's sign.
 # run19 d: "ad1" / "ad2" (ML_ADAPT 1 / 2: splits weighted by the CTAs' speeds in the previous launch, measured to down done /
 # gate_up done), "ad1e1" (+ ML_EARLYW=1); each adaptive build keeps its own weights
-ML_AB = {"base": (4, 8, 0, []), "ad1": (4, 8, 0, ["-DML_ADAPT=1"]), "ad2": (4, 8, 0, ["-DML_ADAPT=2", "-DML_W_WORD=2304"]),
-         "ad1e1": (4, 8, 0, ["-DML_ADAPT=1", "-DML_EARLYW=1", "-DML_W_WORD=2560"])}
+# run19 d: ad1 / ad2 / ad1e1 1.028 / 1.028 / 1.019 at 8 tokens, 1.009 / 1.013 / 1.013 at 128 (rejected): the slowest CTAs
+# change from launch to launch and build to build (the weights chased noise); quant_exact with the sign fix: 0 of 1.07e9
+# pairs differ (ML_QRCP is exact, but gains nothing)
+# run19 e: "xst" (ML_XST: 6 ring slots in the down phase, the two extra ones in the freed x buffers, h in two small buffers),
+# "e1" again, both
+# run19 e: two launch failures: a parity wait aliased (6 slots consumed by 4 pairs in turn: a pair could wait for a slot's
+# next use while the use before it was still in flight, and a parity wait cannot tell those apart); fixed by giving every
+# slot one pair (slot s -> pair s % 4). run19 f: e1 0.994 / 0.997 / 0.998 / 1.001 / 1.002, xst 0.992 / 0.998 / 1.000 / 1.011 /
+# 1.010, xste1 0.985 / 0.992 / 0.997 / 1.013 / 1.013 at 8..128 tokens, all bitwise (pairs 0 / 1 do a third more down items)
+# run19 g: the extra slots only at the transition (ML_XST=2), or all along below 32 tokens; e1 below 64 tokens
+_E1 = ["-DML_EARLYW=1", "-DML_EARLYW_MAX_M=64"]
+# run19 g: e1s 0.994 / 0.999 / 0.999 / 1.000 / 0.999, x1s 0.993 / 0.999 / 1.002 / 1.000 / 0.999, x2 0.983 / 0.989 / 0.992 /
+# 0.996 / 0.998, x1se1s 0.984 / 0.993 / 0.999 / 1.002 / 0.998, x2e1s 0.977 / 0.984 / 0.990 / 0.998 / 0.999 at 8..128 tokens
+# run19 h: "og" (ML_OWNER_GO: the scan thread owning the CTA's first gate_up chunk issues its x rows and the first 4 weight
+# items), on x2; og1: only 1 item
+ML_AB = {"base": (4, 8, 0, []), "x2e1s": (4, 8, 0, ["-DML_XST=2", *_E1]), "og": (4, 8, 0, ["-DML_OWNER_GO=1"]),
+         "x2og": (4, 8, 0, ["-DML_XST=2", "-DML_OWNER_GO=1"]),
+         "x2og1": (4, 8, 0, ["-DML_XST=2", "-DML_OWNER_GO=1", "-DML_PRE_ITEMS=1"])}
 ML_AB_WS = 20480  # workspace bytes of the A/B (ML_FLYSUM's arrival counters at words 1024 + 128 * 32)
 ML_AB_TOKENS = (8, 16, 32, 64, 128)
 # round 8: kernels/sm90/moe/moe_m1.cu with -DM1_TIMING=1 (stamps at byte 512 K of gu)
@@ -393,6 +409,8 @@ def ml_ab(out: Path, reps: int) -> dict[str, Any]:
     fns = {}
     for name, (st, gch, extra, _flags) in ML_AB.items():
         threads, smem = ml_launch_shape(st, gch, gch, extra)
+        if any(f.startswith("-DML_XST=") for f in _flags):  # the h buffers and barriers past the exchange area
+            smem = smem - 128 - 2 * st * 4 * 32 * 4 + 2 * (gch * 1024 + gch * 16 + 256) + 256  # 216064
         if name == "base" and (threads, smem) != (t.block, t.smem_bytes):
             raise SystemExit(f"ml_launch_shape {threads, smem} != the contract's {t.block, t.smem_bytes}")
         fns[name] = _timed_fn(ML_TIMED.with_name(f"moe_ml_ab_{name}.cubin"), "moe_ml", threads, smem)

@@ -103,8 +103,34 @@ static_assert(BBUF % 128 == 0, "B buffer layout");
 #define OFF_RING 0
 #define OFF_B (OFF_RING + ML_STAGES * STAGE_BYTES)   // 131072
 #define OFF_XCH (OFF_B + 2 * BBUF)                    // 198656: gate_up pair exchange [2][pairs][4][32] FP32
+#ifndef ML_XST                        // 1 / 2 (round 10, exploration): two more ring slots in the down phase, in the two x buffers
+#define ML_XST 0                      // (free once the gate_up chunks are done); the down chunks' h rows move to two 8.4 KB
+#endif                                // buffers at OFF_XCH (the first one past the gate_up exchange area, which is still in use).
+                                      // 1: down item k in slot k % 6 all along (pairs 0 / 1 own two slots each); 2: only down
+                                      // items 4 and 5 go to the extra slots (the gate_up -> down transition), then 4 slots again.
+                                      // Either only below ML_XST_MAX_M tokens (else base's slots).
+#ifndef ML_XST_MAX_M
+#define ML_XST_MAX_M 1000
+#endif
+#ifndef ML_OWNER_GO                   // 1 (round 10, exploration): right after the block-wide scans, the thread whose expert holds
+#define ML_OWNER_GO 0                 // the CTA's first gate_up item issues that chunk's x rows and scales (B buffer 0) and then
+#endif                                // up to ML_PRE_ITEMS weight items of the same expert, before the tables are written and
+#ifndef ML_PRE_ITEMS                  // synchronized; the B producer starts at chunk 1, the weight producer after those items
+#define ML_PRE_ITEMS 4                // (no bstart wait: the x rows went first from the same thread)
+#endif
+#ifndef ML_EARLYW_MAX_M               // ML_EARLYW applies below this many tokens
+#define ML_EARLYW_MAX_M 1000
+#endif
+#define HBUF (B_WS2 + 256)            // ML_XST: a down chunk's B buffer (8576)
+#if ML_XST
+#define ML_SLOTS_DN (ML_STAGES + 2)
+#define OFF_BAR (OFF_XCH + 2 * HBUF)                  // 215808
+#define ML_SMEM (OFF_BAR + 256)                       // 216064 (+ 15360 static: 231424 of 232448)
+#else
+#define ML_SLOTS_DN ML_STAGES
 #define OFF_BAR (OFF_XCH + 2 * ML_STAGES * 4 * 32 * 4)  // 202752
 #define ML_SMEM (OFF_BAR + 128)                       // 202880 (scripts/gpu/stream_probe.py: ml_launch_shape)
+#endif
 static_assert(XROW % 16 == 0 && HROW % 16 == 0 && OFF_B % 128 == 0, "bulk-copy alignment");
 
 struct MlParams {
@@ -164,6 +190,7 @@ static_assert(!ML_CHUNK_FLAGS || GCH == DCH, "chunk flags pair gate_up chunk i w
 #define ML_META_PAR (!ML_SEPARATE_AQ) // wide scans) instead of warp 0 alone (run18 h: 0.982 / 0.996 of the time at 8 / 128 tokens)
 #endif
 static_assert(!ML_META_PAR || (GCH == DCH && ML_NCW >= 8), "one table for both GEMMs; 256 consumer threads");
+static_assert(!ML_OWNER_GO || (ML_META_PAR && !ML_GU_REVERSE && ML_PRE_ITEMS <= ML_STAGES), "ML_OWNER_GO: the 256-thread tables");
 #ifndef ML_QSPREAD                    // 1 (round 9, adopted): the in-place quantization's task u = v * ML_NCW + warp (was
 #define ML_QSPREAD (!ML_SEPARATE_AQ)  // warp * 4 + v): a chunk of 1-2 rows spreads over all consumer warps (run18 i: 0.983 -> 0.966)
 #endif
@@ -246,6 +273,24 @@ __device__ __forceinline__ void evb(const MlParams& p, int kind, int b) {
   (void)b;
 #endif
 }
+
+#if ML_XST
+// ML_XST: the ring slot of down item k (local, after ng gate_up items) and its use of that slot; the slot's pair is sl % 4
+__device__ __forceinline__ void dn_slot(int k, int ng, bool xst, int& sl, int& use) {
+  if (!xst || ML_XST == 0) {  // base: item j = ng + k in slot j % 4
+    sl = (ng + k) % ML_STAGES;
+    use = (ng + k) / ML_STAGES;
+    return;
+  }
+  if (ML_XST == 1 || k < 6) {
+    sl = ML_XST == 1 ? k % 6 : k;
+    use = sl < ML_STAGES ? (ng > sl ? (ng - 1 - sl) / ML_STAGES + 1 : 0) + k / 6 : k / 6;
+    return;
+  }
+  sl = (k - 6) % ML_STAGES;  // ML_XST 2 after the transition: slots 0-3 again, each past its first down use
+  use = (ng > sl ? (ng - 1 - sl) / ML_STAGES + 1 : 0) + 1 + (k - 6) / ML_STAGES;
+}
+#endif
 
 __device__ __forceinline__ void consumer_sync() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(ML_NCW * 32) : "memory");
@@ -373,6 +418,9 @@ struct Meta {  // shared-memory route metadata (every CTA builds the same)
   float pw[MAX_ROUTES];                // route-list position -> routing weight
   unsigned char slot_of[256];
   int nslots, ngc, ndc;
+#if ML_OWNER_GO
+  int pre_items;                       // weight items issued by the owner thread (ring slots 0 ..)
+#endif
 #if ML_ADAPT
   unsigned wpre[ML_CTAS + 1];          // prefix sums of the CTAs' integer weights (wpre[0] = 0)
   float wsum[4];
@@ -427,11 +475,15 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   __shared__ Meta m;
   uint8_t* ring = smem + OFF_RING;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + OFF_BAR);
-  uint64_t* empty = full + ML_STAGES;
-  uint64_t* bfull = empty + ML_STAGES;
+  uint64_t* empty = full + ML_SLOTS_DN;
+  uint64_t* bfull = empty + ML_SLOTS_DN;
   uint64_t* bempty = bfull + 2;
   uint64_t* gridok = bempty + 2;
   uint64_t* bstart = gridok + 1;
+#if ML_XST
+  uint64_t* xfree = bstart + 1;  // [2]: x buffer b free (every warp past the last gate_up chunk in it)
+  static_assert(!ML_WARM && !ML_SEPARATE_AQ && ML_STAGES == 4, "ML_XST: the fused 4-stage build");
+#endif
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const int c = blockIdx.x;
   const int M = p.M, R = M * TOPK;
@@ -439,10 +491,14 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   if (tid == 0) stamp(p, 0);  // entry
   if (tid == 0) {
     if (gridDim.x != ML_CTAS || blockDim.x != ML_THREADS || M < 1 || M > ML_MAXM) __trap();
-    for (int s = 0; s < ML_STAGES; ++s) {
+    for (int s = 0; s < ML_SLOTS_DN; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], 2);  // both warps of the stage's pair
     }
+#if ML_XST
+    mbar_init(&xfree[0], ML_NCW);
+    mbar_init(&xfree[1], ML_NCW);
+#endif
     for (int s = 0; s < 2; ++s) {
       mbar_init(&bfull[s], 1);
       mbar_init(&bempty[s], ML_NCW);
@@ -537,6 +593,39 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
       gc += wsum[v * 3 + 2];
     }
     if (tid == 0) stamp(p, 6);  // the scans
+#if ML_OWNER_GO
+    {
+      int tot = 0;  // the total chunk count, as m.ngc below
+      for (int v = 0; v < 8; ++v) tot += wsum[v * 3 + 2];
+      const long long NGI = (long long)tot * GU_PER_CHUNK;
+      const int gb0 = (int)(NGI * c / ML_CTAS), ge0 = (int)(NGI * (c + 1) / ML_CTAS), gc00 = gb0 / GU_PER_CHUNK;
+      if (k > 0 && gc <= gc00 && gc00 < gc + ch) {  // expert e holds the CTA's first gate_up item
+        const int cis = gc00 - gc, n = min(GCH, k - cis * GCH);
+        uint8_t* dst = smem + OFF_B;  // B buffer 0: the x rows first in this SM's copy queue, as the B producer's chunk 0
+        mbar_expect_tx(&bfull[0], n * HID * 2 + 512);
+        bulk_g2s(dst + B_WS, p.w13_scale + (size_t)e * 128, 512, &bfull[0]);
+        int rank = 0, i = 0;
+        for (int w4 = 0; w4 < 4 && i < n; ++w4) {
+          unsigned bits = m.tm[e][w4];
+          while (bits != 0u && i < n) {
+            const int tk = w4 * 32 + __ffs(bits) - 1;
+            bits &= bits - 1u;
+            if (rank++ >= cis * GCH) bulk_g2s(dst + (i++) * XROW, p.x + (size_t)tk * HID, HID * 2, &bfull[0]);
+          }
+        }
+        const uint8_t* base = p.w13 + (size_t)e * 1024 * HID;
+        int np = 0;
+        for (; np < ML_PRE_ITEMS && np < ge0 - gb0 && (gb0 + np) / GU_PER_CHUNK < gc + ch; ++np) {
+          const int col8 = (gb0 + np) % GU_PER_CHUNK;  // item gb0 + np -> ring slot np (first use)
+          uint8_t* wd = smem + OFF_RING + np * STAGE_BYTES;
+          mbar_expect_tx(&full[np], STAGE_BYTES);
+          bulk_g2s(wd, base + (size_t)(8 * col8) * HID, HALF_BYTES, &full[np]);
+          bulk_g2s(wd + HALF_BYTES, base + (size_t)(512 + 8 * col8) * HID, HALF_BYTES, &full[np]);
+        }
+        m.pre_items = np;
+      }
+    }
+#endif
     if (k > 0) {
       m.slot_of[e] = (unsigned char)sl;
       m.slot_expert[sl] = (short)e;
@@ -651,17 +740,36 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
 
   if (wid == ML_NCW) {  // ------------------------------------------------ weight producer
     if (lane == 0) {
-#if ML_EARLYW == 0
+#if ML_OWNER_GO
+      const int j0 = m.pre_items;  // the owner thread issued x, then items [0, j0)
+#elif ML_EARLYW == 0
+      const int j0 = 0;
       mbar_wait(bstart, 0);  // the first chunk's x rows go first in this SM's copy queue
+#else
+      const int j0 = 0, jw = M < ML_EARLYW_MAX_M ? ML_EARLYW : 0;
 #endif
-      for (int j = 0; j < ng + nd; ++j) {
+      for (int j = j0; j < ng + nd; ++j) {
         const int s = j % ML_STAGES;
-#if ML_EARLYW > 0
-        if (j == ML_EARLYW) mbar_wait(bstart, 0);  // the first ML_EARLYW items ahead of the x rows, the rest behind
+#if ML_EARLYW > 0 && !ML_OWNER_GO
+        if (j == jw) mbar_wait(bstart, 0);  // the first jw items ahead of the x rows, the rest behind
 #endif
+#if ML_XST
+        // gate_up item j: slot j % 4, its use j / 4; down item k = j - ng: dn_slot
+        int sl = s, use = j / ML_STAGES;
+        if (j >= ng) dn_slot(j - ng, ng, M < ML_XST_MAX_M, sl, use);
+        if (use >= 1) {
+          mbar_wait(&empty[sl], (use - 1) & 1);
+        } else if (sl >= ML_STAGES && nbg > sl - ML_STAGES) {
+          mbar_wait(&xfree[sl - ML_STAGES], 0);  // the x buffer's last gate_up chunk is done
+        }
+        if (j == ng) stamp(p, 13);  // the first down copy issued
+        uint8_t* dst = sl < ML_STAGES ? ring + sl * STAGE_BYTES : smem + OFF_B + (sl - ML_STAGES) * BBUF;
+#define s sl
+#else
         if (j >= ML_STAGES) mbar_wait(&empty[s], ((j / ML_STAGES) - 1) & 1);
         if (j == ng) stamp(p, 13);  // the first down copy issued
         uint8_t* dst = ring + s * STAGE_BYTES;
+#endif
         mbar_expect_tx(&full[s], STAGE_BYTES);
         if (j < ng) {
           const int i = ML_GU_REVERSE ? ge - 1 - j : gb + j, col8 = i % GU_PER_CHUNK;
@@ -674,6 +782,9 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
           const int e = m.slot_expert[m.dchunk[i / DN_PER_CHUNK] & 0xffff];
           bulk_g2s(dst, p.w2 + ((size_t)e * HID + r64 * 64) * INTER, STAGE_BYTES, &full[s]);
         }
+#if ML_XST
+#undef s
+#endif
         ev(p, 0, j);
       }
       stamp(p, 14);  // the last copy issued
@@ -682,7 +793,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   }
   if (wid == ML_NCW + 1) {  // ------------------------------------------------ B producer
     if (lane == 0) {
-      for (int b = 0; b < nbg + nbd; ++b) {
+      for (int b = ML_OWNER_GO ? 1 : 0; b < nbg + nbd; ++b) {  // ML_OWNER_GO: chunk 0 came from the owner thread
         const int s = b & 1;
         if (b >= 2) mbar_wait(&bempty[s], ((b >> 1) - 1) & 1);
 #if ML_CHUNK_FLAGS
@@ -701,7 +812,11 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
           fence_proxy_async_global();
         }
 #endif
+#if ML_XST  // down chunks: the h buffers (the first one clear of the gate_up exchange area)
+        uint8_t* dst = b < nbg ? smem + OFF_B + s * BBUF : smem + OFF_XCH + (((b - nbg) & 1) ^ 1) * HBUF;
+#else
         uint8_t* dst = smem + OFF_B + s * BBUF;
+#endif
         int slot, p0, n, e;
         if (b < nbg) {
           chunk_of(m, m.gchunk[gu_chunk(gc0, nbg, b)], GCH, slot, p0, n, e);
@@ -877,6 +992,9 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
 #endif
       __syncwarp();
       if (lane == 0) mbar_arrive(&bempty[b & 1]);
+#if ML_XST
+      if (lane == 0 && b >= nbg - 2) mbar_arrive(&xfree[b & 1]);  // the buffer's last gate_up chunk
+#endif
     }
 
     // phase 3: the last chunk's count (ML_CHUNK_FLAGS) or a grid barrier (h of every route in hbuf; the twin); the B
@@ -955,7 +1073,11 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     const int dci = ML_DN_CHUNK(b - nbg);
     int slot, p0, n, e;
     chunk_of(m, m.dchunk[dci], DCH, slot, p0, n, e);
+#if ML_XST
+    uint8_t* bb = smem + OFF_XCH + (((b - nbg) & 1) ^ 1) * HBUF;
+#else
     uint8_t* bb = smem + OFF_B + (b & 1) * BBUF;
+#endif
     float* bhs = reinterpret_cast<float*>(bb + B_HS);
     const float* bws = reinterpret_cast<const float*>(bb + B_WS2);
     if (!dry) mbar_wait(&bfull[b & 1], (b >> 1) & 1);
@@ -983,13 +1105,29 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     const int ntile = (n + 7) >> 3;
 #endif
 #pragma unroll 1
+#if ML_XST  // down item k sits in slot dn_slot(k), and slot s belongs to pair s % 4 (with 6 slots pairs 0 / 1 own two): every
+            // use of a slot is consumed by one pair, in order, so a parity wait always targets the barrier's current phase
+    for (int i = lo; i < hi; ++i) {
+      const int j = ng + ML_DN_LOCAL(i), r64 = i % DN_PER_CHUNK;
+      int sl, use;
+      dn_slot(j - ng, ng, M < ML_XST_MAX_M, sl, use);
+      if (sl % ML_STAGES != sw) continue;
+#else
     for (int i = dry ? lo : lo + (((sw - (ng + ML_DN_LOCAL(lo))) % ML_STAGES) + ML_STAGES) % ML_STAGES; i < (dry ? lo + 1 : hi);
          i += ML_STAGES) {
       const int j = ng + ML_DN_LOCAL(i), r64 = i % DN_PER_CHUNK;
+#endif
+#if ML_XST
+      mbar_wait(&full[sl], use & 1);
+      const uint8_t* sbase = sl < ML_STAGES ? ring + sl * STAGE_BYTES : smem + OFF_B + (sl - ML_STAGES) * BBUF;
+#else
       if (!dry) mbar_wait(&full[sw], (j / ML_STAGES) & 1);
+      const int sl = sw;
+      const uint8_t* sbase = ring + sw * STAGE_BYTES;
+#endif
       if (half == 0 && lane == 0 && !dry) ev(p, 1, j);
       // the pair splits the item's 4 row tiles: warp sw rows [0, 32), warp sw + ML_STAGES rows [32, 64)
-      const uint8_t* tile = ring + sw * STAGE_BYTES + (half * 32 + g) * INTER + t * 32;
+      const uint8_t* tile = sbase + (half * 32 + g) * INTER + t * 32;
       const float* ws = bws + (r64 >> 1) * 4;
 #pragma unroll 1
       for (int nt = 0; nt < ntile; ++nt) {
@@ -1013,7 +1151,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
         }
         if (nt == ntile - 1) {  // the stage is read: release it before the last tile's stores
           __syncwarp();
-          if (lane == 0 && !dry) mbar_arrive(&empty[sw]);
+          if (lane == 0 && !dry) mbar_arrive(&empty[sl]);
           if (half == 1 && lane == 0) ev(p, 2, j);
         }
 #pragma unroll
