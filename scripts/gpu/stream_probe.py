@@ -122,9 +122,16 @@ _E1 = ["-DML_EARLYW=1", "-DML_EARLYW_MAX_M=64"]
 # 0.996 / 0.998, x1se1s 0.984 / 0.993 / 0.999 / 1.002 / 0.998, x2e1s 0.977 / 0.984 / 0.990 / 0.998 / 0.999 at 8..128 tokens
 # run19 h: "og" (ML_OWNER_GO: the scan thread owning the CTA's first gate_up chunk issues its x rows and the first 4 weight
 # items), on x2; og1: only 1 item
-ML_AB = {"base": (4, 8, 0, []), "x2e1s": (4, 8, 0, ["-DML_XST=2", *_E1]), "og": (4, 8, 0, ["-DML_OWNER_GO=1"]),
-         "x2og": (4, 8, 0, ["-DML_XST=2", "-DML_OWNER_GO=1"]),
-         "x2og1": (4, 8, 0, ["-DML_XST=2", "-DML_OWNER_GO=1", "-DML_PRE_ITEMS=1"])}
+# run19 h: og 0.989 / 0.993 / 0.995 / 0.998 / 1.002, x2og 0.969 / 0.979 / 0.985 / 0.997 / 1.002, x2og1 0.968 / 0.977 / 0.984 /
+# 0.994 / 1.001 (x2e1s 0.978 / 0.982 / 0.988 / 0.998 / 0.999) at 8..128 tokens
+# run19 i: "c" = x2 + og1 below 128 tokens; "l2" / "l2f" (ML_L2HINT 1 / 2: evict_last on the weights of experts with more
+# than 8 tokens, which stream once per 8-token chunk: 2% of the bytes at 128 tokens; 2: evict_first on the others)
+_C = ["-DML_XST=2", "-DML_OWNER_GO=1", "-DML_PRE_ITEMS=1", "-DML_OWNER_MAX_M=128"]
+# run19 i: c 0.970 / 0.980 / 0.983 / 0.994 / 1.002, cl2 0.973 .. 1.004, cl2f 0.934 / 0.940 / 0.951 / 0.961 / 0.969, x2l2
+# 0.986 .. 1.003: evict_first on the streamed weights is the big one (it keeps x / h / y and the counters in L2)
+# run19 j: "l2f" / "l2a" alone (ML_L2HINT 2 / 3: 3 = evict_first on every weight copy), and on c
+ML_AB = {"base": (4, 8, 0, []), "l2f": (4, 8, 0, ["-DML_L2HINT=2"]), "l2a": (4, 8, 0, ["-DML_L2HINT=3"]),
+         "cl2f": (4, 8, 0, [*_C, "-DML_L2HINT=2"]), "cl2a": (4, 8, 0, [*_C, "-DML_L2HINT=3"])}
 ML_AB_WS = 20480  # workspace bytes of the A/B (ML_FLYSUM's arrival counters at words 1024 + 128 * 32)
 ML_AB_TOKENS = (8, 16, 32, 64, 128)
 # round 8: kernels/sm90/moe/moe_m1.cu with -DM1_TIMING=1 (stamps at byte 512 K of gu)

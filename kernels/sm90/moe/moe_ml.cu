@@ -118,6 +118,13 @@ static_assert(BBUF % 128 == 0, "B buffer layout");
 #ifndef ML_PRE_ITEMS                  // synchronized; the B producer starts at chunk 1, the weight producer after those items
 #define ML_PRE_ITEMS 4                // (no bstart wait: the x rows went first from the same thread)
 #endif
+#ifndef ML_OWNER_MAX_M                // ML_OWNER_GO applies below this many tokens
+#define ML_OWNER_MAX_M 1000
+#endif
+#ifndef ML_L2HINT                     // 1 (round 10, exploration): an expert with more than 8 tokens streams its weights once per
+#define ML_L2HINT 0                   // 8-token chunk (~5 of 251 experts at 128 tokens: 2% more bytes than the floor); its
+#endif                                // weight copies carry an L2 evict_last policy so the second chunk's reads hit L2;
+                                      // 2: also evict_first on every other weight copy (read once); 3: evict_first on all
 #ifndef ML_EARLYW_MAX_M               // ML_EARLYW applies below this many tokens
 #define ML_EARLYW_MAX_M 1000
 #endif
@@ -191,6 +198,7 @@ static_assert(!ML_CHUNK_FLAGS || GCH == DCH, "chunk flags pair gate_up chunk i w
 #endif
 static_assert(!ML_META_PAR || (GCH == DCH && ML_NCW >= 8), "one table for both GEMMs; 256 consumer threads");
 static_assert(!ML_OWNER_GO || (ML_META_PAR && !ML_GU_REVERSE && ML_PRE_ITEMS <= ML_STAGES), "ML_OWNER_GO: the 256-thread tables");
+static_assert(!ML_L2HINT || !ML_GU_REVERSE, "ML_L2HINT: forward gate_up order");
 #ifndef ML_QSPREAD                    // 1 (round 9, adopted): the in-place quantization's task u = v * ML_NCW + warp (was
 #define ML_QSPREAD (!ML_SEPARATE_AQ)  // warp * 4 + v): a chunk of 1-2 rows spreads over all consumer warps (run18 i: 0.983 -> 0.966)
 #endif
@@ -289,6 +297,16 @@ __device__ __forceinline__ void dn_slot(int k, int ng, bool xst, int& sl, int& u
   }
   sl = (k - 6) % ML_STAGES;  // ML_XST 2 after the transition: slots 0-3 again, each past its first down use
   use = (ng > sl ? (ng - 1 - sl) / ML_STAGES + 1 : 0) + 1 + (k - 6) / ML_STAGES;
+}
+#endif
+
+#if ML_L2HINT
+__device__ __forceinline__ void bulk_g2s_hint(void* dst, const void* src, unsigned bytes, uint64_t* bar, uint64_t pol) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
+          smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(pol)
+      : "memory");
 }
 #endif
 
@@ -599,7 +617,9 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
       for (int v = 0; v < 8; ++v) tot += wsum[v * 3 + 2];
       const long long NGI = (long long)tot * GU_PER_CHUNK;
       const int gb0 = (int)(NGI * c / ML_CTAS), ge0 = (int)(NGI * (c + 1) / ML_CTAS), gc00 = gb0 / GU_PER_CHUNK;
-      if (k > 0 && gc <= gc00 && gc00 < gc + ch) {  // expert e holds the CTA's first gate_up item
+      if (M >= ML_OWNER_MAX_M) {
+        if (tid == 0) m.pre_items = -1;  // not this time: the producers start as without ML_OWNER_GO
+      } else if (k > 0 && gc <= gc00 && gc00 < gc + ch) {  // expert e holds the CTA's first gate_up item
         const int cis = gc00 - gc, n = min(GCH, k - cis * GCH);
         uint8_t* dst = smem + OFF_B;  // B buffer 0: the x rows first in this SM's copy queue, as the B producer's chunk 0
         mbar_expect_tx(&bfull[0], n * HID * 2 + 512);
@@ -740,8 +760,14 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
 
   if (wid == ML_NCW) {  // ------------------------------------------------ weight producer
     if (lane == 0) {
+#if ML_L2HINT
+      uint64_t pol_last, pol_first;
+      asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol_last));
+      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol_first));
+#endif
 #if ML_OWNER_GO
-      const int j0 = m.pre_items;  // the owner thread issued x, then items [0, j0)
+      const int j0 = max(m.pre_items, 0);  // the owner thread issued x, then items [0, j0) (-1: no owner this time)
+      if (m.pre_items < 0) mbar_wait(bstart, 0);
 #elif ML_EARLYW == 0
       const int j0 = 0;
       mbar_wait(bstart, 0);  // the first chunk's x rows go first in this SM's copy queue
@@ -771,6 +797,27 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
         uint8_t* dst = ring + s * STAGE_BYTES;
 #endif
         mbar_expect_tx(&full[s], STAGE_BYTES);
+#if ML_L2HINT
+        {
+          const int i = j < ng ? gb + j : ML_DN_ITEM(j - ng);
+          const int sl2 = (j < ng ? m.gchunk[i / GU_PER_CHUNK] : m.dchunk[i / DN_PER_CHUNK]) & 0xffff;
+          const bool multi = m.slot_start[sl2 + 1] - m.slot_start[sl2] > GCH;  // the expert streams twice or more
+          const uint64_t pol = multi && ML_L2HINT < 3 ? pol_last : pol_first;  // 3: evict_first on every weight copy
+          if (multi || ML_L2HINT >= 2) {
+            const int e = m.slot_expert[sl2];
+            if (j < ng) {
+              const int col8 = i % GU_PER_CHUNK;
+              const uint8_t* base = p.w13 + (size_t)e * 1024 * HID;
+              bulk_g2s_hint(dst, base + (size_t)(8 * col8) * HID, HALF_BYTES, &full[s], pol);
+              bulk_g2s_hint(dst + HALF_BYTES, base + (size_t)(512 + 8 * col8) * HID, HALF_BYTES, &full[s], pol);
+            } else {
+              bulk_g2s_hint(dst, p.w2 + ((size_t)e * HID + (i % DN_PER_CHUNK) * 64) * INTER, STAGE_BYTES, &full[s], pol);
+            }
+            ev(p, 0, j);
+            continue;
+          }
+        }
+#endif
         if (j < ng) {
           const int i = ML_GU_REVERSE ? ge - 1 - j : gb + j, col8 = i % GU_PER_CHUNK;
           const int e = m.slot_expert[m.gchunk[i / GU_PER_CHUNK] & 0xffff];
@@ -793,7 +840,11 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   }
   if (wid == ML_NCW + 1) {  // ------------------------------------------------ B producer
     if (lane == 0) {
-      for (int b = ML_OWNER_GO ? 1 : 0; b < nbg + nbd; ++b) {  // ML_OWNER_GO: chunk 0 came from the owner thread
+#if ML_OWNER_GO
+      for (int b = m.pre_items >= 0 ? 1 : 0; b < nbg + nbd; ++b) {  // chunk 0 from the owner thread (unless pre_items < 0)
+#else
+      for (int b = 0; b < nbg + nbd; ++b) {
+#endif
         const int s = b & 1;
         if (b >= 2) mbar_wait(&bempty[s], ((b >> 1) - 1) & 1);
 #if ML_CHUNK_FLAGS
