@@ -148,11 +148,14 @@ M1_STAMPS = ("entry", "copies issued", "x quantized", "gate_up tile 0 in", "gate
              "out written", "down copies issued")
 
 
-def ml_launch_shape(stages: int, gch: int, dch: int, extra_warps: int = 0) -> tuple[int, int]:
-    """(threads, dynamic smem bytes) of a moe_ml build (the kernel's layout macros; extra_warps: ML_WARM)."""
+def ml_launch_shape(stages: int, gch: int, dch: int, extra_warps: int = 0, xst: bool = True) -> tuple[int, int]:
+    """(threads, dynamic smem bytes) of a moe_ml build (the kernel's layout macros; extra_warps: ML_WARM; xst: ML_XST != 0,
+    the contract's default from round 10: the down chunks' h buffers and the barriers past the exchange area)."""
     bws = gch * 4096 + gch * 64 + 512
     bws2 = dch * 1024 + dch * 16 + 256
     bbuf = (max(bws, bws2) + 127) // 128 * 128
+    if xst:
+        return 32 * (2 * stages + 2 + extra_warps), stages * 32768 + 2 * bbuf + 2 * bws2 + 256  # bws2 = HBUF
     return 32 * (2 * stages + 2 + extra_warps), stages * 32768 + 2 * bbuf + 2 * stages * 4 * 32 * 4 + 128
 
 
@@ -415,9 +418,7 @@ def ml_ab(out: Path, reps: int) -> dict[str, Any]:
     t = ours.t["ml"]
     fns = {}
     for name, (st, gch, extra, _flags) in ML_AB.items():
-        threads, smem = ml_launch_shape(st, gch, gch, extra)
-        if any(f.startswith("-DML_XST=") for f in _flags):  # the h buffers and barriers past the exchange area
-            smem = smem - 128 - 2 * st * 4 * 32 * 4 + 2 * (gch * 1024 + gch * 16 + 256) + 256  # 216064
+        threads, smem = ml_launch_shape(st, gch, gch, extra, xst="-DML_XST=0" not in _flags)
         if name == "base" and (threads, smem) != (t.block, t.smem_bytes):
             raise SystemExit(f"ml_launch_shape {threads, smem} != the contract's {t.block, t.smem_bytes}")
         fns[name] = _timed_fn(ML_TIMED.with_name(f"moe_ml_ab_{name}.cubin"), "moe_ml", threads, smem)

@@ -40,6 +40,12 @@
 // 2s / 2s + 1 (two SM sub-partitions: sm90 runs mma.sync e4m3 as F2FP unpacking + HMMA.16816, ~1.3 us per item on one);
 // the slot / chunk tables come from 256 threads; the in-place quantization spreads its tasks over all consumer warps;
 // the chunk counts and the last barrier are release atomics; from 32 tokens a CTA runs its own down chunks first.
+// Round 10 (run19, results/sm90/moe_runs/run19_end; same A/B): every weight copy carries an L2 policy (evict_first; evict_last
+// for an expert with more than 8 tokens, whose weights stream once per 8-token chunk), which keeps x / h / y and the counters
+// in L2 under the weight stream (0.97 of the time at 128 tokens); down items 4 and 5 go to two extra ring slots in the freed
+// x buffers, so the ring runs 6 deep across the gate_up -> down transition (the first down chunk's h waits for the gate_up
+// chunk's other CTAs); below 128 tokens the scan thread that owns the CTA's first gate_up chunk issues its x rows and first
+// weight item before the tables are even written.
 // A down item's pair splits the 4 row tiles.
 // Numerics of the v3 st8 sequence by construction (bitwise): the same x and h quantization, the same
 // swapped-operand mma.sync m16n8k32 e4m3 core (moe_common.cuh) with the same K order and per-128-K-block
@@ -62,6 +68,9 @@
 #include "moe_sync.cuh"
 #include <stddef.h>
 
+#ifndef ML_SEPARATE_AQ
+#define ML_SEPARATE_AQ 0              // 1: the act+quant A/B twin (contract moe_ml_aq_e256_k8): gate_up writes the
+#endif                                // BF16 gate|up cache, SiLU*up + quantization run as their own grid-wide step
 #define HID 2048
 #define INTER 512
 #define TOPK 8
@@ -103,8 +112,8 @@ static_assert(BBUF % 128 == 0, "B buffer layout");
 #define OFF_RING 0
 #define OFF_B (OFF_RING + ML_STAGES * STAGE_BYTES)   // 131072
 #define OFF_XCH (OFF_B + 2 * BBUF)                    // 198656: gate_up pair exchange [2][pairs][4][32] FP32
-#ifndef ML_XST                        // 1 / 2 (round 10, exploration): two more ring slots in the down phase, in the two x buffers
-#define ML_XST 0                      // (free once the gate_up chunks are done); the down chunks' h rows move to two 8.4 KB
+#ifndef ML_XST                        // 1 / 2 (round 10; 2 adopted, run19 g-j): two more ring slots in the down phase, in the x buffers
+#define ML_XST (2 * !ML_SEPARATE_AQ)  // (free once the gate_up chunks are done); the down chunks' h rows move to two 8.4 KB
 #endif                                // buffers at OFF_XCH (the first one past the gate_up exchange area, which is still in use).
                                       // 1: down item k in slot k % 6 all along (pairs 0 / 1 own two slots each); 2: only down
                                       // items 4 and 5 go to the extra slots (the gate_up -> down transition), then 4 slots again.
@@ -112,17 +121,17 @@ static_assert(BBUF % 128 == 0, "B buffer layout");
 #ifndef ML_XST_MAX_M
 #define ML_XST_MAX_M 1000
 #endif
-#ifndef ML_OWNER_GO                   // 1 (round 10, exploration): right after the block-wide scans, the thread whose expert holds
-#define ML_OWNER_GO 0                 // the CTA's first gate_up item issues that chunk's x rows and scales (B buffer 0) and then
+#ifndef ML_OWNER_GO                   // 1 (round 10, adopted with 1 item below 128 tokens): right after the block-wide scans, the
+#define ML_OWNER_GO (!ML_SEPARATE_AQ) // thread whose expert holds the CTA's first gate_up item issues that chunk's x rows and scales (B buffer 0) and then
 #endif                                // up to ML_PRE_ITEMS weight items of the same expert, before the tables are written and
 #ifndef ML_PRE_ITEMS                  // synchronized; the B producer starts at chunk 1, the weight producer after those items
-#define ML_PRE_ITEMS 4                // (no bstart wait: the x rows went first from the same thread)
+#define ML_PRE_ITEMS 1                // (no bstart wait: the x rows went first from the same thread; run19 h: 1 item beat 4)
 #endif
-#ifndef ML_OWNER_MAX_M                // ML_OWNER_GO applies below this many tokens
-#define ML_OWNER_MAX_M 1000
+#ifndef ML_OWNER_MAX_M                // ML_OWNER_GO applies below this many tokens (run19 h: 0.994 at 64 tokens, 1.001 at 128)
+#define ML_OWNER_MAX_M 128
 #endif
-#ifndef ML_L2HINT                     // 1 (round 10, exploration): an expert with more than 8 tokens streams its weights once per
-#define ML_L2HINT 0                   // 8-token chunk (~5 of 251 experts at 128 tokens: 2% more bytes than the floor); its
+#ifndef ML_L2HINT                     // 1 (round 10; 2 adopted, run19 i-j): an expert with more than 8 tokens streams its weights once per
+#define ML_L2HINT (2 * !ML_SEPARATE_AQ)  // 8-token chunk (~5 of 251 experts at 128 tokens: 2% more bytes than the floor); its
 #endif                                // weight copies carry an L2 evict_last policy so the second chunk's reads hit L2;
                                       // 2: also evict_first on every other weight copy (read once); 3: evict_first on all
 #ifndef ML_EARLYW_MAX_M               // ML_EARLYW applies below this many tokens
@@ -167,9 +176,6 @@ extern "C" __device__ unsigned int netra_params_layout[] = {
 #ifndef ML_WAIT_XQ
 #define ML_WAIT_XQ 0                  // 1 (exploration, rejected in run16 7h: no gain): the weight producer waits for
 #endif                                // the first chunk's x quantization (which then sees an idle copy queue)
-#ifndef ML_SEPARATE_AQ
-#define ML_SEPARATE_AQ 0              // 1: the act+quant A/B twin (contract moe_ml_aq_e256_k8): gate_up writes the
-#endif                                // BF16 gate|up cache, SiLU*up + quantization run as their own grid-wide step
 #ifndef ML_CHUNK_FLAGS                // 1: no grid barrier between the GEMMs: a down chunk waits only for the gate_up
 #define ML_CHUNK_FLAGS (!ML_SEPARATE_AQ)  // chunk of the same (expert, 8 tokens) (a per-chunk item counter, workspace)
 #endif
