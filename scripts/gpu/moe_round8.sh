@@ -13,6 +13,7 @@ for part in $PARTS; do
     ml) timeout 300 python3 scripts/gpu/stream_probe.py --ml-timeline --out $W > $W/ml_timeline.txt 2>&1
         grep -v "last gate_up\|last down" $W/ml_timeline.txt | grep -E "^\[|metadata|gate_up done|first down B|down done|barrier 3|top-k sum|^moe_ml|^  [a-z]+ +[0-9]+:" ;;
     ab) timeout 300 python3 scripts/gpu/stream_probe.py --ml-ab --reps ${REPS:-40} --out $W > $W/ml_ab.txt 2>&1; tail -8 $W/ml_ab.txt ;;
+    m1ab) timeout 200 python3 scripts/gpu/stream_probe.py --m1-ab --reps ${REPS:-40} --out $W > $W/m1_ab.txt 2>&1; tail -3 $W/m1_ab.txt ;;
     qx) timeout 120 python3 scripts/gpu/stream_probe.py --quant-exact --out $W > $W/quant_exact.txt 2>&1; tail -3 $W/quant_exact.txt ;;
     probe) timeout 200 python3 scripts/gpu/stream_probe.py --out $W/probe > $W/probe.txt 2>&1; tail -18 $W/probe.txt ;;
     check) timeout 560 python3 scripts/gpu/moe_v3_check.py --builds ${BUILDS:-v3st8,v3m1l,v3m1fl} --out $W/check > $W/check.txt 2>&1

@@ -130,8 +130,12 @@ _C = ["-DML_XST=2", "-DML_OWNER_GO=1", "-DML_PRE_ITEMS=1", "-DML_OWNER_MAX_M=128
 # run19 i: c 0.970 / 0.980 / 0.983 / 0.994 / 1.002, cl2 0.973 .. 1.004, cl2f 0.934 / 0.940 / 0.951 / 0.961 / 0.969, x2l2
 # 0.986 .. 1.003: evict_first on the streamed weights is the big one (it keeps x / h / y and the counters in L2)
 # run19 j: "l2f" / "l2a" alone (ML_L2HINT 2 / 3: 3 = evict_first on every weight copy), and on c
-ML_AB = {"base": (4, 8, 0, []), "l2f": (4, 8, 0, ["-DML_L2HINT=2"]), "l2a": (4, 8, 0, ["-DML_L2HINT=3"]),
-         "cl2f": (4, 8, 0, [*_C, "-DML_L2HINT=2"]), "cl2a": (4, 8, 0, [*_C, "-DML_L2HINT=3"])}
+# run19 j: l2f 0.970 / 0.974 / 0.982 / 0.976 / 0.967, l2a 0.992 / 0.992 / 0.993 / 0.978 / 0.976, cl2f 0.943 / 0.948 / 0.959 /
+# 0.964 / 0.970, cl2a 0.936 / 0.940 / 0.954 / 0.962 / 0.975 at 8..128 tokens. cl2f (ML_XST=2, ML_OWNER_GO=1 with 1 item
+# below 128 tokens, ML_L2HINT=2) became the contract's default at fe824cd; "base" below is that build. (l2f and l2a are the
+# same code at 8 tokens, where no expert has more than 8 tokens: their 2% difference there is the A/B's own spread for
+# cache-policy builds, which leave the L2 in different states for the build that follows.)
+ML_AB = {"base": (4, 8, 0, []), "r9": (4, 8, 0, ["-DML_XST=0", "-DML_OWNER_GO=0", "-DML_L2HINT=0"])}
 ML_AB_WS = 20480  # workspace bytes of the A/B (ML_FLYSUM's arrival counters at words 1024 + 128 * 32)
 ML_AB_TOKENS = (8, 16, 32, 64, 128)
 # round 8: kernels/sm90/moe/moe_m1.cu with -DM1_TIMING=1 (stamps at byte 512 K of gu)
@@ -205,6 +209,12 @@ def build() -> None:
         cmd = ["nvcc", "-cubin", "-arch=sm_90a", "-O3", "-std=c++17", *flags, f"-DML_STAGES={st}", f"-DGCH={gch}",
                f"-DDCH={gch}", "-o", str(path),
                str(ROOT / "kernels" / "sm90" / "moe" / "moe_ml.cu")]
+        subprocess.run(cmd, check=True)
+        print("built", path)
+    for name, flags in M1_AB.items():
+        path = ML_TIMED.with_name(f"moe_m1f_ab_{name}.cubin")
+        cmd = ["nvcc", "-cubin", "-arch=sm_90a", "-O3", "-std=c++17", *flags, "-o", str(path),
+               str(ROOT / "kernels" / "sm90" / "moe" / "moe_m1f.cu")]
         subprocess.run(cmd, check=True)
         print("built", path)
     cmd = ["nvcc", "-cubin", "-arch=sm_90a", "-O3", "-std=c++17", "-I", str(ROOT / "kernels" / "sm90" / "moe"), "-o",
@@ -482,6 +492,70 @@ def ml_ab(out: Path, reps: int) -> dict[str, Any]:
     return res
 
 
+# round 10: untimed builds of moe_m1f (1 token), A/B in interleaved graph replay (--m1-ab): name -> flags
+# run19 k: l2 0.994 (11.90 vs 11.96 us), bitwise. run19 l: + "rel" (M1F_REL: the route count as red.release)
+# run19 l: l2 0.996, rel 0.999, l2rel 0.988 (12.03 vs 12.17 us), all bitwise: l2rel became moe_m1f's default; "r9" = before
+M1_AB = {"base": [], "r9": ["-DM1F_L2HINT=0", "-DM1F_REL=0"]}
+
+
+def m1_ab(out: Path, reps: int) -> dict[str, Any]:
+    """M1_AB builds of moe_m1f side by side at 1 token, as ml_ab: one graph of ROT launches on rotated routings per build,
+    replayed interleaved; outputs poisoned and compared bit for bit with base's on every routing."""
+    import statistics
+
+    import torch
+
+    from netra import runtime as rt
+    from netra.bench.kernels_moe import interleaved_replay_us, make_routing, make_weights
+    from netra.ops.moe_fp8 import MoeSm90, _fill_layer_inputs, _M1Params
+
+    ours = MoeSm90(0, variant="v3", tune="m1fl")
+    t = ours.t["m1"]
+    fns = {name: _timed_fn(ML_TIMED.with_name(f"moe_m1f_ab_{name}.cubin"), "moe_m1f", t.block, t.smem_bytes)
+           for name in M1_AB}
+    ws = torch.zeros(t.workspace.numel(), dtype=torch.uint8, device="cuda")
+    w = make_weights()
+    outs = {name: torch.zeros_like(ours.out) for name in M1_AB}
+    sets = [make_routing(1, seed=500 + 13 * i) for i in range(ROT)]
+    params: dict[str, list[Any]] = {}
+    for name in M1_AB:
+        params[name] = []
+        for (x, ids, wts, _sw) in sets:
+            p = _M1Params()
+            _fill_layer_inputs(p, (x, ids, wts), w["w13"], w["s13"], w["w2"], w["s2"])
+            p.gu, p.out, p.bar, p.dbg_hq, p.dbg_hs = ours.gu.data_ptr(), outs[name].data_ptr(), ws.data_ptr(), None, None
+            params[name].append((p, (ctypes.c_void_p * 1)(ctypes.addressof(p))))
+
+    def launcher(name: str) -> Any:
+        fn, cfg = fns[name]
+
+        def run(k: int | None = None) -> None:
+            for i, (_p, ptr) in enumerate(params[name]):
+                if k is not None and i != k:
+                    continue
+                cfg.gridDimX, cfg.hStream = 128, torch.cuda.current_stream().cuda_stream
+                rt.check(rt.driver().cuLaunchKernelEx(cfg, fn, ctypes.addressof(ptr), 0), f"launch {name}")
+        return run
+
+    same = {name: True for name in M1_AB}
+    for k in range(ROT):
+        for name in M1_AB:
+            outs[name].fill_(float("nan"))
+            launcher(name)(k)
+        torch.cuda.synchronize()
+        for name in M1_AB:
+            same[name] &= bool(torch.equal(outs[name][:1].view(torch.int16), outs["base"][:1].view(torch.int16)))
+    graphs = {name: _capture(launcher(name)) for name in M1_AB}
+    torch.cuda.synchronize()
+    times = interleaved_replay_us(graphs, reps, ROT)
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    res = {name: {"us": med[name], "vs_base": med[name] / med["base"], "bitwise_base": same[name]} for name in M1_AB}
+    (out / "m1_ab.json").write_text(json.dumps(res, indent=1))
+    print("moe_m1f A/B at 1 token (interleaved graph replay, µs per launch; ratio to base)")
+    print("  ".join(f"{n} {r['us']:6.2f} {r['vs_base']:5.3f}{'' if r['bitwise_base'] else ' DIFFERS'}" for n, r in res.items()))
+    return res
+
+
 QUANT_EXACT = ROOT / "build" / "explore" / "quant_exact.cubin"
 
 
@@ -611,6 +685,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--m1-timeline", action="store_true", help="only the moe_m1 phase timeline (timed build)")
     ap.add_argument("--ml-ab", action="store_true", help="only the moe_ml A/B of the ML_AB builds (graph replay)")
     ap.add_argument("--quant-exact", action="store_true", help="only the exhaustive moe::quant4_rcp == moe::quant4 check")
+    ap.add_argument("--m1-ab", action="store_true", help="only the moe_m1f A/B of the M1_AB builds (1 token, graph replay)")
     args = ap.parse_args(argv)
     if args.build:
         build()
@@ -632,6 +707,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.ml_ab:
         ml_ab(args.out, args.reps)
+        return 0
+    if args.m1_ab:
+        m1_ab(args.out, args.reps)
         return 0
     if args.quant_exact:
         return 0 if quant_exact(args.out) else 1

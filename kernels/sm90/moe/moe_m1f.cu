@@ -54,6 +54,17 @@
 #define M1F_W2_AFTER 2                // chain warp 3), so that they do not take bandwidth from the gate_up tiles the
 #endif                                // layer waits for first; -1: with the gate_up copies at entry (run17 timeline)
 
+#ifndef M1F_REL                       // 1 (round 10, adopted with M1F_L2HINT: run19 l 0.988 of the time together, bitwise): the
+#define M1F_REL 1                     // route count published with red.release
+#endif
+#ifndef M1F_L2HINT                    // 1 (round 10, adopted): the weight copies carry an L2 evict_first policy (read once),
+#define M1F_L2HINT 1                  // as moe_ml's (run19: it keeps the intermediates and counters in L2 under the stream)
+#endif
+#if M1F_L2HINT
+#define M1F_W_COPY(dst, src, bytes, bar) bulk_g2s_hint(dst, src, bytes, bar, wpol)
+#else
+#define M1F_W_COPY(dst, src, bytes, bar) bulk_g2s(dst, src, bytes, bar)
+#endif
 #define HID 2048
 #define INTER 512
 #define TOPK 8
@@ -106,12 +117,15 @@ __device__ __forceinline__ void stamp(const M1Params& p, int k) {
 // The down share: the w2 scales and output rows [16c, 16c + 16) of w2 for each of the 8 experts.
 __device__ __forceinline__ void issue_down_share(const M1Params& p, const int (&ids)[TOPK], uint8_t* smem, uint64_t* bar, int c) {
   mbar_expect_tx(bar, TOPK * DN_TILE_BYTES + TOPK * 16);
+#if M1F_L2HINT
+  const uint64_t wpol = l2_evict_first();
+#endif
 #pragma unroll
   for (int k = 0; k < TOPK; ++k)
     bulk_g2s(smem + OFF_SC + 128 + 16 * k, p.w2_scale + ((size_t)ids[k] * 16 + (c >> 3)) * 4, 16, bar);
 #pragma unroll
   for (int k = 0; k < TOPK; ++k)
-    bulk_g2s(smem + OFF_DN + k * DN_TILE_BYTES, p.w2 + ((size_t)ids[k] * HID + c * 16) * INTER, DN_TILE_BYTES, bar);
+    M1F_W_COPY(smem + OFF_DN + k * DN_TILE_BYTES, p.w2 + ((size_t)ids[k] * HID + c * 16) * INTER, DN_TILE_BYTES, bar);
 }
 
 }  // namespace
@@ -162,11 +176,14 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
     bulk_g2s(smem + OFF_SC + 64, p.w13_scale + ((size_t)eg * 8 + 4 + (j >> 2)) * 16, 64, &full[5]);
     // gate_up tile w: gate rows [32 j + 8 w, +8) then up rows [512 + 32 j + 8 w, +8)
     const uint8_t* gsrc = p.w13 + ((size_t)eg * 1024 + 32 * j) * HID;
+#if M1F_L2HINT
+    const uint64_t wpol = l2_evict_first();
+#endif
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
       mbar_expect_tx(&full[w], GU_TILE_BYTES);
-      bulk_g2s(s_gu + w * GU_TILE_BYTES, gsrc + (size_t)(8 * w) * HID, GU_HALF_BYTES, &full[w]);
-      bulk_g2s(s_gu + w * GU_TILE_BYTES + GU_HALF_BYTES, gsrc + (size_t)(512 + 8 * w) * HID, GU_HALF_BYTES, &full[w]);
+      M1F_W_COPY(s_gu + w * GU_TILE_BYTES, gsrc + (size_t)(8 * w) * HID, GU_HALF_BYTES, &full[w]);
+      M1F_W_COPY(s_gu + w * GU_TILE_BYTES + GU_HALF_BYTES, gsrc + (size_t)(512 + 8 * w) * HID, GU_HALF_BYTES, &full[w]);
     }
 #if M1F_W2_AFTER < 0
     int ids[TOPK];
@@ -260,8 +277,12 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
 #if M1F_ROUTE_FLAGS == 2
   if (tid == 0) {
     stamp(p, 7);  // gate_up done
+#if M1F_REL  // a release reduction (fence.acq_rel + red) instead of fence.sc + atomic, as moe_ml's ML_REL_ATOM
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p.bar + kq) : "memory");
+#else
     __threadfence();
     atomicAdd(p.bar + kq, 1u);  // result unused: a reduction, nobody waits for it
+#endif
   }
 #elif M1F_ROUTE_FLAGS
   if (tid == 0) {

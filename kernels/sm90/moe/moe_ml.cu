@@ -306,15 +306,6 @@ __device__ __forceinline__ void dn_slot(int k, int ng, bool xst, int& sl, int& u
 }
 #endif
 
-#if ML_L2HINT
-__device__ __forceinline__ void bulk_g2s_hint(void* dst, const void* src, unsigned bytes, uint64_t* bar, uint64_t pol) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
-          smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(pol)
-      : "memory");
-}
-#endif
 
 __device__ __forceinline__ void consumer_sync() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(ML_NCW * 32) : "memory");
@@ -767,9 +758,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   if (wid == ML_NCW) {  // ------------------------------------------------ weight producer
     if (lane == 0) {
 #if ML_L2HINT
-      uint64_t pol_last, pol_first;
-      asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol_last));
-      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol_first));
+      const uint64_t pol_last = l2_evict_last(), pol_first = l2_evict_first();
 #endif
 #if ML_OWNER_GO
       const int j0 = max(m.pre_items, 0);  // the owner thread issued x, then items [0, j0) (-1: no owner this time)
