@@ -915,7 +915,11 @@ def write_records_v3(src: Path, out: Path, tag: str, git_sha: str, judge: str = 
                         "barrier; results/sm90/moe_runs/run17_m1f). From git 51c540b on, moe_ml has round 9's defaults: "
                         "tables from 256 threads, quantization tasks over all warps, each ring stage's warp pair on two "
                         "SM sub-partitions, release atomics, down ranges starting with the CTA's own chunks from 32 "
-                        "tokens (results/sm90/moe_runs/run18_ring)"] if doc.get("v3_tune") == "m1fl" else [])]}
+                        "tokens (results/sm90/moe_runs/run18_ring). From git fe824cd on, round 10's: L2 evict_first / "
+                        "evict_last policies on the weight stream, two extra ring slots across the gate_up -> down "
+                        "transition, the first copies issued by the scan thread below 128 tokens; from d330c4f moe_m1f's "
+                        "weight copies carry evict_first too and its route counts are release reductions "
+                        "(results/sm90/moe_runs/run19_end)"] if doc.get("v3_tune") == "m1fl" else [])]}
     if not rows:
         rec["verdict"] = "inconclusive"
     path = write_record(rec, out, f"moe_layer{tag}")

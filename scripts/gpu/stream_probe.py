@@ -495,7 +495,9 @@ def ml_ab(out: Path, reps: int) -> dict[str, Any]:
 # round 10: untimed builds of moe_m1f (1 token), A/B in interleaved graph replay (--m1-ab): name -> flags
 # run19 k: l2 0.994 (11.90 vs 11.96 us), bitwise. run19 l: + "rel" (M1F_REL: the route count as red.release)
 # run19 l: l2 0.996, rel 0.999, l2rel 0.988 (12.03 vs 12.17 us), all bitwise: l2rel became moe_m1f's default; "r9" = before
-M1_AB = {"base": [], "r9": ["-DM1F_L2HINT=0", "-DM1F_REL=0"]}
+# run19 o: when the down share is requested (M1F_W2_AFTER: after gate_up tile 1 / 3, or -1 at entry) under the L2 hints:
+# w1 0.997, w3 1.025, we 1.217 (base 11.60 us): the contract's tile 2 stays
+M1_AB = {"base": [], "w1": ["-DM1F_W2_AFTER=1"], "w3": ["-DM1F_W2_AFTER=3"], "we": ["-DM1F_W2_AFTER=-1"]}
 
 
 def m1_ab(out: Path, reps: int) -> dict[str, Any]:

@@ -134,9 +134,6 @@ static_assert(BBUF % 128 == 0, "B buffer layout");
 #define ML_L2HINT (2 * !ML_SEPARATE_AQ)  // 8-token chunk (~5 of 251 experts at 128 tokens: 2% more bytes than the floor); its
 #endif                                // weight copies carry an L2 evict_last policy so the second chunk's reads hit L2;
                                       // 2: also evict_first on every other weight copy (read once); 3: evict_first on all
-#ifndef ML_EARLYW_MAX_M               // ML_EARLYW applies below this many tokens
-#define ML_EARLYW_MAX_M 1000
-#endif
 #define HBUF (B_WS2 + 256)            // ML_XST: a down chunk's B buffer (8576)
 #if ML_XST
 #define ML_SLOTS_DN (ML_STAGES + 2)
@@ -199,6 +196,10 @@ static_assert(!ML_CHUNK_FLAGS || GCH == DCH, "chunk flags pair gate_up chunk i w
 // (round 9 also tried, and removed: warp-0 tables from rolled loops; fragment loads without bank conflicts (odd-g lanes
 // swapping their 16-byte halves: 1.005 / 1.015 of the time at 8 / 128 tokens); the weight producer not waiting for the x
 // copies (up to 1.011); a spinning count poll (no gain): results/sm90/moe_runs/run18_ring)
+// (round 10 also tried, and removed: a down split balancing each CTA's item total, per-(token, 64-row) arrival counters in
+// place of the last barrier, one-warp-per-row and one-round quantizations, an exact reciprocal quotient, splits weighted by
+// the CTAs' speeds in the previous launch, early weight copies ahead of the x rows: run19_end/README.md; the source with
+// those flags is kernels/sm90/moe/rejected/moe_ml_round10_flags.cu.txt)
 #ifndef ML_META_PAR                   // 1 (round 9, adopted): the slot / chunk tables from 256 threads (one expert each, block-
 #define ML_META_PAR (!ML_SEPARATE_AQ) // wide scans) instead of warp 0 alone (run18 h: 0.982 / 0.996 of the time at 8 / 128 tokens)
 #endif
@@ -217,27 +218,6 @@ static_assert(!ML_L2HINT || !ML_GU_REVERSE, "ML_L2HINT: forward gate_up order");
 #define ML_DN_ROT_MIN_M 32
 #ifndef ML_PAIR_XS                    // 1 (round 9, adopted): a stage's warp pair spans two SM sub-partitions (warps 2s, 2s + 1),
 #define ML_PAIR_XS (!ML_SEPARATE_AQ)  // so the item's FP8 unpacking (F2FP) and HMMA work runs on two pipes instead of one
-#endif
-#ifndef ML_FASTQ                      // 1 (round 10, exploration, rejected in run19 b: 1.043 at 8 tokens, 1.006 at 128): the
-#define ML_FASTQ 0                    // in-place quantization with one warp per row (a 1-row chunk = one warp's serial work);
-#endif                                // 2: (row, 512-byte window) tasks over all consumer warps, one round (a barrier between
-                                      // all reads and all writes), 4-level shuffles over 16 lanes. Same per-group arithmetic.
-#ifndef ML_QRCP                       // 1 (round 10, exploration): the quantization's x / scale as moe::div_rcp (one reciprocal
-#define ML_QRCP 0                     // per group, 3 FP32 operations per value instead of an IEEE division), for finite scales
-#endif
-static_assert(!ML_FASTQ || (GCH <= ML_NCW && DCH <= ML_NCW), "ML_FASTQ: a consumer warp per row");
-#ifndef ML_EARLYW                     // k (round 10, exploration): the weight producer issues its first k ring items before it
-#define ML_EARLYW 0                   // waits for bstart (the first chunk's x copies); 0 = all after (the contract)
-#endif
-#ifndef ML_ADAPT                      // 1 / 2 (round 10, exploration): both splits weighted by each CTA's measured speed in the
-#define ML_ADAPT 0                    // previous launch (run18 h: the same CTA indices end last launch after launch, so the
-#endif                                // block -> SM placement and the SMs' share of the DRAM stream are stable). CTA c reads
-                                      // the 128 weights at entry (clamped to [3/4, 4/3] of their mean; none yet: equal) and,
-                                      // after the last grid barrier (every CTA has read them), stores (old + items / time) / 2
-                                      // for its own index; time = entry -> down done (1) or -> gate_up done (2). The output
-                                      // does not depend on the split (each item computes the same values; rank-order top-k).
-#ifndef ML_W_WORD
-#define ML_W_WORD 2048                // ML_ADAPT: the weights, FP32, workspace words [2048, 2048 + 128)
 #endif
 #ifndef ML_TIMING
 #define ML_TIMING 0                   // 1 (exploration builds only): %globaltimer stamps per CTA and phase
@@ -313,14 +293,6 @@ __device__ __forceinline__ void consumer_sync() {
 // Generic-proxy global writes of other CTAs (ordered before by a grid barrier) -> this thread's bulk copies.
 __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 
-// moe::quant4, or (ML_QRCP, finite scale) moe::quant4_rcp: the same bytes (scripts/gpu/quant_exact.cu)
-__device__ __forceinline__ uint32_t quant4_sel(float a, float b, float c, float d, float sc) {
-#if ML_QRCP
-  if (isfinite(sc)) return moe::quant4_rcp(a, b, c, d, sc, 1.0f / sc);
-#endif
-  return moe::quant4(a, b, c, d, sc);
-}
-
 // n BF16 rows of G x 128 values (row stride `stride`), quantized in place into E4M3 by all consumer warps (moe_align's
 // x / st8's h quantization: one scale per 128-group, IEEE divisions): group q's 128 bytes land on bytes
 // [128 q, 128 q + 128) of its row, which overlap only the row's own inputs. A round takes whole rows, four
@@ -353,72 +325,9 @@ __device__ __forceinline__ void quant_rows_inplace(uint8_t* rows, int n, int str
         const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw[v]);
         const float2 a = __bfloat1622float2(h2[0]), b = __bfloat1622float2(h2[1]);
         const float sc = moe::group_scale(amax[v]);
-        *reinterpret_cast<uint32_t*>(rows + row * stride + grp * 128 + lane * 4) = quant4_sel(a.x, a.y, b.x, b.y, sc);
+        *reinterpret_cast<uint32_t*>(rows + row * stride + grp * 128 + lane * 4) = moe::quant4(a.x, a.y, b.x, b.y, sc);
         if (lane == 0) scales[row * G + grp] = sc;
       }
-    }
-  }
-}
-
-// ML_FASTQ: n <= ML_NCW BF16 rows of G x 128 values quantized in place, warp w takes row w alone. Lane l holds bytes
-// [512 v + 16 l, + 16) for v < G / 2 (values of group 2 v + l / 16), all loaded before the warp's first store; a group's
-// amax over its 16 lanes (fmaxf: the same maximum as quant_rows_inplace's tree), then moe::group_scale / moe::quant4 as
-// there. Group q's bytes land on [128 q, + 128) of the row.
-template <int G>
-__device__ __forceinline__ void quant_rows_warp(uint8_t* rows, int n, int stride, float* scales, int wid, int lane) {
-  static_assert(G % 2 == 0, "two groups per 512-byte window");
-  if (wid >= n) return;
-  uint8_t* row = rows + wid * stride;
-  uint4 raw[G / 2];
-#pragma unroll
-  for (int v = 0; v < G / 2; ++v) raw[v] = *reinterpret_cast<const uint4*>(row + v * 512 + lane * 16);
-  __syncwarp();  // the whole row is read before any byte of it is written
-#pragma unroll
-  for (int v = 0; v < G / 2; ++v) {
-    float f[8];
-    moe::bf16x8_to_float(raw[v], f);
-    float amax = fmaxf(fmaxf(fmaxf(fabsf(f[0]), fabsf(f[1])), fmaxf(fabsf(f[2]), fabsf(f[3]))),
-                       fmaxf(fmaxf(fabsf(f[4]), fabsf(f[5])), fmaxf(fabsf(f[6]), fabsf(f[7]))));
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float sc = moe::group_scale(amax);
-    uint2 q;
-    q.x = quant4_sel(f[0], f[1], f[2], f[3], sc);
-    q.y = quant4_sel(f[4], f[5], f[6], f[7], sc);
-    *reinterpret_cast<uint2*>(row + v * 256 + lane * 8) = q;
-    if ((lane & 15) == 0) scales[wid * G + 2 * v + (lane >> 4)] = sc;
-  }
-}
-
-// ML_FASTQ 2: n BF16 rows of G x 128 values quantized in place in one round. Task u = (row u / W, 512-byte window u % W),
-// W = G / 2; warp w takes u = w + ML_NCW k. Lane l of a task holds bytes [16 l, + 16) of the window (values of group
-// 2 (u % W) + l / 16); every task is loaded before the consumer barrier, every store comes after it.
-template <int G>
-__device__ __forceinline__ void quant_rows_win(uint8_t* rows, int n, int stride, float* scales, int wid, int lane) {
-  constexpr int W = G / 2, KT = (ML_MAX(GCH, DCH) * W + ML_NCW - 1) / ML_NCW;
-  uint4 raw[KT];
-#pragma unroll
-  for (int k = 0; k < KT; ++k) {
-    const int u = wid + ML_NCW * k, r = u / W;
-    raw[k] = r < n ? *reinterpret_cast<const uint4*>(rows + r * stride + (u % W) * 512 + lane * 16) : make_uint4(0u, 0u, 0u, 0u);
-  }
-  consumer_sync();  // every task read before any is written
-#pragma unroll
-  for (int k = 0; k < KT; ++k) {
-    const int u = wid + ML_NCW * k, r = u / W, v = u % W;
-    if (r < n) {  // warp-uniform
-      float f[8];
-      moe::bf16x8_to_float(raw[k], f);
-      float amax = fmaxf(fmaxf(fmaxf(fabsf(f[0]), fabsf(f[1])), fmaxf(fabsf(f[2]), fabsf(f[3]))),
-                         fmaxf(fmaxf(fabsf(f[4]), fabsf(f[5])), fmaxf(fabsf(f[6]), fabsf(f[7]))));
-#pragma unroll
-      for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      const float sc = moe::group_scale(amax);
-      uint2 q;
-      q.x = quant4_sel(f[0], f[1], f[2], f[3], sc);
-      q.y = quant4_sel(f[4], f[5], f[6], f[7], sc);
-      *reinterpret_cast<uint2*>(rows + r * stride + v * 256 + lane * 8) = q;
-      if ((lane & 15) == 0) scales[r * G + 2 * v + (lane >> 4)] = sc;
     }
   }
 }
@@ -435,11 +344,6 @@ struct Meta {  // shared-memory route metadata (every CTA builds the same)
   int nslots, ngc, ndc;
 #if ML_OWNER_GO
   int pre_items;                       // weight items issued by the owner thread (ring slots 0 ..)
-#endif
-#if ML_ADAPT
-  unsigned wpre[ML_CTAS + 1];          // prefix sums of the CTAs' integer weights (wpre[0] = 0)
-  float wsum[4];
-  unsigned wtot[4];
 #endif
 };
 
@@ -534,33 +438,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     rw[u] = r < R && (!ML_EARLY_GO || tid < NRT) ? __ldg(p.topk_w + r) : 0.0f;
   }
   for (int i = tid; i < 256 * 4; i += ML_THREADS) (&m.tm[0][0])[i] = 0u;
-#if ML_ADAPT
-  unsigned long long t_entry = 0, t_done = 0;
-  if (tid == 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_entry));
-  float wold = 0.0f, wc = 0.0f;
-  unsigned wq = 0;
-  if (tid < ML_CTAS) {  // warps 0-3: the previous launch's weights, their sum
-    wold = __uint_as_float(__ldcg(p.bar + ML_W_WORD + tid));
-    float v = isfinite(wold) && wold > 0.0f ? wold : 0.0f;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0) m.wsum[wid] = v;
-  }
-#endif
   __syncthreads();
-#if ML_ADAPT
-  if (tid < ML_CTAS) {  // clamp to [3/4, 4/3] of the mean (no weights yet: all equal), integer weights, warp scans
-    const float mean = (m.wsum[0] + m.wsum[1] + m.wsum[2] + m.wsum[3]) * (1.0f / ML_CTAS);
-    wc = mean > 0.0f && isfinite(mean) ? fminf(fmaxf(wold, 0.75f * mean), 1.3333f * mean) / mean : 1.0f;
-    wq = __float2uint_rn(wc * 65536.0f);
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const unsigned a = __shfl_up_sync(0xffffffffu, wq, o);
-      if (lane >= o) wq += a;
-    }
-    if (lane == 31) m.wtot[wid] = wq;
-  }
-#endif
 #pragma unroll
   for (int u = 0; u < RPT; ++u) {
     const int r = tid + NRT * u;
@@ -570,13 +448,6 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     }
   }
   __syncthreads();
-#if ML_ADAPT
-  if (tid < ML_CTAS) {
-    for (int v = 0; v < wid; ++v) wq += m.wtot[v];
-    m.wpre[tid + 1] = wq;
-    if (tid == 0) m.wpre[0] = 0u;
-  }
-#endif
   if (tid == 0) stamp(p, 3);  // token masks
 #if ML_META_PAR
   if (wid < 8) {  // the same tables, one expert per thread (256 consumer threads): three block-wide exclusive scans
@@ -727,19 +598,8 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   if (tid == 0) stamp(p, 1);  // metadata
 
   int gb, ge, db, de;
-#if ML_ADAPT
-  {
-    const unsigned long long w0 = m.wpre[c], w1 = m.wpre[c + 1], wt = m.wpre[ML_CTAS];
-    const unsigned long long NG = (unsigned long long)m.ngc * GU_PER_CHUNK, ND = (unsigned long long)m.ndc * DN_PER_CHUNK;
-    gb = (int)(NG * w0 / wt);
-    ge = (int)(NG * w1 / wt);
-    db = (int)(ND * w0 / wt);
-    de = (int)(ND * w1 / wt);
-  }
-#else
   split(m.ngc * GU_PER_CHUNK, c, gb, ge);
   split(m.ndc * DN_PER_CHUNK, c, db, de);
-#endif
   const int ng = ge - gb, nd = de - db;                             // this CTA's items (ng, nd >= 4)
   const int gc0 = gb / GU_PER_CHUNK, nbg = (ge - 1) / GU_PER_CHUNK - gc0 + 1;
   const int dc0 = db / DN_PER_CHUNK, nbd = (de - 1) / DN_PER_CHUNK - dc0 + 1;
@@ -763,17 +623,12 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
 #if ML_OWNER_GO
       const int j0 = max(m.pre_items, 0);  // the owner thread issued x, then items [0, j0) (-1: no owner this time)
       if (m.pre_items < 0) mbar_wait(bstart, 0);
-#elif ML_EARLYW == 0
+#else
       const int j0 = 0;
       mbar_wait(bstart, 0);  // the first chunk's x rows go first in this SM's copy queue
-#else
-      const int j0 = 0, jw = M < ML_EARLYW_MAX_M ? ML_EARLYW : 0;
 #endif
       for (int j = j0; j < ng + nd; ++j) {
         const int s = j % ML_STAGES;
-#if ML_EARLYW > 0 && !ML_OWNER_GO
-        if (j == jw) mbar_wait(bstart, 0);  // the first jw items ahead of the x rows, the rest behind
-#endif
 #if ML_XST
         // gate_up item j: slot j % 4, its use j / 4; down item k = j - ng: dn_slot
         int sl = s, use = j / ML_STAGES;
@@ -936,13 +791,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
       const float* bws = reinterpret_cast<const float*>(bb + B_WS);
       mbar_wait(&bfull[b & 1], (b >> 1) & 1);
       if (tid == 0 && b == 0) stamp(p, 4);  // the first gate_up B chunk in
-#if ML_FASTQ == 2
-      quant_rows_win<16>(bb, n, XROW, bxs, wid, lane);
-#elif ML_FASTQ
-      quant_rows_warp<16>(bb, n, XROW, bxs, wid, lane);
-#else
       quant_rows_inplace<16>(bb, n, XROW, bxs, wid, lane);
-#endif
       consumer_sync();
       if (tid == 0) evb(p, 1, b);
       if (tid == 0 && b == 0) stamp(p, 2);  // the first chunk's x quantized
@@ -1050,9 +899,6 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
 #if ML_CHUNK_FLAGS
     if (tid == 0) {
       stamp(p, 5);  // gate_up done
-#if ML_ADAPT == 2
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_done));
-#endif
       publish_chunk(p, gu_chunk(gc0, nbg, nbg - 1), gb, ge);
     }
 #else
@@ -1130,13 +976,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     if (tid == 0 && b == nbg) stamp(p, 9);  // the first down B chunk in
 #if !ML_SEPARATE_AQ
     if (!dry) {
-#if ML_FASTQ == 2
-      quant_rows_win<4>(bb, n, HROW, bhs, wid, lane);  // the chunk's h rows
-#elif ML_FASTQ
-      quant_rows_warp<4>(bb, n, HROW, bhs, wid, lane);  // the chunk's h rows
-#else
       quant_rows_inplace<4>(bb, n, HROW, bhs, wid, lane);  // the chunk's h rows
-#endif
       consumer_sync();
     }
     if (tid == 0) evb(p, 1, b);
@@ -1230,9 +1070,6 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   consumer_sync();
   if (tid == 0) {
     stamp(p, 10);  // down done
-#if ML_ADAPT == 1
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_done));
-#endif
 #if ML_REL_ATOM
     grid_arrive_wait_rel(p.bar + 64, gridDim.x);
 #elif ML_MONO_BAR
@@ -1241,14 +1078,6 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     grid_arrive_wait(p.bar, gridDim.x);
 #endif
     stamp(p, 11);  // the last grid barrier passed
-#if ML_ADAPT
-    {  // every CTA has read the weights (at its entry, before it arrived): this CTA's for the next launch
-      const int items = ML_ADAPT == 2 ? ng : ng + nd;
-      const float est = (float)items * 1000.0f / (float)max(1ull, t_done - t_entry);  // items per us
-      const float w = isfinite(wold) && wold > 0.0f ? 0.5f * (wold + est) : est;
-      p.bar[ML_W_WORD + c] = __float_as_uint(w);
-    }
-#endif
   }
   consumer_sync();
 #if ML_CHUNK_FLAGS
