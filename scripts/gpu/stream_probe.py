@@ -461,10 +461,10 @@ def ml_ab(out: Path, reps: int) -> dict[str, Any]:
             return run
 
         same = {name: True for name in ML_AB}
-        for k in range(ROT):  # every rotated routing, outputs poisoned first; the builds interleaved (shared workspace)
+        for ri in range(ROT):  # every rotated routing, outputs poisoned first; the builds interleaved (shared workspace)
             for name in ML_AB:
                 outs[name].fill_(float("nan"))
-                launcher(name)(k)
+                launcher(name)(ri)
             torch.cuda.synchronize()
             for name in ML_AB:
                 same[name] &= bool(torch.equal(outs[name][:m].view(torch.int16), outs["base"][:m].view(torch.int16)))
@@ -540,10 +540,10 @@ def m1_ab(out: Path, reps: int) -> dict[str, Any]:
         return run
 
     same = {name: True for name in M1_AB}
-    for k in range(ROT):
+    for ri in range(ROT):
         for name in M1_AB:
             outs[name].fill_(float("nan"))
-            launcher(name)(k)
+            launcher(name)(ri)
         torch.cuda.synchronize()
         for name in M1_AB:
             same[name] &= bool(torch.equal(outs[name][:1].view(torch.int16), outs["base"][:1].view(torch.int16)))
