@@ -321,6 +321,23 @@ def _timed_fn(cubin: Path, sym: str, threads: int, smem: int) -> tuple[Any, Any]
     return fn, rt._launch_config(threads, smem, cooperative=True)
 
 
+def _coop_runner(fn_cfg: tuple[Any, Any], plist: list[Any], name: str) -> Any:
+    """run(k=None): launch the 128-CTA cooperative kernel on every (params, arg pointer) of plist, or only the k-th."""
+    import torch
+
+    from netra import runtime as rt
+
+    fn, cfg = fn_cfg
+
+    def run(k: int | None = None) -> None:
+        for i, (_p, ptr) in enumerate(plist):
+            if k is not None and i != k:
+                continue
+            cfg.gridDimX, cfg.hStream = 128, torch.cuda.current_stream().cuda_stream
+            rt.check(rt.driver().cuLaunchKernelEx(cfg, fn, ctypes.addressof(ptr), 0), f"launch {name}")
+    return run
+
+
 def _launch_stamps(fn: Any, cfg: Any, params: Any, flat: Any, base: int, pre: int = 0) -> Any:
     """One launch of a timed build on 128 CTAs, after `pre` launches of the same (so that its code is in the SMs'
     instruction caches, as in graph replay); its stamps [128, 16] (ns, float64) from flat[base:]."""
@@ -420,7 +437,6 @@ def ml_ab(out: Path, reps: int) -> dict[str, Any]:
 
     import torch
 
-    from netra import runtime as rt
     from netra.bench.kernels_moe import interleaved_replay_us, make_routing, make_weights
     from netra.ops.moe_fp8 import MoeSm90, _fill_layer_inputs, _MlParams
 
@@ -450,15 +466,7 @@ def ml_ab(out: Path, reps: int) -> dict[str, Any]:
                 params[name].append((p, (ctypes.c_void_p * 1)(ctypes.addressof(p))))
 
         def launcher(name: str, params: dict[str, list[Any]] = params) -> Any:
-            fn, cfg = fns[name]
-
-            def run(k: int | None = None) -> None:
-                for i, (_p, ptr) in enumerate(params[name]):
-                    if k is not None and i != k:
-                        continue
-                    cfg.gridDimX, cfg.hStream = 128, torch.cuda.current_stream().cuda_stream
-                    rt.check(rt.driver().cuLaunchKernelEx(cfg, fn, ctypes.addressof(ptr), 0), f"launch {name}")
-            return run
+            return _coop_runner(fns[name], params[name], name)
 
         same = {name: True for name in ML_AB}
         for ri in range(ROT):  # every rotated routing, outputs poisoned first; the builds interleaved (shared workspace)
@@ -507,7 +515,6 @@ def m1_ab(out: Path, reps: int) -> dict[str, Any]:
 
     import torch
 
-    from netra import runtime as rt
     from netra.bench.kernels_moe import interleaved_replay_us, make_routing, make_weights
     from netra.ops.moe_fp8 import MoeSm90, _fill_layer_inputs, _M1Params
 
@@ -529,15 +536,7 @@ def m1_ab(out: Path, reps: int) -> dict[str, Any]:
             params[name].append((p, (ctypes.c_void_p * 1)(ctypes.addressof(p))))
 
     def launcher(name: str) -> Any:
-        fn, cfg = fns[name]
-
-        def run(k: int | None = None) -> None:
-            for i, (_p, ptr) in enumerate(params[name]):
-                if k is not None and i != k:
-                    continue
-                cfg.gridDimX, cfg.hStream = 128, torch.cuda.current_stream().cuda_stream
-                rt.check(rt.driver().cuLaunchKernelEx(cfg, fn, ctypes.addressof(ptr), 0), f"launch {name}")
-        return run
+        return _coop_runner(fns[name], params[name], name)
 
     same = {name: True for name in M1_AB}
     for ri in range(ROT):

@@ -347,6 +347,19 @@ struct Meta {  // shared-memory route metadata (every CTA builds the same)
 #endif
 };
 
+// A gate_up chunk's x rows (BF16) into a B buffer: the tokens of expert e with ranks [skip, skip + n) in its token mask
+__device__ __forceinline__ void issue_x_rows(const MlParams& p, const Meta& m, int e, int skip, int n, uint8_t* dst, uint64_t* bar) {
+  int rank = 0, i = 0;
+  for (int w = 0; w < 4 && i < n; ++w) {
+    unsigned bits = m.tm[e][w];
+    while (bits != 0u && i < n) {
+      const int tk = w * 32 + __ffs(bits) - 1;
+      bits &= bits - 1u;
+      if (rank++ >= skip) bulk_g2s(dst + (i++) * XROW, p.x + (size_t)tk * HID, HID * 2, bar);
+    }
+  }
+}
+
 __device__ __forceinline__ void chunk_of(const Meta& m, int entry, int csize, int& slot, int& p0, int& n, int& e) {
   slot = entry & 0xffff;
   const int cis = entry >> 16;
@@ -492,15 +505,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
         uint8_t* dst = smem + OFF_B;  // B buffer 0: the x rows first in this SM's copy queue, as the B producer's chunk 0
         mbar_expect_tx(&bfull[0], n * HID * 2 + 512);
         bulk_g2s(dst + B_WS, p.w13_scale + (size_t)e * 128, 512, &bfull[0]);
-        int rank = 0, i = 0;
-        for (int w4 = 0; w4 < 4 && i < n; ++w4) {
-          unsigned bits = m.tm[e][w4];
-          while (bits != 0u && i < n) {
-            const int tk = w4 * 32 + __ffs(bits) - 1;
-            bits &= bits - 1u;
-            if (rank++ >= cis * GCH) bulk_g2s(dst + (i++) * XROW, p.x + (size_t)tk * HID, HID * 2, &bfull[0]);
-          }
-        }
+        issue_x_rows(p, m, e, cis * GCH, n, dst, &bfull[0]);
         const uint8_t* base = p.w13 + (size_t)e * 1024 * HID;
         int np = 0;
         for (; np < ML_PRE_ITEMS && np < ge0 - gb0 && (gb0 + np) / GU_PER_CHUNK < gc + ch; ++np) {
@@ -725,16 +730,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
           bulk_g2s(dst + B_WS, p.w13_scale + (size_t)e * 128, 512, &bfull[s]);
 #if ML_EARLY_GO
           {  // the chunk's tokens (set bits of the expert's token mask, ranks [cis * GCH, + n)): x rows, BF16
-            const int skip = (m.gchunk[gu_chunk(gc0, nbg, b)] >> 16) * GCH;
-            int rank = 0, i = 0;
-            for (int w = 0; w < 4 && i < n; ++w) {
-              unsigned bits = m.tm[e][w];
-              while (bits != 0u && i < n) {
-                const int tk = w * 32 + __ffs(bits) - 1;
-                bits &= bits - 1u;
-                if (rank++ >= skip) bulk_g2s(dst + (i++) * XROW, p.x + (size_t)tk * HID, HID * 2, &bfull[s]);
-              }
-            }
+            issue_x_rows(p, m, e, (m.gchunk[gu_chunk(gc0, nbg, b)] >> 16) * GCH, n, dst, &bfull[s]);
           }
 #else
           for (int i = 0; i < n; ++i)  // the chunk's tokens' x rows, BF16
