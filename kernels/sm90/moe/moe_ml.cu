@@ -122,17 +122,17 @@ static_assert(BBUF % 128 == 0, "B buffer layout");
 #define ML_XST_MAX_M 1000
 #endif
 #ifndef ML_OWNER_GO                   // 1 (round 10, adopted with 1 item below 128 tokens): right after the block-wide scans, the
-#define ML_OWNER_GO (!ML_SEPARATE_AQ) // thread whose expert holds the CTA's first gate_up item issues that chunk's x rows and scales (B buffer 0) and then
-#endif                                // up to ML_PRE_ITEMS weight items of the same expert, before the tables are written and
-#ifndef ML_PRE_ITEMS                  // synchronized; the B producer starts at chunk 1, the weight producer after those items
-#define ML_PRE_ITEMS 1                // (no bstart wait: the x rows went first from the same thread; run19 h: 1 item beat 4)
-#endif
+#define ML_OWNER_GO (!ML_SEPARATE_AQ) // thread whose expert holds the CTA's first gate_up item issues that chunk's x rows and
+#endif                                // scales (B buffer 0), then up to ML_PRE_ITEMS weight items of the same expert, before the
+#ifndef ML_PRE_ITEMS                  // tables are written and synchronized; the B producer starts at chunk 1, the weight producer
+#define ML_PRE_ITEMS 1                // after those items (no bstart wait: the x rows went first from the same thread; run19 h:
+#endif                                // 1 item beat 4)
 #ifndef ML_OWNER_MAX_M                // ML_OWNER_GO applies below this many tokens (run19 h: 0.994 at 64 tokens, 1.001 at 128)
 #define ML_OWNER_MAX_M 128
 #endif
-#ifndef ML_L2HINT                     // 1 (round 10; 2 adopted, run19 i-j): an expert with more than 8 tokens streams its weights once per
-#define ML_L2HINT (2 * !ML_SEPARATE_AQ)  // 8-token chunk (~5 of 251 experts at 128 tokens: 2% more bytes than the floor); its
-#endif                                // weight copies carry an L2 evict_last policy so the second chunk's reads hit L2;
+#ifndef ML_L2HINT                     // 1 (round 10; 2 adopted, run19 i-j): an expert with more than 8 tokens streams its weights
+#define ML_L2HINT (2 * !ML_SEPARATE_AQ)  // once per 8-token chunk (~5 of 251 experts at 128 tokens: 2% more bytes than the floor);
+#endif                                // its weight copies carry an L2 evict_last policy so the second chunk's reads hit L2;
                                       // 2: also evict_first on every other weight copy (read once); 3: evict_first on all
 #define HBUF (B_WS2 + 256)            // ML_XST: a down chunk's B buffer (8576)
 #if ML_XST
@@ -285,7 +285,6 @@ __device__ __forceinline__ void dn_slot(int k, int ng, bool xst, int& sl, int& u
   use = (ng > sl ? (ng - 1 - sl) / ML_STAGES + 1 : 0) + 1 + (k - 6) / ML_STAGES;
 }
 #endif
-
 
 __device__ __forceinline__ void consumer_sync() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(ML_NCW * 32) : "memory");
