@@ -919,7 +919,9 @@ def write_records_v3(src: Path, out: Path, tag: str, git_sha: str, judge: str = 
                         "evict_last policies on the weight stream, two extra ring slots across the gate_up -> down "
                         "transition, the first copies issued by the scan thread below 128 tokens; from d330c4f moe_m1f's "
                         "weight copies carry evict_first too and its route counts are release reductions "
-                        "(results/sm90/moe_runs/run19_end)"] if doc.get("v3_tune") == "m1fl" else [])]}
+                        "(results/sm90/moe_runs/run19_end); from round 11 (run20) moe_m1f is launched with programmatic "
+                        "stream serialization (griddepcontrol.wait at entry, before any global read; "
+                        "results/sm90/moe_runs/run20_pdl)"] if doc.get("v3_tune") == "m1fl" else [])]}
     if not rows:
         rec["verdict"] = "inconclusive"
     path = write_record(rec, out, f"moe_layer{tag}")

@@ -135,7 +135,11 @@ _C = ["-DML_XST=2", "-DML_OWNER_GO=1", "-DML_PRE_ITEMS=1", "-DML_OWNER_MAX_M=128
 # below 128 tokens, ML_L2HINT=2) became the contract's default at fe824cd; "base" below is that build. (l2f and l2a are the
 # same code at 8 tokens, where no expert has more than 8 tokens: their 2% difference there is the A/B's own spread for
 # cache-policy builds, which leave the L2 in different states for the build that follows.)
-ML_AB = {"base": (4, 8, 0, []), "r9": (4, 8, 0, ["-DML_XST=0", "-DML_OWNER_GO=0", "-DML_L2HINT=0"])}
+# round 11 (run20): PDL (ML_PDL / M1F_PDL: griddepcontrol.wait + launch_dependents at entry, launched with programmatic
+# stream serialization) with and without the cooperative attribute; "basenc": the contract build launched without it
+ML_AB = {"base": (4, 8, 0, []), "basenc": (4, 8, 0, []), "pdl": (4, 8, 0, ["-DML_PDL=1"]),
+         "pdlnc": (4, 8, 0, ["-DML_PDL=1"])}
+AB_LAUNCH = {"basenc": "plain", "pdl": "coop+pdl", "pdlnc": "pdl", "tagpdl": "coop+pdl"}  # A/B build name -> launch mode (default "coop")
 ML_AB_WS = 20480  # workspace bytes of the A/B (ML_FLYSUM's arrival counters at words 1024 + 128 * 32)
 ML_AB_TOKENS = (8, 16, 32, 64, 128)
 # round 8: kernels/sm90/moe/moe_m1.cu with -DM1_TIMING=1 (stamps at byte 512 K of gu)
@@ -143,13 +147,17 @@ M1_TIMED = ROOT / "build" / "explore" / "moe_m1_timed.cubin"
 # round 8: the same stamps in kernels/sm90/moe/moe_m1f.cu (-DM1F_TIMING=1): name -> (source, symbol, tune, cubin, flags);
 # run17: m1f-w2e / -w2a1 / -w2a3 (the down share's copies at entry / after gate_up tile 1 / 3; the contract: after tile 2)
 # took 12.80 / 10.24 / 10.50 us single launch against 10.24
-M1_KERNELS = {"m1": ("moe_m1.cu", "moe_m1", "m1", M1_TIMED, ["-DM1_TIMING=1"]),
-              "m1f": ("moe_m1f.cu", "moe_m1f", "m1f", M1_TIMED.with_name("moe_m1f_timed.cubin"), ["-DM1F_TIMING=1"])}
+# run20 c: m1f's timeline with hot code (M1_PRE launches first) and three more stamps (the down share's landing on its own;
+# the last route), and the tagged-h build's
+M1_KERNELS = {"m1f": ("moe_m1f.cu", "moe_m1f", "m1f", M1_TIMED.with_name("moe_m1f_timed.cubin"), ["-DM1F_TIMING=1"]),
+              "m1ftag": ("moe_m1f.cu", "moe_m1f", "m1f", M1_TIMED.with_name("moe_m1f_tag_timed.cubin"),
+                         ["-DM1F_TIMING=1", "-DM1F_HTAG=1", "-DM1F_POLL_GIVEUP=22"])}
+M1_PRE = 3
 # (run17 also: m1f with a grid barrier on a growing count, 10.24 us, against the contract's per-route counters 9.98)
 # (the tagged-h build, kernels/sm90/moe/rejected/moe_m1f_tagged.cu.txt, failed at launch; its poll-debug twin ran clean)
 M1_STAMPS = ("entry", "copies issued", "x quantized", "gate_up tile 0 in", "gate_up tile 1 in", "gate_up tile 2 in",
              "gate_up tile 3 in", "gate_up done", "barrier / route 0 complete", "h (route 0) in smem", "down share in",
-             "out written", "down copies issued")
+             "out written", "down copies issued", "tile 3 h stored (chain)", "down share landed", "all routes' y in smem")
 
 
 def ml_launch_shape(stages: int, gch: int, dch: int, extra_warps: int = 0, xst: bool = True) -> tuple[int, int]:
@@ -309,8 +317,9 @@ def _ml_stragglers(st: Any, ids: Any, m: int) -> None:
         print(f"    m={m} last {label}: " + "; ".join(desc) + f"; median {float(rel[:, k].median()):.1f}")
 
 
-def _timed_fn(cubin: Path, sym: str, threads: int, smem: int) -> tuple[Any, Any]:
-    """(function, cooperative launch config) of an exploration (timed) code object."""
+def _timed_fn(cubin: Path, sym: str, threads: int, smem: int, launch: str = "coop") -> tuple[Any, Any]:
+    """(function, launch config) of an exploration (timed) code object; launch: "coop" (cooperative, the contracts'),
+    "coop+pdl" (also programmatic stream serialization), "pdl" (PDL only), "plain" (neither; AB_LAUNCH)."""
     from netra import runtime as rt
 
     cu = rt.driver()
@@ -318,7 +327,9 @@ def _timed_fn(cubin: Path, sym: str, threads: int, smem: int) -> tuple[Any, Any]
     fn = rt.check(cu.cuModuleGetFunction(module, sym.encode()), f"{sym} (timed)")
     attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     rt.check(cu.cuFuncSetAttribute(fn, attr, smem), f"smem {sym} (timed)")
-    return fn, rt._launch_config(threads, smem, cooperative=True)
+    if launch not in ("coop", "coop+pdl", "pdl", "plain"):
+        raise SystemExit(f"launch mode {launch!r}")
+    return fn, rt._launch_config(threads, smem, cooperative=launch.startswith("coop"), pdl=launch.endswith("pdl"))
 
 
 def _coop_runner(fn_cfg: tuple[Any, Any], plist: list[Any], name: str) -> Any:
@@ -338,9 +349,10 @@ def _coop_runner(fn_cfg: tuple[Any, Any], plist: list[Any], name: str) -> Any:
     return run
 
 
-def _launch_stamps(fn: Any, cfg: Any, params: Any, flat: Any, base: int, pre: int = 0) -> Any:
+def _launch_stamps(fn: Any, cfg: Any, params: Any, flat: Any, base: int, pre: int = 0, pre_params: Any = None) -> Any:
     """One launch of a timed build on 128 CTAs, after `pre` launches of the same (so that its code is in the SMs'
-    instruction caches, as in graph replay); its stamps [128, 16] (ns, float64) from flat[base:]."""
+    instruction caches, as in graph replay; on pre_params when given, so that the timed launch's weights are not the
+    ones the pre launches left in L2); its stamps [128, 16] (ns, float64) from flat[base:]."""
     import torch
 
     from netra import runtime as rt
@@ -350,8 +362,9 @@ def _launch_stamps(fn: Any, cfg: Any, params: Any, flat: Any, base: int, pre: in
     flat[base: base + 128 * 16 * 8].zero_()
     cfg.gridDimX, cfg.hStream = M1_CTAS, torch.cuda.current_stream().cuda_stream
     torch.cuda.synchronize()
-    for _ in range(pre + 1):
-        rt.check(rt.driver().cuLaunchKernelEx(cfg, fn, ctypes.addressof(ptr), 0), "launch (timed)")
+    pre_ptr = (ctypes.c_void_p * 1)(ctypes.addressof(pre_params if pre_params is not None else params))
+    for i in range(pre + 1):
+        rt.check(rt.driver().cuLaunchKernelEx(cfg, fn, ctypes.addressof(ptr if i == pre else pre_ptr), 0), "launch (timed)")
     torch.cuda.synchronize()
     return flat[base: base + 128 * 16 * 8].view(torch.int64).view(128, 16).cpu().double()
 
@@ -447,7 +460,8 @@ def ml_ab(out: Path, reps: int) -> dict[str, Any]:
         threads, smem = ml_launch_shape(st, gch, gch, extra, xst="-DML_XST=0" not in _flags)
         if name == "base" and (threads, smem) != (t.block, t.smem_bytes):
             raise SystemExit(f"ml_launch_shape {threads, smem} != the contract's {t.block, t.smem_bytes}")
-        fns[name] = _timed_fn(ML_TIMED.with_name(f"moe_ml_ab_{name}.cubin"), "moe_ml", threads, smem)
+        fns[name] = _timed_fn(ML_TIMED.with_name(f"moe_ml_ab_{name}.cubin"), "moe_ml", threads, smem,
+                              AB_LAUNCH.get(name, "coop"))
     ws = torch.zeros(max(t.workspace.numel(), ML_AB_WS), dtype=torch.uint8, device="cuda")
     w = make_weights()
     outs = {name: torch.zeros_like(ours.out) for name in ML_AB}
@@ -505,7 +519,14 @@ def ml_ab(out: Path, reps: int) -> dict[str, Any]:
 # run19 l: l2 0.996, rel 0.999, l2rel 0.988 (12.03 vs 12.17 us), all bitwise: l2rel became moe_m1f's default; "r9" = before
 # run19 o: when the down share is requested (M1F_W2_AFTER: after gate_up tile 1 / 3, or -1 at entry) under the L2 hints:
 # w1 0.997, w3 1.025, we 1.217 (base 11.60 us): the contract's tile 2 stays
-M1_AB = {"base": [], "w1": ["-DM1F_W2_AFTER=1"], "w3": ["-DM1F_W2_AFTER=3"], "we": ["-DM1F_W2_AFTER=-1"]}
+# run20 a: base 11.54, basenc 11.55 (1.000), pdl 11.28 (0.977), pdlnc 11.36 (0.984), all bitwise; ml: pdl 0.988 / 0.994 /
+# 1.001 / 1.004 / 0.998 at 8..128 tokens, pdlnc 0.988 .. 1.001
+# run20 b: "tag" (M1F_HTAG: h as self-validating tagged words, no fence / counter; polls give up after 2^22 rounds in these
+# builds and count it in workspace word 9 instead of trapping), on its own and with PDL. Every build has its own workspace.
+_GIVEUP = ["-DM1F_POLL_GIVEUP=22"]
+M1_AB = {"base": [], "pdl": ["-DM1F_PDL=1"], "tag": ["-DM1F_HTAG=1", *_GIVEUP],
+         "tagpdl": ["-DM1F_HTAG=1", "-DM1F_PDL=1", *_GIVEUP]}  # launch modes: AB_LAUNCH
+M1_AB_WS = 20480  # workspace bytes per A/B build (M1F_HTAG: 17408)
 
 
 def m1_ab(out: Path, reps: int) -> dict[str, Any]:
@@ -520,9 +541,9 @@ def m1_ab(out: Path, reps: int) -> dict[str, Any]:
 
     ours = MoeSm90(0, variant="v3", tune="m1fl")
     t = ours.t["m1"]
-    fns = {name: _timed_fn(ML_TIMED.with_name(f"moe_m1f_ab_{name}.cubin"), "moe_m1f", t.block, t.smem_bytes)
-           for name in M1_AB}
-    ws = torch.zeros(t.workspace.numel(), dtype=torch.uint8, device="cuda")
+    fns = {name: _timed_fn(ML_TIMED.with_name(f"moe_m1f_ab_{name}.cubin"), "moe_m1f", t.block, t.smem_bytes,
+                           AB_LAUNCH.get(name, "coop")) for name in M1_AB}
+    ws = {name: torch.zeros(max(t.workspace.numel(), M1_AB_WS), dtype=torch.uint8, device="cuda") for name in M1_AB}
     w = make_weights()
     outs = {name: torch.zeros_like(ours.out) for name in M1_AB}
     sets = [make_routing(1, seed=500 + 13 * i) for i in range(ROT)]
@@ -532,7 +553,7 @@ def m1_ab(out: Path, reps: int) -> dict[str, Any]:
         for (x, ids, wts, _sw) in sets:
             p = _M1Params()
             _fill_layer_inputs(p, (x, ids, wts), w["w13"], w["s13"], w["w2"], w["s2"])
-            p.gu, p.out, p.bar, p.dbg_hq, p.dbg_hs = ours.gu.data_ptr(), outs[name].data_ptr(), ws.data_ptr(), None, None
+            p.gu, p.out, p.bar, p.dbg_hq, p.dbg_hs = ours.gu.data_ptr(), outs[name].data_ptr(), ws[name].data_ptr(), None, None
             params[name].append((p, (ctypes.c_void_p * 1)(ctypes.addressof(p))))
 
     def launcher(name: str) -> Any:
@@ -550,10 +571,14 @@ def m1_ab(out: Path, reps: int) -> dict[str, Any]:
     torch.cuda.synchronize()
     times = interleaved_replay_us(graphs, reps, ROT)
     med = {name: statistics.median(ts) for name, ts in times.items()}
-    res = {name: {"us": med[name], "vs_base": med[name] / med["base"], "bitwise_base": same[name]} for name in M1_AB}
+    torch.cuda.synchronize()
+    gave_up = {name: int(ws[name].view(torch.int32)[9]) for name in M1_AB}  # M1F_POLL_GIVEUP builds: polls that gave up
+    res = {name: {"us": med[name], "vs_base": med[name] / med["base"], "bitwise_base": same[name],
+                  "polls_gave_up": gave_up[name]} for name in M1_AB}
     (out / "m1_ab.json").write_text(json.dumps(res, indent=1))
     print("moe_m1f A/B at 1 token (interleaved graph replay, µs per launch; ratio to base)")
-    print("  ".join(f"{n} {r['us']:6.2f} {r['vs_base']:5.3f}{'' if r['bitwise_base'] else ' DIFFERS'}" for n, r in res.items()))
+    print("  ".join(f"{n} {r['us']:6.2f} {r['vs_base']:5.3f}{'' if r['bitwise_base'] else ' DIFFERS'}"
+                    f"{' GAVE UP ' + str(r['polls_gave_up']) if r['polls_gave_up'] else ''}" for n, r in res.items()))
     return res
 
 
@@ -606,17 +631,20 @@ def m1_timeline_one(name: str) -> dict[str, Any]:
     ours = MoeSm90(0, variant="v3", tune=tune)
     t = ours.t["m1"]
     fn, cfg = _timed_fn(cubin, sym, t.block, t.smem_bytes)
-    ws = torch.zeros(t.workspace.numel(), dtype=torch.uint8, device="cuda")
+    ws = torch.zeros(max(t.workspace.numel(), M1_AB_WS), dtype=torch.uint8, device="cuda")
     w = make_weights()
     flat, base = ours.gu.view(torch.uint8).view(-1), 512 * 1024  # stamps at byte 512 K of gu (M1_TIMING / M1F_TIMING)
     per: list[Any] = []
+    prev, keep = None, []
     for i in range(12):
         x, ids, wts, _sw = make_routing(1, seed=700 + 17 * i)
         p = _M1Params()
         _fill_layer_inputs(p, (x, ids, wts), w["w13"], w["s13"], w["w2"], w["s2"])
         p.gu, p.out, p.bar = ours.gu.data_ptr(), ours.out.data_ptr(), ws.data_ptr()
         p.dbg_hq = p.dbg_hs = None
-        st = _launch_stamps(fn, cfg, p, flat, base)
+        keep.append((x, ids, wts))  # prev's tensors stay allocated
+        st = _launch_stamps(fn, cfg, p, flat, base, pre=M1_PRE if prev is not None else 0, pre_params=prev)
+        prev = p
         if i >= 2:
             per.append(st)
     rows = _stamp_rows(torch.stack(per), M1_STAMPS)

@@ -57,6 +57,11 @@
 #ifndef M1F_REL                       // 1 (round 10, adopted with M1F_L2HINT: run19 l 0.988 of the time together, bitwise): the
 #define M1F_REL 1                     // route count published with red.release
 #endif
+#ifndef M1F_PDL                       // 1 (round 11, adopted: run20 a / b 0.977 / 0.964 of the time in interleaved graph replay, bitwise;
+#define M1F_PDL 1                     // executes griddepcontrol.wait at entry, before any global read (x, the ids and weights come
+#endif                                // from the previous kernel, the counters from the previous launch), then launch_dependents
+                                      // (a dependent is scheduled once all 128 CTAs are resident and waits for this grid's end).
+                                      // Contract launch: cooperative + pdl. 0: round 10's code object, byte for byte
 #ifndef M1F_L2HINT                    // 1 (round 10, adopted): the weight copies carry an L2 evict_first policy (read once),
 #define M1F_L2HINT 1                  // as moe_ml's (run19: it keeps the intermediates and counters in L2 under the stream)
 #endif
@@ -155,6 +160,10 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
   const int j = c & 15;                  // its 32 columns [32 j, 32 j + 32)
 
   if (tid == 0) stamp(p, 0);  // entry
+#if M1F_PDL
+  pdl_wait();
+  pdl_trigger();
+#endif
   // x first: the MMA warps' groups wid and wid + 8 (4 values per lane), in flight before any copy is issued
   uint2 xr[2];
   if (wid < F_MMA_WARPS) {
@@ -272,6 +281,7 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
       const float up = __bfloat162float(__float2bfloat16_rn(acc[2]));
       p.gu[(size_t)s_pos[kq] * INTER + 32 * j + 8 * tt + g] = __float2bfloat16_rn(moe::silu_mul(gt, up));
     }
+    if (tt == 3 && lane == 0) stamp(p, 13);  // tile 3's h stored
   }
   __syncthreads();  // every h store of this CTA precedes the arrival
 #if M1F_ROUTE_FLAGS == 2
@@ -301,6 +311,12 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
   __syncthreads();
 #endif
 
+#if M1F_TIMING
+  if (wid == F_MMA_WARPS + 3 && lane == 0) {  // timing builds only: the down share's landing, by a warp that is idle until the
+    mbar_wait(&full[4], 0);                    // last __syncthreads anyway
+    stamp(p, 14);
+  }
+#endif
   // MMA warp k, route k: h_q_k (st8's down prologue arithmetic without the SiLU: half-warp hw takes 128-groups 2hw and
   // 2hw + 1, 8 values per lane), then output rows [16c, 16c + 16) of expert ids[k] (one 16-row tile, as one q tile
   // of an st8 down item) with h_k in B column 0; y_k = bf16(acc * w_k)
@@ -369,6 +385,7 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
     }
   }
   __syncthreads();
+  if (tid == 0) stamp(p, 15);  // every route's y in shared memory
   if (tid < 16) {  // top-k sum in rank order (FP32), rounded once to BF16
     float s = 0.0f;
 #pragma unroll

@@ -130,6 +130,10 @@ static_assert(BBUF % 128 == 0, "B buffer layout");
 #ifndef ML_OWNER_MAX_M                // ML_OWNER_GO applies below this many tokens (run19 h: 0.994 at 64 tokens, 1.001 at 128)
 #define ML_OWNER_MAX_M 128
 #endif
+#ifndef ML_PDL                        // 1 (round 11, exploration): launched with programmatic stream serialization: the mbarriers
+#define ML_PDL 0                      // are initialised, then every thread executes griddepcontrol.wait before any global read
+#endif                                // (the routes and x come from the previous kernel, the counters from the previous launch),
+                                      // then launch_dependents
 #ifndef ML_L2HINT                     // 1 (round 10; 2 adopted, run19 i-j): an expert with more than 8 tokens streams its weights
 #define ML_L2HINT (2 * !ML_SEPARATE_AQ)  // once per 8-token chunk (~5 of 251 experts at 128 tokens: 2% more bytes than the floor);
 #endif                                // its weight copies carry an L2 evict_last policy so the second chunk's reads hit L2;
@@ -438,6 +442,10 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     mbar_init(bstart, 1);
     mbar_fence_init();
   }
+#if ML_PDL
+  pdl_wait();
+  pdl_trigger();
+#endif
   // the routes: ids and weights into registers (up to 6 per thread; ML_EARLY_GO: the consumer threads only, 4)
   constexpr int NRT = ML_EARLY_GO ? ML_NCW * 32 : ML_THREADS;
   constexpr int RPT = (MAX_ROUTES + NRT - 1) / NRT;
