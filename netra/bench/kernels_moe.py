@@ -827,7 +827,7 @@ def act_quant_gates(rows: list[dict[str, Any]], checks: dict[str, Any], v3_tune:
             "standalone_vs_sglang_pair": sp, "standalone_pass": sa_pass,
             "layer_saving_us_unfused_minus_fused": saving, "eliminated_pass": el_pass,
             "eliminated_note": (f"A/B: netra-v3 ran tuning build {v3_tune!r}, netra-v3-unfused its act+quant twin "
-                                "(the same kernel with SiLU*up + quantization as a grid-wide step)" if twin else
+                                "(the same kernels with SiLU*up + quantization as their own step)" if twin else
                                 f"not an A/B: netra-v3 ran tuning build {v3_tune!r}, netra-v3-unfused the base "
                                 "GEMMs" if v3_tune else "same GEMM builds on both sides"),
             "pass": sa_pass or el_pass}

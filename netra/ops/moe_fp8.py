@@ -302,7 +302,9 @@ V3_TUNES: dict[str, dict[str, str]] = {
 }
 # tune -> its act+quant A/B twin (MoeSm90(variant="v3", fuse_act=False, tune=...)): the same one-kernel layer with
 # SiLU*up + quantization as their own grid-wide step (the other kernels stay the base unfused sequence)
-UNFUSED_TWINS: dict[str, dict[str, str]] = {"ml": {"ml": "moe_ml_aq_e256_k8"}}
+# (round 11: m1fl's twin = moe_m1f / moe_ml rebuilt with act+quant as their own step on today's defaults; "ml" keeps round 7's)
+UNFUSED_TWINS: dict[str, dict[str, str]] = {"ml": {"ml": "moe_ml_aq_e256_k8"},
+                                            "m1fl": {"m1": "moe_m1f_aq_e256_k8", "ml": "moe_ml_aq2_e256_k8"}}
 M1_CTAS = 128  # moe_m1's / moe_ms's / moe_ml's fixed grid (one CTA per SM, cooperative launch)
 ONE_KERNEL_MAX_TOKENS = {"m1": 1, "ms": 8, "ml": MAX_TOKENS}  # V3_TUNES key of the one-kernel layer -> the tokens it covers
 MS_PROBE_SYMBOL = "moe_ms_probe"  # exploration entry point of moe_ms's code object: the weight stream alone

@@ -2,6 +2,7 @@
 # Issue 7 round 8, one device call (carry build): the moe_m1 phase timeline (-DM1_TIMING=1), the moe_ml phase
 # timelines of the exploration builds (stream_probe.py ML_VARIANTS), the weight-stream probe, moe_v3_check of
 # BUILDS (bitwise vs st8 + interleaved graph replay), the GPU tests; everything tarred into $OUT/all.tgz.
+#   AQ=1: checkrec also needs the act+quant twin (BUILDS with v3m1fl-aq) and the record runs netra-v3-unfused (round 11)
 #   usage (device): [BUILDS=v3st8,v3m1l,v3m1fl] [NCU_PLAN=8:v3ml] bash scripts/gpu/moe_round8.sh [parts: m1 ml probe check ncu tests]
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -24,8 +25,9 @@ for part in $PARTS; do
               bash scripts/gpu/moe_h200.sh > $W/rec.txt 2>&1; tail -22 $W/rec.txt ;;
     checkrec) timeout 300 python3 scripts/gpu/moe_v3_check.py --builds ${BUILDS:-v3st8,v3m1fl} --out $W/check > $W/check.txt 2>&1
               tail -14 $W/check.txt
-              if grep -qE "^check: [0-9]+ cases, 0 failing" $W/check.txt && grep -qE "^smoke: usable .*v3m1fl" $W/check.txt; then
-                mkdir -p $W/rec; GIT_SHA=${SHA:-unknown} MOE_V3_TUNE=m1fl MOE_PROVIDERS=netra-v1,netra-v3,sglang,sglang-shared-mlp,torch-ref \
+              if grep -qE "^check: [0-9]+ cases, 0 failing" $W/check.txt && grep -qE "^smoke: usable .*v3m1fl" $W/check.txt \
+                 && { [ -z "${AQ:-}" ] || grep -qE "^smoke: usable .*v3m1fl-aq" $W/check.txt; }; then
+                mkdir -p $W/rec; GIT_SHA=${SHA:-unknown} MOE_V3_TUNE=m1fl MOE_PROVIDERS=netra-v1,netra-v3${AQ:+,netra-v3-unfused},sglang,sglang-shared-mlp,torch-ref \
                   OUT=$W/rec bash scripts/gpu/moe_h200.sh > $W/rec.txt 2>&1; tail -22 $W/rec.txt
               else echo "check not clean: no record"; fi ;;
     tests) timeout 300 python3 -m pytest -q tests/ops/test_moe_sm90.py -p no:cacheprovider 2>&1 | grep -v '^{' | tail -4 | tee $W/pytest_gpu_moe.log ;;

@@ -96,6 +96,7 @@ V3_BUILDS: dict[str, dict[str, Any]] = {
     # round 8: m1f (moe_m1f.cu) at 1 token; m1fl = m1f at 1 token, ml at 2..128
     "v3m1f": {"variant": "v3", "tune": "m1f"},
     "v3m1fl": {"variant": "v3", "tune": "m1fl"},
+    "v3m1fl-aq": {"variant": "v3", "tune": "m1fl", "fuse_act": False},  # round 11: m1fl's act+quant A/B twin
 }
 # tunes whose one-kernel layer writes no gate|up cache + h_q copy to compare (debug_h off; not route/align's first)
 NO_DEBUG_TUNES = ("ms", "ml", "m1l", "m1f", "m1fl")
@@ -134,7 +135,8 @@ AUTO_PICKS = {"v3auto": _auto_pick, "v3auto3": _auto_pick, "v3s3": lambda _m: "v
               "v3st8w": lambda _m: "v3st8",
               "v3m1": lambda _m: "v3st8", "v3m1nc": lambda _m: "v3st8", "v3ms": lambda _m: "v3st8",
               "v3ml": lambda _m: "v3st8", "v3m1l": lambda _m: "v3st8", "v3ml-aq": lambda _m: "v3st8",
-              "v3m1f": lambda _m: "v3st8", "v3m1fl": lambda _m: "v3st8"}  # m1: the same numerics by construction (st8's kernels above 1 token)  # provider -> the provider it must equal bitwise for m tokens
+              "v3m1f": lambda _m: "v3st8", "v3m1fl": lambda _m: "v3st8",
+              "v3m1fl-aq": lambda _m: "v3st8"}  # m1: the same numerics by construction (st8's kernels above 1 token)  # provider -> the provider it must equal bitwise for m tokens
 # smoke runs once per build (3 x 25 s by default); worst case 325 s, typical ~2.5 min
 STEP_TIMEOUT = {"sass": 20, "smoke": 25, "check": 170, "time": 170, "ncu": 150, "sanitize": 100}
 # (run5 took 6-7 s per step; the limits only bound a hang)

@@ -107,9 +107,9 @@ def test_v3_bad_shapes_are_refused() -> None:
         ours.experts(torch.zeros(129, 2048, dtype=torch.bfloat16, device="cuda"), *([torch.zeros(1)] * 4), False)
 
 
-def _bitwise_vs_st8(tune: str, cases: list[tuple[int, Any]]) -> None:
+def _bitwise_vs_st8(tune: str, cases: list[tuple[int, Any]], fuse_act: bool = True) -> None:
     """The one-kernel tune is bitwise the st8 sequence, eager and replayed, on (tokens, routing kind) cases,
-    routed only and with the shared route (where it falls back to st8)."""
+    routed only and with the shared route (where it falls back to st8; fuse_act=False: the tune's act+quant twin)."""
     import torch
 
     from netra.bench.kernels_moe import make_weights
@@ -117,7 +117,7 @@ def _bitwise_vs_st8(tune: str, cases: list[tuple[int, Any]]) -> None:
 
     mod = _v3_script()
     w = make_weights()
-    st8, one = MoeSm90(0, variant="v3", tune="st8"), MoeSm90(0, variant="v3", tune=tune)
+    st8, one = MoeSm90(0, variant="v3", tune="st8"), MoeSm90(0, variant="v3", tune=tune, fuse_act=fuse_act)
     for m, kind in cases:
         x, ids, wts, sw = mod.routing(m, kind, seed=13 + m)
         for shared in (False, True):
@@ -147,6 +147,14 @@ def test_m1f_bitwise_vs_st8_at_one_token() -> None:
     """tune "m1f" (round 8's one-token kernel, routed only) is bitwise the st8 sequence, eager and replayed, on
     ordinary and adversarial routings; with the shared route it falls back to st8."""
     _bitwise_vs_st8("m1f", [(1, k) for k in (False, *_v3_script().ADVERSARIAL_1)])
+
+
+def test_m1fl_act_quant_twin_bitwise_vs_st8() -> None:
+    """tune "m1fl" unfused (round 11's act+quant A/B twin: moe_m1f / moe_ml with SiLU*up + quantization as their own
+    step) is bitwise the st8 sequence, eager and replayed, at 1 token (moe_m1f_aq) and above (moe_ml_aq2)."""
+    mod = _v3_script()
+    cases = [(1, k) for k in (False, *mod.ADVERSARIAL_1)] + [(m, False) for m in (2, 8, 33, 128)]
+    _bitwise_vs_st8("m1fl", [*cases, (128, True), (17, "ties"), (64, "desc_edge")], fuse_act=False)
 
 
 def test_ms_bitwise_vs_st8_up_to_8_tokens() -> None:

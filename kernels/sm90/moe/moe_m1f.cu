@@ -57,6 +57,14 @@
 #ifndef M1F_REL                       // 1 (round 10, adopted with M1F_L2HINT: run19 l 0.988 of the time together, bitwise): the
 #define M1F_REL 1                     // route count published with red.release
 #endif
+#ifndef M1F_SEPARATE_AQ               // 1 (round 11; contract moe_m1f_aq_e256_k8, the act+quant A/B twin): the gate_up CTA writes
+#define M1F_SEPARATE_AQ 0             // BF16 gate and up ([8 routes][1024], route order, as the st8 cache) instead of h; SiLU*up +
+#endif                                // quantization run as their own step: once route k is complete, chain warp 0 of CTAs
+                                      // (k, 4q) computes group q of h_q_k / h_s_k (moe_act_quant's arithmetic) into global memory
+                                      // (gu + M1F_AQ_OFF) and adds 1 to the route's second count (workspace words 16..23, 4 per
+                                      // launch); MMA warp k waits for that count and copies h_q_k / h_s_k instead of quantizing
+#define M1F_AQ_OFF 65536              // byte offset in gu of the twin's h_q [8][512] e4m3, then h_s [8][4] FP32
+#define M1F_AQ_WORD 16                // the twin's second counts: workspace words [16, 24)
 #ifndef M1F_PDL                       // 1 (round 11, adopted: run20 a / b 0.977 / 0.964 of the time in interleaved graph replay, bitwise;
 #define M1F_PDL 1                     // executes griddepcontrol.wait at entry, before any global read (x, the ids and weights come
 #endif                                // from the previous kernel, the counters from the previous launch), then launch_dependents
@@ -279,7 +287,14 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
     if (t4 == 0) {  // token column 0: acc[0] gate (row g), acc[2] up (row g + 8) of column 32 j + 8 tt + g
       const float gt = __bfloat162float(__float2bfloat16_rn(acc[0]));
       const float up = __bfloat162float(__float2bfloat16_rn(acc[2]));
+#if M1F_SEPARATE_AQ
+      p.gu[(size_t)s_pos[kq] * 2 * INTER + 32 * j + 8 * tt + g] = __float2bfloat16_rn(acc[0]);  // gate|up, as st8's cache
+      p.gu[(size_t)s_pos[kq] * 2 * INTER + INTER + 32 * j + 8 * tt + g] = __float2bfloat16_rn(acc[2]);
+      (void)gt;
+      (void)up;
+#else
       p.gu[(size_t)s_pos[kq] * INTER + 32 * j + 8 * tt + g] = __float2bfloat16_rn(moe::silu_mul(gt, up));
+#endif
     }
     if (tt == 3 && lane == 0) stamp(p, 13);  // tile 3's h stored
   }
@@ -311,6 +326,41 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
   __syncthreads();
 #endif
 
+#if M1F_SEPARATE_AQ
+  static_assert(M1F_ROUTE_FLAGS == 2, "M1F_SEPARATE_AQ: the launch-counter route counts");
+  uint8_t* const aq_q = reinterpret_cast<uint8_t*>(p.gu) + M1F_AQ_OFF;
+  float* const aq_s = reinterpret_cast<float*>(aq_q + TOPK * INTER);
+  if (wid == F_MMA_WARPS && (j & 3) == 0) {  // the act+quant step: route kq, 128-group q = j / 4 (both half-warps compute it)
+    const unsigned target = s_target;
+    unsigned polls = 0;
+    while ((int)(ld_acquire_gpu(p.bar + kq) - target) < 0) {
+      if (++polls == (1u << 26)) __trap();
+    }
+    const int q = j >> 2, sub = lane & 15, col = q * 128 + sub * 8;
+    const __nv_bfloat16* src = p.gu + (size_t)s_pos[kq] * 2 * INTER + col;
+    float gf[8], uf[8], h[8];
+    moe::bf16x8_to_float(__ldcg(reinterpret_cast<const uint4*>(src)), gf);
+    moe::bf16x8_to_float(__ldcg(reinterpret_cast<const uint4*>(src + INTER)), uf);
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      h[i] = __bfloat162float(__float2bfloat16_rn(moe::silu_mul(gf[i], uf[i])));
+      amax = fmaxf(amax, fabsf(h[i]));
+    }
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float sc = moe::group_scale(amax);
+    if (lane < 16) {
+      uint2 v;
+      v.x = moe::quant4(h[0], h[1], h[2], h[3], sc);
+      v.y = moe::quant4(h[4], h[5], h[6], h[7], sc);
+      *reinterpret_cast<uint2*>(aq_q + (size_t)s_pos[kq] * INTER + col) = v;
+      if (sub == 0) aq_s[s_pos[kq] * 4 + q] = sc;
+    }
+    __syncwarp();
+    if (lane == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p.bar + M1F_AQ_WORD + kq) : "memory");
+  }
+#endif
 #if M1F_TIMING
   if (wid == F_MMA_WARPS + 3 && lane == 0) {  // timing builds only: the down share's landing, by a warp that is idle until the
     mbar_wait(&full[4], 0);                    // last __syncthreads anyway
@@ -332,6 +382,22 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
     }
     if (tid == 0) stamp(p, 8);  // route 0 complete
 #endif
+#if M1F_SEPARATE_AQ
+    {  // the act+quant step's h_q_k / h_s_k (4 groups published), copied to shared memory
+      const unsigned target = s_target >> 2;  // 4 per launch
+      unsigned polls = 0;
+      while ((int)(ld_acquire_gpu(p.bar + M1F_AQ_WORD + k) - target) < 0) {
+        if (++polls == (1u << 26)) __trap();
+      }
+      const uint4 qv = __ldcg(reinterpret_cast<const uint4*>(aq_q + (size_t)s_pos[k] * INTER) + lane);
+      *reinterpret_cast<uint4*>(s_h + k * HROW + lane * 16) = qv;
+      if (lane < 4) s_hs[k * 4 + lane] = __ldcg(aq_s + s_pos[k] * 4 + lane);
+      if (p.dbg_hq != nullptr && c == 0) {
+        *reinterpret_cast<uint4*>(p.dbg_hq + (size_t)s_pos[k] * 512 + lane * 16) = qv;
+        if (lane < 4) p.dbg_hs[s_pos[k] * 4 + lane] = s_hs[k * 4 + lane];
+      }
+    }
+#else
     const int hw = lane >> 4, sub = lane & 15;
     uint4 hv[2];
 #pragma unroll
@@ -359,6 +425,7 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const M1Param
         if (sub == 0) p.dbg_hs[r * 4 + grp] = sc;
       }
     }
+#endif  // M1F_SEPARATE_AQ
     __syncwarp();  // h_q_k and its scales (this warp's writes) before the B fragments read them
     if (tid == 0) stamp(p, 9);  // h_q_0 in shared memory
     uint32_t b[4][8];

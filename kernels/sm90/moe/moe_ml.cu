@@ -70,7 +70,11 @@
 
 #ifndef ML_SEPARATE_AQ
 #define ML_SEPARATE_AQ 0              // 1: the act+quant A/B twin (contract moe_ml_aq_e256_k8): gate_up writes the
-#endif                                // BF16 gate|up cache, SiLU*up + quantization run as their own grid-wide step
+#endif                                // BF16 gate|up cache, SiLU*up + quantization run as their own grid-wide step, and every
+                                      // later default off (round 7's build, run16). 2 (round 11, contract moe_ml_aq2_e256_k8):
+                                      // the same step on today's defaults (only the per-chunk counters give way to the grid
+                                      // barrier that the step needs, as a separate act+quant kernel would)
+#define ML_AQ_OLD (ML_SEPARATE_AQ == 1)
 #define HID 2048
 #define INTER 512
 #define TOPK 8
@@ -113,7 +117,7 @@ static_assert(BBUF % 128 == 0, "B buffer layout");
 #define OFF_B (OFF_RING + ML_STAGES * STAGE_BYTES)   // 131072
 #define OFF_XCH (OFF_B + 2 * BBUF)                    // 198656: gate_up pair exchange [2][pairs][4][32] FP32
 #ifndef ML_XST                        // 1 / 2 (round 10; 2 adopted, run19 g-j): two more ring slots in the down phase, in the x buffers
-#define ML_XST (2 * !ML_SEPARATE_AQ)  // (free once the gate_up chunks are done); the down chunks' h rows move to two 8.4 KB
+#define ML_XST (2 * !ML_AQ_OLD)       // (free once the gate_up chunks are done); the down chunks' h rows move to two 8.4 KB
 #endif                                // buffers at OFF_XCH (the first one past the gate_up exchange area, which is still in use).
                                       // 1: down item k in slot k % 6 all along (pairs 0 / 1 own two slots each); 2: only down
                                       // items 4 and 5 go to the extra slots (the gate_up -> down transition), then 4 slots again.
@@ -122,7 +126,7 @@ static_assert(BBUF % 128 == 0, "B buffer layout");
 #define ML_XST_MAX_M 1000
 #endif
 #ifndef ML_OWNER_GO                   // 1 (round 10, adopted with 1 item below 128 tokens): right after the block-wide scans, the
-#define ML_OWNER_GO (!ML_SEPARATE_AQ) // thread whose expert holds the CTA's first gate_up item issues that chunk's x rows and
+#define ML_OWNER_GO (!ML_AQ_OLD)      // thread whose expert holds the CTA's first gate_up item issues that chunk's x rows and
 #endif                                // scales (B buffer 0), then up to ML_PRE_ITEMS weight items of the same expert, before the
 #ifndef ML_PRE_ITEMS                  // tables are written and synchronized; the B producer starts at chunk 1, the weight producer
 #define ML_PRE_ITEMS 1                // after those items (no bstart wait: the x rows went first from the same thread; run19 h:
@@ -135,7 +139,7 @@ static_assert(BBUF % 128 == 0, "B buffer layout");
 #endif                                // (the routes and x come from the previous kernel, the counters from the previous launch),
                                       // then launch_dependents
 #ifndef ML_L2HINT                     // 1 (round 10; 2 adopted, run19 i-j): an expert with more than 8 tokens streams its weights
-#define ML_L2HINT (2 * !ML_SEPARATE_AQ)  // once per 8-token chunk (~5 of 251 experts at 128 tokens: 2% more bytes than the floor);
+#define ML_L2HINT (2 * !ML_AQ_OLD)    // once per 8-token chunk (~5 of 251 experts at 128 tokens: 2% more bytes than the floor);
 #endif                                // its weight copies carry an L2 evict_last policy so the second chunk's reads hit L2;
                                       // 2: also evict_first on every other weight copy (read once); 3: evict_first on all
 #define HBUF (B_WS2 + 256)            // ML_XST: a down chunk's B buffer (8576)
@@ -184,10 +188,10 @@ extern "C" __device__ unsigned int netra_params_layout[] = {
 static_assert(!ML_CHUNK_FLAGS || GCH == DCH, "chunk flags pair gate_up chunk i with down chunk i");
 
 #ifndef ML_MONO_BAR                  // 1: the last grid barrier on a count that only grows (workspace word 64; run17:
-#define ML_MONO_BAR (!ML_SEPARATE_AQ) // -0.8..-1.8 us at 8..128 tokens); the act+quant twin keeps moe_sync's grid_arrive_wait
+#define ML_MONO_BAR (!ML_AQ_OLD)      // -0.8..-1.8 us at 8..128 tokens); the act+quant twin keeps moe_sync's grid_arrive_wait
 #endif
 #ifndef ML_EARLY_GO                   // 1: the producers start right after the slot tables (the B producer takes a chunk's
-#define ML_EARLY_GO (!ML_SEPARATE_AQ) // tokens from the expert's token mask); the consumers build the route-list tables
+#define ML_EARLY_GO (!ML_AQ_OLD)      // tokens from the expert's token mask); the consumers build the route-list tables
 #endif                                // (prt / pw, read only in the down epilogues) meanwhile (run17: -0.5..-1.5 us)
 #ifndef ML_GU_REVERSE                 // 1 (exploration, rejected in run17: no gain, 56.8 vs 56.6 us at 8 tokens, 205.1 vs 205.3 at
 #define ML_GU_REVERSE 0               // 128, single launch): every CTA runs its gate_up range backwards (its last chunk first), so
@@ -205,23 +209,23 @@ static_assert(!ML_CHUNK_FLAGS || GCH == DCH, "chunk flags pair gate_up chunk i w
 // the CTAs' speeds in the previous launch, early weight copies ahead of the x rows: run19_end/README.md; the source with
 // those flags is kernels/sm90/moe/rejected/moe_ml_round10_flags.cu.txt)
 #ifndef ML_META_PAR                   // 1 (round 9, adopted): the slot / chunk tables from 256 threads (one expert each, block-
-#define ML_META_PAR (!ML_SEPARATE_AQ) // wide scans) instead of warp 0 alone (run18 h: 0.982 / 0.996 of the time at 8 / 128 tokens)
+#define ML_META_PAR (!ML_AQ_OLD)      // wide scans) instead of warp 0 alone (run18 h: 0.982 / 0.996 of the time at 8 / 128 tokens)
 #endif
 static_assert(!ML_META_PAR || (GCH == DCH && ML_NCW >= 8), "one table for both GEMMs; 256 consumer threads");
 static_assert(!ML_OWNER_GO || (ML_META_PAR && !ML_GU_REVERSE && ML_PRE_ITEMS <= ML_STAGES), "ML_OWNER_GO: the 256-thread tables");
 static_assert(!ML_L2HINT || !ML_GU_REVERSE, "ML_L2HINT: forward gate_up order");
 #ifndef ML_QSPREAD                    // 1 (round 9, adopted): the in-place quantization's task u = v * ML_NCW + warp (was
-#define ML_QSPREAD (!ML_SEPARATE_AQ)  // warp * 4 + v): a chunk of 1-2 rows spreads over all consumer warps (run18 i: 0.983 -> 0.966)
+#define ML_QSPREAD (!ML_AQ_OLD)       // warp * 4 + v): a chunk of 1-2 rows spreads over all consumer warps (run18 i: 0.983 -> 0.966)
 #endif
 #ifndef ML_REL_ATOM                   // 1 (round 9, adopted): the chunk counts and the last grid barrier as release atomics +
-#define ML_REL_ATOM (!ML_SEPARATE_AQ) // acquire polls (fence.sc + relaxed atomic before; the barrier also ended on a fence)
+#define ML_REL_ATOM (!ML_AQ_OLD)      // acquire polls (fence.sc + relaxed atomic before; the barrier also ended on a fence)
 #endif
 #ifndef ML_DN_ROT                     // 1 (round 9, adopted): at M >= ML_DN_ROT_MIN_M, a CTA whose down range starts inside a chunk
-#define ML_DN_ROT (!ML_SEPARATE_AQ)   // (shared with the gate_up end of CTA c - 1) runs that chunk's items last, its own chunks first
+#define ML_DN_ROT (!ML_AQ_OLD)        // (shared with the gate_up end of CTA c - 1) runs that chunk's items last, its own chunks first
 #endif                                // (run18 m: 0.997 / 0.993 / 0.996 of the time at 32 / 64 / 128 tokens; 1.008 at 8)
 #define ML_DN_ROT_MIN_M 32
 #ifndef ML_PAIR_XS                    // 1 (round 9, adopted): a stage's warp pair spans two SM sub-partitions (warps 2s, 2s + 1),
-#define ML_PAIR_XS (!ML_SEPARATE_AQ)  // so the item's FP8 unpacking (F2FP) and HMMA work runs on two pipes instead of one
+#define ML_PAIR_XS (!ML_AQ_OLD)       // so the item's FP8 unpacking (F2FP) and HMMA work runs on two pipes instead of one
 #endif
 #ifndef ML_TIMING
 #define ML_TIMING 0                   // 1 (exploration builds only): %globaltimer stamps per CTA and phase
@@ -417,7 +421,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   uint64_t* bstart = gridok + 1;
 #if ML_XST
   uint64_t* xfree = bstart + 1;  // [2]: x buffer b free (every warp past the last gate_up chunk in it)
-  static_assert(!ML_WARM && !ML_SEPARATE_AQ && ML_STAGES == 4, "ML_XST: the fused 4-stage build");
+  static_assert(!ML_WARM && !ML_AQ_OLD && ML_STAGES == 4, "ML_XST: the 4-stage build (fused or the round-11 twin)");
 #endif
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const int c = blockIdx.x;
