@@ -967,7 +967,10 @@ def layer_markdown(rec: dict[str, Any], st: dict[str, Any], ag: dict[str, Any]) 
              f"Copy bandwidth {bw / 1e12:.2f} TB/s. Judged provider: `{rec['judged_provider']}`. "
              f"Verdict **{rec['verdict']}**. Command: `{rec['command']}`", "",
              *([f"netra-v3 ran the tuning build `{rec['netra_v3_tune']}` (MoeSm90 tune=); netra-v3-unfused, where "
-                "measured, the base GEMMs.", ""] if rec.get("netra_v3_tune") else []),
+                "measured, " + (f"its act+quant twin ({', '.join(sorted(UNFUSED_TWINS[rec['netra_v3_tune']].values()))}: "
+                                "the same kernels with SiLU*up + quantization as their own step; the shared-expert "
+                                "rows: the base GEMMs)." if rec["netra_v3_tune"] in UNFUSED_TWINS else "the base GEMMs."),
+                ""] if rec.get("netra_v3_tune") else []),
              "| tokens | distinct | floor µs | " + " | ".join(f"{n} µs" for n in netras)
              + " | sglang µs | judged/sglang | floor frac |",
              "|---" * (6 + len(netras)) + "|"]
