@@ -65,10 +65,11 @@
                                       // launch); MMA warp k waits for that count and copies h_q_k / h_s_k instead of quantizing
 #define M1F_AQ_OFF 65536              // byte offset in gu of the twin's h_q [8][512] e4m3, then h_s [8][4] FP32
 #define M1F_AQ_WORD 16                // the twin's second counts: workspace words [16, 24)
-#ifndef M1F_PDL                       // 1 (round 11, adopted: run20 a / b 0.977 / 0.964 of the time in interleaved graph replay, bitwise;
-#define M1F_PDL 1                     // executes griddepcontrol.wait at entry, before any global read (x, the ids and weights come
-#endif                                // from the previous kernel, the counters from the previous launch), then launch_dependents
-                                      // (a dependent is scheduled once all 128 CTAs are resident and waits for this grid's end).
+#ifndef M1F_PDL                       // 1 (round 11, adopted: run20 a / b 0.977 / 0.964 of the time in interleaved graph replay,
+#define M1F_PDL 1                     // bitwise): launched with programmatic stream serialization, every thread executes
+#endif                                // griddepcontrol.wait at entry, before any global read (x, the ids and weights come from
+                                      // the previous kernel, the counters from the previous launch), then launch_dependents (a
+                                      // dependent is scheduled once all 128 CTAs are resident and waits for this grid's end).
                                       // Contract launch: cooperative + pdl. 0: round 10's code object, byte for byte
 #ifndef M1F_L2HINT                    // 1 (round 10, adopted): the weight copies carry an L2 evict_first policy (read once),
 #define M1F_L2HINT 1                  // as moe_ml's (run19: it keeps the intermediates and counters in L2 under the stream)
