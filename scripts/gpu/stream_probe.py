@@ -332,6 +332,19 @@ def _timed_fn(cubin: Path, sym: str, threads: int, smem: int, launch: str = "coo
     return fn, rt._launch_config(threads, smem, cooperative=launch.startswith("coop"), pdl=launch.endswith("pdl"))
 
 
+def _param_list(cls: Any, sets: list[Any], w: dict[str, Any], fill: Any) -> list[Any]:
+    """(params, arg pointer) per rotated routing: cls's layer inputs from the routing and weights, then fill(p)."""
+    from netra.ops.moe_fp8 import _fill_layer_inputs
+
+    out = []
+    for (x, ids, wts, _sw) in sets:
+        p = cls()
+        _fill_layer_inputs(p, (x, ids, wts), w["w13"], w["s13"], w["w2"], w["s2"])
+        fill(p)
+        out.append((p, (ctypes.c_void_p * 1)(ctypes.addressof(p))))
+    return out
+
+
 def _coop_runner(fn_cfg: tuple[Any, Any], plist: list[Any], name: str) -> Any:
     """run(k=None): launch the 128-CTA cooperative kernel on every (params, arg pointer) of plist, or only the k-th."""
     import torch
@@ -451,7 +464,7 @@ def ml_ab(out: Path, reps: int) -> dict[str, Any]:
     import torch
 
     from netra.bench.kernels_moe import interleaved_replay_us, make_routing, make_weights
-    from netra.ops.moe_fp8 import MoeSm90, _fill_layer_inputs, _MlParams
+    from netra.ops.moe_fp8 import MoeSm90, _MlParams
 
     ours = MoeSm90(0, variant="v3", tune="ml")
     t = ours.t["ml"]
@@ -469,15 +482,11 @@ def ml_ab(out: Path, reps: int) -> dict[str, Any]:
     stream = torch.cuda.current_stream().cuda_stream
     for m in ML_AB_TOKENS:
         sets = [make_routing(m, seed=700 + 17 * i + m) for i in range(ROT)]
-        params: dict[str, list[Any]] = {}
-        for name in ML_AB:
-            params[name] = []
-            for (x, ids, wts, _sw) in sets:
-                p = _MlParams()
-                _fill_layer_inputs(p, (x, ids, wts), w["w13"], w["s13"], w["w2"], w["s2"])
-                p.hbuf, p.y, p.hq, p.hs = ours.gu.data_ptr(), ours.y.data_ptr(), ours.aq_q.data_ptr(), ours.aq_s.data_ptr()
-                p.out, p.bar, p.M = outs[name].data_ptr(), ws.data_ptr(), m
-                params[name].append((p, (ctypes.c_void_p * 1)(ctypes.addressof(p))))
+        def fill_ml(p: Any, name: str, m: int = m) -> None:
+            p.hbuf, p.y, p.hq, p.hs = ours.gu.data_ptr(), ours.y.data_ptr(), ours.aq_q.data_ptr(), ours.aq_s.data_ptr()
+            p.out, p.bar, p.M = outs[name].data_ptr(), ws.data_ptr(), m
+
+        params = {name: _param_list(_MlParams, sets, w, lambda p, name=name: fill_ml(p, name)) for name in ML_AB}
 
         def launcher(name: str, params: dict[str, list[Any]] = params) -> Any:
             return _coop_runner(fns[name], params[name], name)
@@ -537,7 +546,7 @@ def m1_ab(out: Path, reps: int) -> dict[str, Any]:
     import torch
 
     from netra.bench.kernels_moe import interleaved_replay_us, make_routing, make_weights
-    from netra.ops.moe_fp8 import MoeSm90, _fill_layer_inputs, _M1Params
+    from netra.ops.moe_fp8 import MoeSm90, _M1Params
 
     ours = MoeSm90(0, variant="v3", tune="m1fl")
     t = ours.t["m1"]
@@ -547,14 +556,10 @@ def m1_ab(out: Path, reps: int) -> dict[str, Any]:
     w = make_weights()
     outs = {name: torch.zeros_like(ours.out) for name in M1_AB}
     sets = [make_routing(1, seed=500 + 13 * i) for i in range(ROT)]
-    params: dict[str, list[Any]] = {}
-    for name in M1_AB:
-        params[name] = []
-        for (x, ids, wts, _sw) in sets:
-            p = _M1Params()
-            _fill_layer_inputs(p, (x, ids, wts), w["w13"], w["s13"], w["w2"], w["s2"])
-            p.gu, p.out, p.bar, p.dbg_hq, p.dbg_hs = ours.gu.data_ptr(), outs[name].data_ptr(), ws[name].data_ptr(), None, None
-            params[name].append((p, (ctypes.c_void_p * 1)(ctypes.addressof(p))))
+    def fill_m1(p: Any, name: str) -> None:
+        p.gu, p.out, p.bar, p.dbg_hq, p.dbg_hs = ours.gu.data_ptr(), outs[name].data_ptr(), ws[name].data_ptr(), None, None
+
+    params = {name: _param_list(_M1Params, sets, w, lambda p, name=name: fill_m1(p, name)) for name in M1_AB}
 
     def launcher(name: str) -> Any:
         return _coop_runner(fns[name], params[name], name)
