@@ -49,7 +49,6 @@ def copy_bandwidth(nbytes: int = 2 << 30, samples: int = 20) -> float:
     for _ in range(3):
         dst.copy_(src)
     med = statistics.median(event_ms(lambda: dst.copy_(src)) for _ in range(samples))
-    del src, dst
     return 2 * nbytes / (med * 1e-3)
 
 
