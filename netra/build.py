@@ -1,7 +1,8 @@
 """`netra kernels build | verify`: contract sources -> code objects, the resource report, the lock.
 
-Each contract of a target with a builder (sm90: nvcc) compiles to one code object,
-``<build dir>/<target>/<family>/<contract name>.cubin``. ptxas' resource report (registers,
+Each code object of a target with a builder (sm90: nvcc) compiles to
+``<build dir>/<target>/<family>/<object name>.cubin`` (a contract has one object named after it, or a plan of
+several; a Triton module is pinned by its source's sha256 and compiled by Triton on the GPU machine). ptxas' resource report (registers,
 barriers, shared memory, spills, stack) is parsed and kept. The lock, ``kernels/lock.json``, is
 committed: per code object its sha256, resources and flags, plus the nvcc version line. CI rebuilds
 and fails on any hash or resource difference and on spills a contract does not explain
@@ -91,52 +92,64 @@ def parse_ptxas(report: str, symbol: str) -> dict[str, int]:
     return {k: res[k] for k in RESOURCE_KEYS}
 
 
-def _buildable(contracts: Any) -> list[Any]:
-    return [c for c in contracts if c.target in TARGET_FLAGS and not c.declaration]
+def _buildable(catalog: Any) -> list[Any]:
+    """The catalog's code objects of targets with a builder (declarations have none)."""
+    return [o for o in catalog.objects() if o.target in TARGET_FLAGS]
 
 
-def build_one(contract: Any, build_dir: Path, nvcc: str) -> dict[str, Any]:
-    """Compile one contract's source into its code object; returns its lock entry."""
-    src = contract.kernel["source"]
+def build_one(obj: Any, build_dir: Path, nvcc: str | None) -> dict[str, Any]:
+    """Compile one code object (a cubin), or pin a Triton module by its source's sha256; returns its lock entry.
+
+    A Triton module is compiled by Triton on the GPU machine at first use (before any capture); what the
+    lock pins is the source it compiles, so a deployment cannot run another one."""
+    src = obj.kernel["source"]
     if not (REPO_ROOT / src).is_file():
-        raise BuildError(f"{contract.path}: kernel source {src} not found")
-    out = build_dir / contract.code_object
+        raise BuildError(f"code object {obj.name}: kernel source {src} not found")
+    entry = {"target": obj.target, "family": obj.family, "name": obj.name, "source": src, "kind": obj.kind,
+             "code_object": obj.path}
+    if obj.kind == "triton":
+        return {**entry, "sha256": hashlib.sha256((REPO_ROOT / src).read_bytes()).hexdigest(), "flags": [],
+                "resources": {}}
+    if nvcc is None:
+        raise BuildError("nvcc not found on PATH (needed to build sm90 code objects)")
+    out = build_dir / obj.path
     out.parent.mkdir(parents=True, exist_ok=True)
-    flags = TARGET_FLAGS[contract.target] + list(contract.kernel["flags"])
+    flags = TARGET_FLAGS[obj.target] + list(obj.kernel["flags"])
     proc = subprocess.run([nvcc, *flags, "-o", str(out), src], cwd=REPO_ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise BuildError(f"nvcc failed for {contract.name} ({src}):\n{proc.stderr}{proc.stdout}")
-    resources = parse_ptxas(proc.stderr + proc.stdout, contract.kernel["symbol"])
+        raise BuildError(f"nvcc failed for {obj.name} ({src}):\n{proc.stderr}{proc.stdout}")
+    resources = parse_ptxas(proc.stderr + proc.stdout, obj.kernel["symbol"])
     spills = resources["spill_stores"] + resources["spill_loads"]
-    if spills and not contract.kernel.get("accepted_spills"):
-        raise BuildError(f"{contract.name}: ptxas reports spills ({resources['spill_stores']} B stores, "
+    if spills and not obj.kernel.get("accepted_spills"):
+        raise BuildError(f"{obj.name}: ptxas reports spills ({resources['spill_stores']} B stores, "
                          f"{resources['spill_loads']} B loads) and the contract does not explain them "
                          "(kernel.accepted_spills)")
-    return {
-        "target": contract.target, "family": contract.family, "name": contract.name, "source": src,
-        "code_object": contract.code_object, "sha256": hashlib.sha256(out.read_bytes()).hexdigest(),
-        "flags": flags, "resources": resources,
-    }
+    return {**entry, "sha256": hashlib.sha256(out.read_bytes()).hexdigest(), "flags": flags, "resources": resources}
 
 
 def build_all(build_dir: Path, catalog: Any = None, families: set[str] | None = None,
               base: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Build every buildable contract (of ``families``, default all) into ``build_dir``; returns the
-    lock document (not written). With ``families``, other families' entries are kept from ``base``."""
+    """Build every code object (of ``families``, default all) into ``build_dir``; returns the lock document
+    (not written). With ``families``, other families' entries are kept from ``base``."""
     from netra.catalog import Catalog
 
     catalog = catalog or Catalog.load()
-    nvcc = nvcc_path()
-    if nvcc is None:
-        raise BuildError("nvcc not found on PATH (needed to build sm90 code objects)")
-    chosen = [c for c in _buildable(catalog.contracts) if families is None or c.family in families]
+    chosen = [o for o in _buildable(catalog) if families is None or o.family in families]
     if families is not None and not chosen:
-        raise BuildError(f"no buildable contract in families {sorted(families)}")
-    entries = [build_one(c, build_dir, nvcc) for c in chosen]
+        raise BuildError(f"no buildable code object in families {sorted(families)}")
+    nvcc = nvcc_path()
+    if nvcc is None and any(o.kind == "cubin" for o in chosen):
+        raise BuildError("nvcc not found on PATH (needed to build sm90 code objects)")
+    entries = [build_one(o, build_dir, nvcc) for o in chosen]
     if families is not None and base is not None:
         entries += [e for e in base["code_objects"] if e["family"] not in families]
-    return {"version": LOCK_VERSION, "nvcc": nvcc_version(nvcc),
+    return {"version": LOCK_VERSION, "nvcc": nvcc_version(nvcc) if nvcc else "",
             "code_objects": sorted(entries, key=lambda e: (e["target"], e["family"], e["name"]))}
+
+
+def object_path(entry: dict[str, Any], build_dir: Path) -> Path:
+    """Where a lock entry's code object lives: the build dir for cubins, the repository for Triton modules."""
+    return (REPO_ROOT if entry.get("kind") == "triton" else build_dir) / entry["code_object"]
 
 
 def read_lock(path: Path = LOCK_PATH) -> dict[str, Any]:
@@ -166,7 +179,7 @@ def compare_locks(want: dict[str, Any], have: dict[str, Any]) -> list[str]:
     for name in sorted(set(h) - set(w)):
         problems.append(f"{name}: built but missing from the lock (run `netra kernels build`)")
     for name in sorted(set(w) & set(h)):
-        for key in ("sha256", "resources", "flags", "source", "code_object", "target", "family"):
+        for key in ("sha256", "resources", "flags", "source", "code_object", "target", "family", "kind"):
             if w[name].get(key) != h[name].get(key):
                 problems.append(f"{name}: {key} differs: lock {w[name].get(key)!r}, rebuilt {h[name].get(key)!r}")
     return problems
@@ -188,15 +201,15 @@ def verify_lock(build_dir: Path, lock_path: Path = LOCK_PATH) -> list[str]:
     names = set()
     for e in lock["code_objects"]:
         names.add(e["name"])
-        path = build_dir / e["code_object"]
+        path = object_path(e, build_dir)
         if not path.is_file():
             problems.append(f"{e['name']}: code object {path} missing (run `netra kernels build`)")
             continue
         sha = hashlib.sha256(path.read_bytes()).hexdigest()
         if sha != e["sha256"]:
             problems.append(f"{e['name']}: {path} sha256 {sha} != lock {e['sha256']}")
-    wanted = {c.name for c in _buildable(Catalog.load().contracts)}
-    problems.extend(f"{n}: contract has no lock entry" for n in sorted(wanted - names))
+    wanted = {o.name for o in _buildable(Catalog.load())}
+    problems.extend(f"{n}: code object has no lock entry" for n in sorted(wanted - names))
     problems.extend(f"{n}: lock entry has no contract" for n in sorted(names - wanted))
     return problems
 
@@ -218,6 +231,9 @@ def _print_lock(lock: dict[str, Any]) -> None:
     print(lock["nvcc"])
     for e in lock["code_objects"]:
         r = e["resources"]
+        if not r:  # a Triton module: pinned by its source
+            print(f"  {e['code_object']}: sha256 {e['sha256'][:16]}  (Triton, compiled at first use)")
+            continue
         print(f"  {e['code_object']}: sha256 {e['sha256'][:16]}  regs {r['registers']}  smem {r['smem_bytes']}  "
               f"stack {r['stack_bytes']}  spills {r['spill_stores']}/{r['spill_loads']}  barriers {r['barriers']}")
 

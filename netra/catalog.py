@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from netra.contract import MATURITIES, Contract, ContractError, Signature, load_contract
+from netra.contract import MATURITIES, CodeObject, Contract, ContractError, Signature, load_contract
 from netra.settings import REPO_ROOT
 
 KERNELS_DIR = REPO_ROOT / "kernels"
@@ -68,6 +68,14 @@ class Catalog:
                 return c
         raise KeyError(f"no contract named {name!r}; known: {[c.name for c in self.contracts]}")
 
+    def objects(self) -> tuple[CodeObject, ...]:
+        """Every distinct code object of the catalog's non-declaration contracts (the build list)."""
+        seen: dict[str, CodeObject] = {}
+        for c in self.contracts:
+            for o in c.objects:
+                seen.setdefault(o.name, o)
+        return tuple(sorted(seen.values(), key=lambda o: (o.target, o.family, o.name)))
+
     def matching(self, sig: Signature) -> list[Contract]:
         return [c for c in self.contracts if c.mismatch(sig) is None]
 
@@ -80,6 +88,13 @@ def _cross_problems(contracts: Iterable[Contract]) -> list[str]:
         if c.name in seen:
             problems.append(f"duplicate contract name {c.name!r}: {seen[c.name].path} and {c.path}")
         seen[c.name] = c
+    objects: dict[str, tuple[Contract, dict[str, object]]] = {}
+    for c in items:
+        for o in c.objects:
+            first = objects.setdefault(o.name, (c, o.definition()))
+            if first[1] != o.definition():
+                problems.append(f"code object {o.name!r} is defined differently by {first[0].name} ({first[0].path}) "
+                                f"and {c.name} ({c.path})")
     for i, a in enumerate(items):
         for b in items[i + 1:]:
             if "rejected" in (a.maturity, b.maturity) or a.maturity != b.maturity:

@@ -176,6 +176,36 @@ class DimRange:
 
 
 @dataclass(frozen=True)
+class CodeObject:
+    """One launchable unit of a contract: a cubin built by nvcc, or a Triton module (kernel.kind).
+
+    Its identity in the lock and the runtime is ``name``: a contract without a plan has one object named
+    after it; a plan's steps name theirs, and two contracts may share an object only with identical
+    definitions (the catalog checks)."""
+
+    name: str
+    target: str
+    family: str
+    kernel: dict[str, Any]
+    launch: dict[str, Any]
+    workspace: dict[str, Any]
+
+    @property
+    def kind(self) -> str:
+        return str(self.kernel.get("kind", "cubin"))
+
+    @property
+    def path(self) -> str:
+        """Cubins: relative to the build dir; Triton modules: their source, relative to the repository."""
+        if self.kind == "triton":
+            return str(self.kernel["source"])
+        return f"{self.target}/{self.family}/{self.name}.cubin"
+
+    def definition(self) -> dict[str, Any]:
+        return {"kernel": self.kernel, "launch": self.launch, "workspace": self.workspace}
+
+
+@dataclass(frozen=True)
 class Contract:
     name: str
     target: str
@@ -199,9 +229,20 @@ class Contract:
     raw: dict[str, Any] = field(compare=False, repr=False)
 
     @property
+    def objects(self) -> tuple[CodeObject, ...]:
+        """The code objects this contract launches, in order: one named after the contract, or its plan's steps."""
+        if self.declaration:
+            return ()
+        steps = self.raw.get("plan")
+        if steps is None:
+            return (CodeObject(self.name, self.target, self.family, self.kernel, self.launch, self.workspace),)
+        return tuple(CodeObject(st["object"], self.target, self.family, st["kernel"], st["launch"], st["workspace"])
+                     for st in steps)
+
+    @property
     def code_object(self) -> str:
-        """Path of the code object relative to the build dir (the lock's ``code_object``)."""
-        return f"{self.target}/{self.family}/{self.name}.cubin"
+        """The code objects' paths (relative to the build dir for cubins), comma-separated (`netra explain`)."""
+        return ", ".join(o.path for o in self.objects)
 
     def mismatch(self, sig: Signature) -> str | None:
         """``None`` when ``sig`` lies inside this contract's domain, else the first reason it does not."""
@@ -262,16 +303,24 @@ def parse_contract(doc: Any, path: Path) -> Contract:
     except ContractError as exc:
         raise ContractError(f"{path}: {exc}") from None
     declaration = bool(doc.get("declaration", False))
-    parts = [k for k in ("kernel", "launch", "workspace") if k in doc]
+    parts = [k for k in ("kernel", "launch", "workspace", "plan") if k in doc]
     if declaration and parts:
         raise ContractError(f"{path}: a declaration has no code object; remove {parts}")
     if not declaration:
-        missing = [k for k in ("kernel", "launch", "workspace") if k not in doc]
+        single = [k for k in ("kernel", "launch", "workspace") if k in doc]
+        if "plan" in doc and single:
+            raise ContractError(f"{path}: a plan contract names its code objects in its steps; remove {single}")
+        missing = [] if "plan" in doc else [k for k in ("kernel", "launch", "workspace") if k not in doc]
         if missing:
-            raise ContractError(f"{path}: missing required keys {missing} (or set \"declaration\": true)")
+            raise ContractError(f"{path}: missing required keys {missing} (or a \"plan\", or \"declaration\": true)")
         expected_dir = f"kernels/{doc['target']}/{doc['family']}/"
-        if not doc["kernel"]["source"].startswith(expected_dir):
-            raise ContractError(f"{path}: kernel.source {doc['kernel']['source']!r} must live under {expected_dir}")
+        kernels = [st["kernel"] for st in doc["plan"]] if "plan" in doc else [doc["kernel"]]
+        for k in kernels:
+            if not k["source"].startswith(expected_dir):
+                raise ContractError(f"{path}: kernel.source {k['source']!r} must live under {expected_dir}")
+        names = [st["object"] for st in doc.get("plan", [])]
+        if len(set(names)) != len(names):
+            raise ContractError(f"{path}: a plan names each code object once, got {names}")
     if declaration and doc["maturity"] not in ("experiment", "rejected"):
         raise ContractError(f"{path}: a declaration cannot be {doc['maturity']} (nothing was built or measured)")
     return Contract(

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from netra import settings
+from netra.build import object_path
 from netra.deploy.profile import PROFILE_DIR, Profile, load_profile
 from netra.settings import REPO_ROOT
 
@@ -135,7 +136,7 @@ def check_kernel_lock(profile: Profile, v: Verification, *, strict: bool, lock_p
         v.warnings.append(f"kernel lock {lock_path} has no {profile.target} code objects: every op runs "
                           f"on its fallback")
     for e in entries:
-        path = build / e["code_object"]
+        path = object_path(e, build)
         label = f"{e.get('family', '?')}/{e.get('name', '?')}"
         if not path.is_file():
             v.problems.append(f"missing code object {path} ({label}, {profile.target}) listed in {lock_path}"

@@ -193,7 +193,7 @@ class Server:
         from netra.ops._common import decisions
         from netra.runtime import loaded_tactics
 
-        code_objects = [{"sha256": t.sha256, "name": t.contract.name, "family": t.contract.family, "device": dev}
+        code_objects = [{"sha256": t.sha256, "name": t.name, "family": t.contract.family, "device": dev}
                         for (_, dev), t in sorted(loaded_tactics().items())]
         return {**self.opt.to_json(), "engine": "netra", "version": netra.__version__,
                 "startup_s": self.engine.startup_s, "state_pool_bytes": self.engine.pools.nbytes(),

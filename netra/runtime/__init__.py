@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from netra.contract import Contract
+from netra.contract import CodeObject, Contract
 
 PARAMS_LAYOUT_SYMBOL = b"netra_params_layout"
 
@@ -80,14 +80,15 @@ class Tactic:
     contract: Contract
     device: int
     sha256: str
-    function: Any
-    module: Any
+    function: Any  # a CUfunction; a Triton module's entry function
+    module: Any    # a CUmodule; the Triton module
     workspace: Any  # torch uint8 tensor, zeroed at load when the contract says so
     params: ctypes.Array[ctypes.c_char]  # the launch-argument struct's bytes (one POD struct)
     block: int
     smem_bytes: int
     # Op-specific prepared state (e.g. a ctypes view of `params`); filled once by the op module.
     binding: dict[str, Any] = field(default_factory=dict)
+    obj: CodeObject | None = None  # the code object (None: the contract's own, for contracts loaded before plans)
     _param_ptrs: Any = None
     _param_ptrs_addr: int = 0
     _ex_config: Any = None
@@ -118,20 +119,40 @@ class Tactic:
             (err,) = _state["cu"].cuLaunchKernel(self.function, grid, 1, 1, self.block, 1, 1, self.smem_bytes,
                                                  stream, self._param_ptrs_addr, 0)
         if int(err) != 0:
-            raise RuntimeBridgeError(f"launch {self.contract.name} (grid {grid}): {_err_name(_state['cu'], err)}")
+            raise RuntimeBridgeError(f"launch {self.name} (grid {grid}): {_err_name(_state['cu'], err)}")
+
+    @property
+    def launch_spec(self) -> dict[str, Any]:
+        return self.obj.launch if self.obj is not None else self.contract.launch
+
+    @property
+    def name(self) -> str:
+        return self.obj.name if self.obj is not None else self.contract.name
+
+    @property
+    def entry(self) -> Any:
+        """A Triton module's entry function, called as ``entry(launch, **op_args)``."""
+        return self.function
 
     @property
     def cluster(self) -> int:
-        return int(self.contract.launch.get("cluster", 1))
+        return int(self.launch_spec.get("cluster", 1))
 
     @property
     def pdl(self) -> bool:
-        return bool(self.contract.launch.get("pdl", False))
+        return bool(self.launch_spec.get("pdl", False))
 
     @property
     def cooperative(self) -> bool:
         """All CTAs co-resident (grid-wide barriers are safe); the launch fails rather than hangs if not."""
-        return bool(self.contract.launch.get("cooperative", False))
+        return bool(self.launch_spec.get("cooperative", False))
+
+    def grid(self, dims: dict[str, int]) -> int:
+        """The 1-D grid size of this code object for a call's dims (the contract's grid rule)."""
+        rule = self.launch_spec["grid"]
+        if not isinstance(rule, list) or len(rule) != 1:
+            raise RuntimeBridgeError(f"{self.name}: grid {rule!r} is not a 1-D rule")
+        return grid_size(rule, {**dims, **self.launch_spec.get("meta", {})})[0]
 
     def _prepare_ex(self) -> None:
         """Build the ``cuLaunchKernelEx`` config for cluster / PDL / cooperative launches (once, at load)."""
@@ -192,21 +213,69 @@ def _launch_config(block: int, smem_bytes: int, *, cluster: int = 1, pdl: bool =
 _KEEPALIVE: list[Any] = []
 
 
-def load_tactic(contract: Contract, device: int) -> Tactic:
-    """Load (once) the contract's code object on ``device``; see the module docstring."""
-    key = (contract.name, device)
+@dataclass
+class Plan:
+    """A plan contract's code objects, loaded, by object name (launched in the plan's order by the op)."""
+
+    contract: Contract
+    device: int
+    steps: dict[str, Tactic]
+
+    @property
+    def sha256(self) -> str:
+        return ",".join(t.sha256 for t in self.steps.values())
+
+
+def load_tactic(contract: Contract, device: int) -> Any:
+    """Load (once) the contract's code objects on ``device``: a `Tactic`, or a `Plan` of them for a plan
+    contract (objects shared between contracts are loaded once per device); see the module docstring."""
+    objects = contract.objects
+    if not objects:
+        raise RuntimeBridgeError(f"contract {contract.name} is a declaration: nothing to load")
+    if "plan" not in contract.raw:
+        return _load_object(contract, objects[0], device)
+    return Plan(contract, device, {o.name: _load_object(contract, o, device) for o in objects})
+
+
+def _load_object(contract: Contract, obj: CodeObject, device: int) -> Tactic:
+    key = (obj.name, device)
     tactic = _tactics.get(key)
     if tactic is not None:
         return tactic
     with _load_lock:
         tactic = _tactics.get(key)
         if tactic is None:
-            tactic = _load(contract, device)
+            tactic = _load(contract, obj, device)
             _tactics[key] = tactic
     return tactic
 
 
-def _load(contract: Contract, device: int) -> Tactic:
+def _lock_entry(obj: CodeObject) -> tuple[dict[str, Any], Any]:
+    from netra import settings
+    from netra.build import object_path, read_lock
+
+    lock = read_lock()
+    entry = next((e for e in lock["code_objects"] if e["name"] == obj.name), None)
+    if entry is None:
+        raise RuntimeBridgeError(f"kernel lock has no code object for {obj.name}; run `netra kernels build`")
+    return entry, object_path(entry, settings.get("NETRA_BUILD_DIR"))
+
+
+def _read_checked(obj: CodeObject) -> tuple[bytes, str, Any]:
+    entry, path = _lock_entry(obj)
+    try:
+        image = path.read_bytes()
+    except OSError as exc:
+        raise RuntimeBridgeError(f"code object {path} for {obj.name} unreadable ({exc}); "
+                                 "run `netra kernels build`") from exc
+    sha = hashlib.sha256(image).hexdigest()
+    if sha != entry["sha256"]:
+        raise RuntimeBridgeError(f"code object {path} sha256 {sha[:16]}… differs from the lock's "
+                                 f"{entry['sha256'][:16]}…; rebuild (`netra kernels build`) or fix the lock")
+    return image, sha, path
+
+
+def _load(contract: Contract, obj: CodeObject, device: int) -> Tactic:
     import torch
 
     if device < 0 or not torch.cuda.is_available():
@@ -215,69 +284,117 @@ def _load(contract: Contract, device: int) -> Tactic:
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeBridgeError(f"tactic {contract.name} is first used inside a CUDA graph capture; "
                                  "run the op once eagerly (or call its prepare()) before capturing")
+    image, sha, path = _read_checked(obj)
+    ws_bytes = int(obj.workspace["bytes"])
+    alloc = torch.zeros if obj.workspace["zeroed"] else torch.empty
+    if obj.kind == "triton":
+        module = _import_source(obj, image)
+        entry = getattr(module, obj.kernel["symbol"], None)
+        if not callable(entry):
+            raise RuntimeBridgeError(f"{path}: no entry function {obj.kernel['symbol']!r} for {obj.name}")
+        workspace = alloc(max(ws_bytes, 1), dtype=torch.uint8, device=f"cuda:{device}")
+        return Tactic(contract=contract, device=device, sha256=sha, function=entry, module=module,
+                      workspace=workspace, params=ctypes.create_string_buffer(8), block=int(obj.launch["block"]),
+                      smem_bytes=0, obj=obj)
     cu = driver()
-    from netra import settings
-    from netra.build import read_lock
-
-    build_dir = settings.get("NETRA_BUILD_DIR")
-    lock = read_lock()
-    entry = next((e for e in lock["code_objects"] if e["name"] == contract.name), None)
-    if entry is None:
-        raise RuntimeBridgeError(f"kernel lock has no code object for {contract.name}; run `netra kernels build`")
-    path = build_dir / entry["code_object"]
-    try:
-        image = path.read_bytes()
-    except OSError as exc:
-        raise RuntimeBridgeError(f"code object {path} for {contract.name} unreadable ({exc}); "
-                                 "run `netra kernels build`") from exc
-    sha = hashlib.sha256(image).hexdigest()
-    if sha != entry["sha256"]:
-        raise RuntimeBridgeError(f"code object {path} sha256 {sha[:16]}… differs from the lock's "
-                                 f"{entry['sha256'][:16]}…; rebuild (`netra kernels build`) or fix the lock")
     with torch.cuda.device(device):
         torch.zeros(1, device=f"cuda:{device}")  # make sure the primary context exists and is current
         module = check(cu.cuModuleLoadData(image), f"cuModuleLoadData {path}")
-        function = check(cu.cuModuleGetFunction(module, contract.kernel["symbol"].encode()),
-                         f"cuModuleGetFunction {contract.kernel['symbol']} in {path}")
-        layout = contract.kernel.get("params_layout", {})
+        function = check(cu.cuModuleGetFunction(module, obj.kernel["symbol"].encode()),
+                         f"cuModuleGetFunction {obj.kernel['symbol']} in {path}")
+        layout = obj.kernel.get("params_layout", {})
         if layout:
-            _check_params_layout(cu, module, contract, layout)
-        _set_function_attributes(cu, function, contract)
-        ws_bytes = int(contract.workspace["bytes"])
-        alloc = torch.zeros if contract.workspace["zeroed"] else torch.empty
+            _check_params_layout(cu, module, obj.name, layout)
+        _set_function_attributes(cu, function, obj)
         workspace = alloc(max(ws_bytes, 1), dtype=torch.uint8, device=f"cuda:{device}")
         torch.cuda.synchronize(device)
     size = int(layout.get("size", 0)) or 8
     tactic = Tactic(contract=contract, device=device, sha256=sha, function=function, module=module,
                     workspace=workspace, params=ctypes.create_string_buffer(size),
-                    block=int(contract.launch["block"]), smem_bytes=int(contract.launch["smem_bytes"]))
+                    block=int(obj.launch["block"]), smem_bytes=int(obj.launch["smem_bytes"]), obj=obj)
     tactic._prepare_ex()
     return tactic
 
 
-def _set_function_attributes(cu: Any, function: Any, contract: Contract) -> None:
+def _import_source(obj: CodeObject, source: bytes) -> Any:
+    """Import a Triton module from the bytes whose sha256 was just checked (not from the path again)."""
+    import linecache
+    import sys
+    import types
+
+    from netra.settings import REPO_ROOT
+
+    name = f"netra_tactics.{obj.target}.{obj.family}.{obj.name}"
+    filename = str(REPO_ROOT / obj.kernel["source"])
+    text = source.decode()
+    # @triton.jit reads each kernel's source through inspect/linecache: serve it the checked bytes
+    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+    module = types.ModuleType(name)
+    module.__file__ = filename
+    sys.modules[name] = module
+    exec(compile(text, filename, "exec"), module.__dict__)
+    return module
+
+
+_GRID_FUNCS = {"cdiv": lambda a, b: -(-a // b), "min": min, "max": max}
+
+
+def grid_size(rule: list[str], env: dict[str, int]) -> list[int]:
+    """Evaluate a contract's grid rule: up to 3 axis expressions over ``env`` (the call's dims and the
+    launch's meta constants) with integers, + - * //, and cdiv/min/max. Nothing else parses."""
+    import ast
+
+    def ev(node: ast.AST) -> int:
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return int(node.value)
+        if isinstance(node, ast.Name):
+            if node.id not in env:
+                raise RuntimeBridgeError(f"grid rule names {node.id!r}, not a dim or meta constant ({sorted(env)})")
+            return int(env[node.id])
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv)):
+            a, b = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Add):
+                return a + b
+            if isinstance(node.op, ast.Sub):
+                return a - b
+            return a * b if isinstance(node.op, ast.Mult) else a // b
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _GRID_FUNCS \
+                and not node.keywords:
+            fn: Any = _GRID_FUNCS[node.func.id]
+            return int(fn(*(ev(a) for a in node.args)))
+        raise RuntimeBridgeError(f"grid rule {ast.unparse(node)!r}: only names, integers, + - * // and "
+                                 f"cdiv/min/max are allowed")
+
+    if not 1 <= len(rule) <= 3:
+        raise RuntimeBridgeError(f"grid rule {rule!r}: 1 to 3 axes")
+    return [ev(ast.parse(axis, mode="eval")) for axis in rule]
+
+
+def _set_function_attributes(cu: Any, function: Any, obj: CodeObject) -> None:
     """Raise the dynamic shared-memory limit above the 48 KB default, and allow a non-portable
-    cluster size (> 8), where the contract's launch asks for it; at load, never on launch."""
+    cluster size (> 8), where the launch asks for it; at load, never on launch."""
     attr = cu.CUfunction_attribute
-    smem = int(contract.launch["smem_bytes"])
+    smem = int(obj.launch["smem_bytes"])
     if smem > 48 * 1024:
         check(cu.cuFuncSetAttribute(function, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
-              f"cuFuncSetAttribute max dynamic smem {smem} B ({contract.name})")
-    if int(contract.launch.get("cluster", 1)) > 8:
+              f"cuFuncSetAttribute max dynamic smem {smem} B ({obj.name})")
+    if int(obj.launch.get("cluster", 1)) > 8:
         check(cu.cuFuncSetAttribute(function, attr.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
-              f"cuFuncSetAttribute non-portable cluster ({contract.name})")
+              f"cuFuncSetAttribute non-portable cluster ({obj.name})")
 
 
-def _check_params_layout(cu: Any, module: Any, contract: Contract, layout: dict[str, int]) -> None:
+def _check_params_layout(cu: Any, module: Any, name: str, layout: dict[str, int]) -> None:
     """The device's ``netra_params_layout`` (u32: sizeof, then each field's offsetof) == the contract's."""
     dptr, nbytes = check(cu.cuModuleGetGlobal(module, PARAMS_LAYOUT_SYMBOL),
-                         f"cuModuleGetGlobal netra_params_layout ({contract.name})")
+                         f"cuModuleGetGlobal netra_params_layout ({name})")
     n = int(nbytes) // 4
     host = (ctypes.c_uint32 * n)()
     check(cu.cuMemcpyDtoH(ctypes.addressof(host), dptr, int(nbytes)), "cuMemcpyDtoH params layout")
     want = list(layout.values())
     if list(host) != want:
-        raise RuntimeBridgeError(f"{contract.name}: launch-argument layout on the device {list(host)} != "
+        raise RuntimeBridgeError(f"{name}: launch-argument layout on the device {list(host)} != "
                                  f"contract params_layout {dict(layout)} (size, then field offsets)")
 
 
