@@ -20,6 +20,7 @@ from pydantic import (
     ValidationError,
 )
 
+from netra.engine.sampler import TOP_LOGPROBS_MAX
 from netra.engine.scheduler import SamplingParams
 
 
@@ -42,6 +43,15 @@ class SamplingParamsIn(BaseModel):
     skip_special_tokens: StrictBool = True
     sampling_seed: StrictInt | None = None
     no_stop_trim: StrictBool = False
+    # SGLang 0.5.23's names for penalties, bias and structured output.
+    frequency_penalty: Number = 0.0
+    presence_penalty: Number = 0.0
+    repetition_penalty: Number = 1.0
+    min_new_tokens: StrictInt = 0
+    logit_bias: dict[StrictStr, Number] | None = None
+    json_schema: StrictStr | None = None
+    regex: StrictStr | None = None
+    ebnf: StrictStr | None = None
 
 
 class GenerateIn(BaseModel):
@@ -51,6 +61,20 @@ class GenerateIn(BaseModel):
     sampling_params: SamplingParamsIn = Field(default_factory=SamplingParamsIn)
     stream: StrictBool = False
     rid: StrictStr | None = None
+    # SGLang's logprob fields: output-token logprobs only (logprob_start_len -1), up to 20 alternatives.
+    return_logprob: StrictBool = False
+    top_logprobs_num: StrictInt = 0
+    logprob_start_len: StrictInt = -1
+    return_text_in_logprobs: StrictBool = False
+
+    def grammar(self) -> tuple[str, str] | None:
+        """The one structured-output constraint, as (kind, text), or None."""
+        sp = self.sampling_params
+        given = [(k, v) for k, v in (("json_schema", sp.json_schema), ("regex", sp.regex), ("ebnf", sp.ebnf))
+                 if v is not None]
+        if len(given) > 1:
+            raise RequestError(f"sampling_params: at most one of json_schema, regex and ebnf, got {[k for k, _ in given]}")
+        return given[0] if given else None
 
 
 def _describe(exc: ValidationError) -> str:
@@ -114,7 +138,32 @@ def check_request(req: GenerateIn, prompt: list[int], vocab_size: int, context_l
         raise RequestError(f"stop_token_ids contains {bad}, outside the vocabulary")
     if sp.sampling_seed is not None and not -(2**63) <= sp.sampling_seed < 2**63:
         raise RequestError("sampling_params.sampling_seed must fit in 64 bits")
+    # SGLang's ranges (SamplingParams.verify): the same request is valid on both engines.
+    if not -2 <= sp.frequency_penalty <= 2:
+        raise RequestError(f"sampling_params.frequency_penalty {sp.frequency_penalty} must be in [-2, 2]")
+    if not -2 <= sp.presence_penalty <= 2:
+        raise RequestError(f"sampling_params.presence_penalty {sp.presence_penalty} must be in [-2, 2]")
+    if not 0 < sp.repetition_penalty <= 2:
+        raise RequestError(f"sampling_params.repetition_penalty {sp.repetition_penalty} must be in (0, 2]")
+    if not 0 <= sp.min_new_tokens <= sp.max_new_tokens:
+        raise RequestError(f"sampling_params.min_new_tokens {sp.min_new_tokens} must be in [0, max_new_tokens "
+                           f"{sp.max_new_tokens}]")
+    bias: list[tuple[int, float]] = []
+    for key, value in (sp.logit_bias or {}).items():
+        if not key.isdigit() or not 0 <= int(key) < vocab_size:
+            raise RequestError(f"sampling_params.logit_bias key {key!r} is not a token id in [0, {vocab_size})")
+        if not -100 <= value <= 100:
+            raise RequestError(f"sampling_params.logit_bias[{key}] = {value} must be in [-100, 100]")
+        bias.append((int(key), float(value)))
+    if req.logprob_start_len != -1:
+        raise RequestError("logprob_start_len other than -1 (prompt logprobs) is not supported by this engine")
+    if not 0 <= req.top_logprobs_num <= TOP_LOGPROBS_MAX:
+        raise RequestError(f"top_logprobs_num {req.top_logprobs_num} must be in [0, {TOP_LOGPROBS_MAX}]")
     return SamplingParams(max_new_tokens=sp.max_new_tokens, temperature=float(sp.temperature),
                           top_p=float(sp.top_p), top_k=sp.top_k, min_p=float(sp.min_p), ignore_eos=sp.ignore_eos,
                           stop_token_ids=stops, skip_special_tokens=sp.skip_special_tokens,
-                          sampling_seed=sp.sampling_seed, no_stop_trim=sp.no_stop_trim)
+                          sampling_seed=sp.sampling_seed, no_stop_trim=sp.no_stop_trim,
+                          frequency_penalty=float(sp.frequency_penalty), presence_penalty=float(sp.presence_penalty),
+                          repetition_penalty=float(sp.repetition_penalty), min_new_tokens=sp.min_new_tokens,
+                          logit_bias=tuple(bias), return_logprob=req.return_logprob,
+                          top_logprobs_num=req.top_logprobs_num if req.return_logprob else 0)

@@ -25,9 +25,10 @@ from typing import Any
 import torch
 
 from netra.engine.cache import PAD_SLOT, StatePools
+from netra.engine.grammar import Grammar
 from netra.engine.model import ForwardBatch, Model, prefill_batch
 from netra.engine.options import EngineOptions
-from netra.ops import sampling
+from netra.engine.sampler import SlotSampler, StepResult
 
 log = logging.getLogger("netra.engine")
 
@@ -44,6 +45,18 @@ class SamplingParams:
     skip_special_tokens: bool = True
     sampling_seed: int | None = None
     no_stop_trim: bool = False
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_new_tokens: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), added to the logits
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+
+
+LOGPROB_FLOOR = -9999.0
+# One generated token's logprob entry: (logprob, token id), and its top alternatives, best first.
+TokenLogprob = tuple[float, int]
 
 
 @dataclass
@@ -52,6 +65,10 @@ class Output:
     new_ids: list[int]  # tokens since the previous emission (a trimmed stop token excluded)
     completion_tokens: int  # every generated token so far, a matched stop token included
     finish_reason: dict[str, Any] | None
+    # With return_logprob: entries for the tokens since the previous emission, a matched stop token
+    # included (one per completion token, as SGLang counts them).
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    top_logprobs: list[list[TokenLogprob]] = field(default_factory=list)
 
 
 @dataclass(eq=False)  # identity semantics: list membership and removal must not compare fields
@@ -68,6 +85,10 @@ class Request:
     emitted: int = 0  # output tokens already sent to the sink
     trimmed: bool = False  # last output token is a stop token kept out of the visible output
     finish_reason: dict[str, Any] | None = None
+    grammar: Grammar | None = None  # structured output: the request's matcher (host side)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    top_logprobs: list[list[TokenLogprob]] = field(default_factory=list)
+    emitted_logprobs: int = 0
 
 
 @dataclass
@@ -119,6 +140,8 @@ class Scheduler:
         self._slots = torch.full((cap,), PAD_SLOT, dtype=torch.int64, device=self.device)
         self._lens = torch.ones(cap, dtype=torch.int64, device=self.device)
         self._rows = torch.arange(cap, dtype=torch.int64, device=self.device)
+        # Per-slot sampling state (penalties, bias, grammar masks) and the step's token sampler.
+        self.sampler = SlotSampler(pools.num_slots, model.cfg.vocab_size, self.device, eos_ids)
         # CUDA graphs: one per decode bucket, captured on first use, sharing one memory pool.
         self.use_graphs = self.device.type == "cuda" and not options.disable_cuda_graph
         blocker = model.decode_capture_blocker() if self.use_graphs else None
@@ -225,6 +248,7 @@ class Scheduler:
         if req in self.waiting:
             self.waiting.remove(req)
         if req.slot >= 0:
+            self.sampler.release(req.slot)
             self.pools.release(req.slot)
             req.slot = -1
         self.by_rid.pop(req.rid, None)
@@ -234,13 +258,16 @@ class Scheduler:
         visible = len(req.output) - (1 if req.trimmed else 0)
         new = req.output[req.emitted:visible]
         req.emitted = max(req.emitted, visible)
-        req.sink(Output(req.rid, new, len(req.output), req.finish_reason))
+        lp, top = req.logprobs[req.emitted_logprobs:], req.top_logprobs[req.emitted_logprobs:]
+        req.emitted_logprobs = len(req.logprobs)
+        req.sink(Output(req.rid, new, len(req.output), req.finish_reason, lp, top))
 
     def step(self) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
         while self.waiting and self.pools.free_slots:
             req = self.waiting.popleft()
             req.slot = self.pools.alloc()
+            self.sampler.admit(req.slot, req.params, req.seed, req.grammar)
             self.prefilling.append(req)
         if self.prefilling:
             self._prefill_step()
@@ -276,7 +303,8 @@ class Scheduler:
             if last:
                 done.append(req)
         if done:
-            tokens = self._sample(done, logits)
+            slots = torch.tensor([r.slot for r in done], dtype=torch.int64, device=self.device)
+            tokens = self._sample(done, logits, slots)
             for req in done:
                 self.prefilling.remove(req)
                 self.decoding.append(req)
@@ -310,7 +338,7 @@ class Scheduler:
         self.stats.padded_rows += bucket - n
         for r in reqs:
             r.cached += 1
-        tokens = self._sample(list(reqs), logits[:n])
+        tokens = self._sample(list(reqs), logits, self._slots[:bucket])
         self._append(list(reqs), tokens)
 
     def _decode_batch(self, bucket: int, max_len: int) -> ForwardBatch:
@@ -346,25 +374,36 @@ class Scheduler:
         self._graphs[bucket] = (graph, out)
         log.info("captured the decode graph for batch bucket %d", bucket)
 
-    def _sample(self, reqs: list[Request], logits: torch.Tensor) -> list[int]:
+    def _sample(self, reqs: list[Request], logits: torch.Tensor, slots: torch.Tensor) -> list[int]:
+        """Tokens for ``reqs`` (the first ``len(reqs)`` rows of ``logits``; rows past them are padding
+        on the pad slot), through the per-slot sampler; logprobs recorded on the requests that asked."""
         t, c = time.perf_counter(), time.thread_time()
-        if all(r.params.temperature == 0 for r in reqs):
-            out = sampling.greedy(logits)
-        else:
-            dev = logits.device
-
-            def col(values: list[Any], dtype: torch.dtype) -> torch.Tensor:
-                return torch.tensor(values, dtype=dtype, device=dev)
-
-            out = sampling.sample(
-                logits, col([r.params.temperature for r in reqs], torch.float32),
-                col([r.params.top_k for r in reqs], torch.int64), col([r.params.top_p for r in reqs], torch.float32),
-                col([r.params.min_p for r in reqs], torch.float32), col([r.seed for r in reqs], torch.int64),
-                col([len(r.output) for r in reqs], torch.int64))
-        tokens: list[int] = out.tolist()
+        variant = self.sampler.variant([r.params for r in reqs], [r.slot for r in reqs])
+        self.sampler.prepare([r.slot for r in reqs])
+        res = self.sampler.step(logits, slots, variant)
+        n = len(reqs)
+        tokens: list[int] = res.tokens[:n].tolist()
+        if variant.logprobs:
+            self._record_logprobs(reqs, res)
         self.stats.sample_s += time.perf_counter() - t
         self.stats.sample_cpu_s += time.thread_time() - c
         return tokens
+
+    @staticmethod
+    def _record_logprobs(reqs: list[Request], res: StepResult) -> None:
+        assert res.logprob is not None and res.top_values is not None and res.top_ids is not None
+        n = len(reqs)
+        # A token the step ruled out has logprob -inf: reported as -9999.0 (vLLM's floor), as JSON has no -inf.
+        chosen: list[float] = res.logprob[:n].clamp(min=LOGPROB_FLOOR).tolist()
+        values: list[list[float]] = res.top_values[:n].clamp(min=LOGPROB_FLOOR).tolist()
+        ids: list[list[int]] = res.top_ids[:n].tolist()
+        tokens: list[int] = res.tokens[:n].tolist()
+        for i, req in enumerate(reqs):
+            if not req.params.return_logprob:
+                continue
+            req.logprobs.append((chosen[i], tokens[i]))
+            k = req.params.top_logprobs_num
+            req.top_logprobs.append(list(zip(values[i][:k], ids[i][:k], strict=True)))
 
     def _append(self, reqs: list[Request], tokens: list[int]) -> None:
         interval = self.opt.stream_interval
@@ -374,9 +413,16 @@ class Scheduler:
             self.stats.output_tokens += 1
             p = req.params
             n = len(req.output)
-            if (tok in self.eos and not p.ignore_eos) or tok in p.stop_token_ids:
+            if req.grammar is not None and not req.grammar.accept(tok):
+                self._finish(req, {"type": "abort", "message": f"grammar refused token {tok}: {req.grammar.error}",
+                                   "status_code": 500})
+            elif ((tok in self.eos and (not p.ignore_eos or (req.grammar is not None and req.grammar.done)))
+                  or tok in p.stop_token_ids):
                 req.trimmed = not p.no_stop_trim
                 self._finish(req, {"type": "stop", "matched": tok})
+            elif req.grammar is not None and req.grammar.done:
+                # The grammar is complete and allows nothing more, not even EOS: the output ends here.
+                self._finish(req, {"type": "stop", "matched": None})
             elif n >= p.max_new_tokens or req.cached + 1 >= ctx:
                 self._finish(req, {"type": "length", "length": n})
             elif req.stream and (n == 1 or n % interval == 0):

@@ -28,6 +28,7 @@ from fastapi.responses import Response, StreamingResponse
 
 import netra
 from netra.engine.engine import Engine, build_engine
+from netra.engine.grammar import Grammar, GrammarError, grammar_tokenizer
 from netra.engine.options import EngineOptions
 from netra.engine.protocol import RequestError, check_request, parse_generate, parse_json
 from netra.engine.scheduler import Output, SamplingParams
@@ -57,6 +58,9 @@ class _Pending:
     ids: list[int] = field(default_factory=list)
     completion_tokens: int = 0
     finish_reason: dict[str, Any] | None = None
+    logprob_text: bool = False  # return_text_in_logprobs
+    logprobs: list[list[Any]] = field(default_factory=list)  # SGLang's [logprob, token_id, text|None]
+    top_logprobs: list[list[list[Any]]] = field(default_factory=list)
 
 
 class Server:
@@ -71,19 +75,23 @@ class Server:
         self.app = self._build_app()
 
     # ---- requests --------------------------------------------------------------------------------
-    def _start(self, rid: str, prompt: list[int], params: SamplingParams, stream: bool) -> _Pending:
+    def _start(self, rid: str, prompt: list[int], params: SamplingParams, stream: bool,
+               grammar: Grammar | None = None, logprob_text: bool = False) -> _Pending:
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[Output] = asyncio.Queue()
         pending = _Pending(rid, len(prompt), params, q, time.perf_counter(),
-                           self.tok.incremental(params.skip_special_tokens))
+                           self.tok.incremental(params.skip_special_tokens), logprob_text=logprob_text)
         self.inflight[rid] = pending
         seed = params.sampling_seed if params.sampling_seed is not None else self._seeds.getrandbits(63)
 
         def sink(out: Output) -> None:  # scheduler thread -> this request's queue on the event loop
             loop.call_soon_threadsafe(q.put_nowait, out)
 
-        self.sched.submit(EngineRequest(rid, prompt, params, sink=sink, stream=stream, seed=seed))
+        self.sched.submit(EngineRequest(rid, prompt, params, sink=sink, stream=stream, seed=seed, grammar=grammar))
         return pending
+
+    def _entry(self, p: _Pending, lp: float, tok: int) -> list[Any]:
+        return [lp, tok, self.tok.decode([tok], skip_special_tokens=False) if p.logprob_text else None]
 
     def _payload(self, p: _Pending, out: Output, incremental: bool) -> dict[str, Any]:
         """One event (or the whole response): tokens and text since the last event, or cumulative.
@@ -92,9 +100,19 @@ class Server:
         p.completion_tokens = out.completion_tokens
         p.finish_reason = out.finish_reason
         new_text = p.decoder.push(out.new_ids, final=out.finish_reason is not None)
-        meta = {"id": p.rid, "finish_reason": out.finish_reason, "prompt_tokens": p.prompt_tokens,
-                "completion_tokens": out.completion_tokens, "cached_tokens": 0,
-                "e2e_latency": time.perf_counter() - p.started}
+        meta: dict[str, Any] = {"id": p.rid, "finish_reason": out.finish_reason, "prompt_tokens": p.prompt_tokens,
+                                "completion_tokens": out.completion_tokens, "cached_tokens": 0,
+                                "e2e_latency": time.perf_counter() - p.started}
+        if p.params.return_logprob:
+            # SGLang's shapes: one entry per completion token (a matched stop token included); in
+            # incremental streaming only the new entries, as SGLang slices them.
+            new_lp = [self._entry(p, lp, tok) for lp, tok in out.logprobs]
+            new_top = [[self._entry(p, lp, tok) for lp, tok in row] for row in out.top_logprobs]
+            p.logprobs.extend(new_lp)
+            p.top_logprobs.extend(new_top)
+            meta["output_token_logprobs"] = new_lp if incremental else list(p.logprobs)
+            meta["output_top_logprobs"] = new_top if incremental else list(p.top_logprobs)
+            meta["input_token_logprobs"] = []
         if incremental:
             return {"text": new_text, "output_ids": list(out.new_ids), "meta_info": meta}
         return {"text": p.decoder.text, "output_ids": list(p.ids), "meta_info": meta}
@@ -143,15 +161,21 @@ class Server:
             rid = req.rid or uuid.uuid4().hex
             if rid in self.inflight:
                 raise RequestError(f"request id {rid!r} is already in flight")
-        except RequestError as exc:
+            spec = req.grammar()
+            grammar = await asyncio.to_thread(self._grammar, *spec) if spec is not None else None
+        except (RequestError, GrammarError) as exc:
             return error_response(str(exc))
         if not self.sched.alive:
             return error_response("the scheduler is not running", 503)
-        pending = self._start(rid, prompt, params, req.stream)
+        pending = self._start(rid, prompt, params, req.stream, grammar, req.return_text_in_logprobs)
         if req.stream:
             return StreamingResponse(self._stream(pending), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         return await self._wait(pending, request)
+
+    def _grammar(self, kind: str, source: str) -> Grammar:
+        cfg = self.engine.config
+        return Grammar(grammar_tokenizer(self.tok, cfg.vocab_size, cfg.eos_token_id), kind, source)
 
     async def health_generate(self) -> Response:
         if not self.sched.alive:

@@ -6,6 +6,12 @@ never on the batch it shares or the step's launch order, and the whole op is gra
 generator state, no host sync). Filters act on the temperature-scaled distribution in this order:
 top-k, then top-p (smallest prefix of the sorted distribution whose mass reaches p; the top token
 always stays), then min-p (drop tokens below ``min_p · p_max``).
+
+Before temperature, `process_logits_ref` turns the model's logits into the logits that are sampled,
+in SGLang 0.5.23's order: additive penalties (frequency, presence, and min-tokens' ban of stop
+tokens), then the repetition penalty (scaling), then the grammar mask, then `logit_bias`.
+`logprobs_ref` reads log-probabilities from those same processed logits (before temperature), so a
+returned logprob is the one the sampler saw.
 """
 
 from __future__ import annotations
@@ -46,9 +52,9 @@ def sample_ref(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Ten
                min_p: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """``logits [B, V]`` (FP32); per-row ``temperature`` (0 = greedy), ``top_k`` (-1 or ≥1), ``top_p``,
     ``min_p``, ``seeds``, ``steps`` -> token ids ``[B]`` int64."""
+    # No early return for an all-greedy batch: that test would synchronise with the host, and this
+    # op runs inside captured decode graphs (the scheduler sends all-greedy batches to `greedy`).
     greedy = _argmax(logits)
-    if bool((temperature == 0).all()):
-        return greedy
     vocab = logits.shape[-1]
     temp = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
     sorted_logits, sorted_ids = torch.sort(logits.float() / temp[:, None], dim=-1, descending=True, stable=True)
@@ -81,3 +87,53 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
 def greedy(logits: torch.Tensor) -> torch.Tensor:
     """All-greedy batch: argmax per row (the kernel-lab argmax op when it exists)."""
     return _argmax(logits)
+
+
+NEG_INF = float("-inf")
+BITS = 32  # grammar masks are packed 32 tokens per int32 word (llguidance's and xgrammar's layout)
+
+
+def unpack_bitmask_ref(bits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``bits [B, W]`` int32 (bit ``t % 32`` of word ``t // 32`` set = token ``t`` allowed) -> bool ``[B, vocab]``.
+
+    Tokens past ``32 * W`` are not allowed."""
+    tok = torch.arange(vocab, device=bits.device)
+    word = (tok // BITS).clamp(max=bits.shape[1] - 1)
+    shift = (tok % BITS).to(torch.int32)
+    allowed = ((bits.index_select(1, word) >> shift) & 1).bool()
+    return allowed & (tok < BITS * bits.shape[1])
+
+
+def process_logits_ref(logits: torch.Tensor, counts: torch.Tensor, frequency: torch.Tensor,
+                       presence: torch.Tensor, repetition: torch.Tensor, ban_stops: torch.Tensor,
+                       stop_mask: torch.Tensor, grammar_bits: torch.Tensor, grammar_on: torch.Tensor,
+                       bias: torch.Tensor) -> torch.Tensor:
+    """The logits that are sampled, from the model's ``logits [B, V]`` FP32 and per-row state:
+
+    - ``counts [B, V]`` int32: how often each token was generated so far (output tokens only);
+    - ``frequency``, ``presence`` ``[B]`` FP32: ``logit -= frequency · count + presence · (count > 0)``;
+    - ``ban_stops [B]`` bool with ``stop_mask [B, V]`` bool: min-tokens, ``-inf`` on stop tokens while set;
+    - ``repetition [B]`` FP32: for generated tokens, ``logit / r`` when positive, ``logit · r`` otherwise;
+    - ``grammar_bits [B, W]`` int32 with ``grammar_on [B]`` bool: tokens outside the mask get ``-inf``;
+    - ``bias [B, V]`` FP32: added last (OpenAI ``logit_bias``).
+
+    A row whose state is neutral (zeros, ``repetition`` 1, flags off) comes back unchanged, bit for bit.
+    Fixed shapes, no host synchronisation: safe inside a captured graph."""
+    x = logits.float()
+    c = counts.to(torch.float32)
+    x = x - frequency[:, None] * c - presence[:, None] * (c > 0).to(torch.float32)
+    x = x.masked_fill(stop_mask & ban_stops[:, None], NEG_INF)
+    r = repetition[:, None]
+    x = torch.where(counts > 0, torch.where(x < 0, x * r, x / r), x)
+    allowed = unpack_bitmask_ref(grammar_bits, x.shape[1])
+    x = x.masked_fill(~allowed & grammar_on[:, None], NEG_INF)
+    return x + bias
+
+
+def logprobs_ref(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``logits [B, V]`` (the processed logits that were sampled), ``tokens [B]`` -> (logprob of each
+    token ``[B]``, top-``k`` logprobs ``[B, k]`` descending, their token ids ``[B, k]``); FP32 log-softmax."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logp.gather(1, tokens[:, None])[:, 0]
+    top = torch.topk(logp, k=min(k, logp.shape[1]), dim=-1)
+    return chosen, top.values, top.indices
