@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 PROFILE ?= local
 
-.PHONY: setup nginx serve test lint typecheck pytest kernels kernels-verify explain clean
+.PHONY: setup nginx serve test lint typecheck pytest kernels kernels-verify explain sglang-peer clean
 
 $(BIN)/.netra-ok: requirements/cpu.txt requirements/runtime.txt requirements/dev.txt requirements/nodeps.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -44,6 +44,13 @@ kernels-verify: setup
 
 explain: setup
 	$(BIN)/netra explain
+
+# The folder the H200 peer runs carry (git-ignored): SGLang 0.5.23's kernel files from the pinned
+# wheel, its JIT CUDA modules built here for sm_90a (nvcc; no GPU), and the cp312 wheels the GPU host
+# lacks. See netra/bench/peers/sglang_loader.py.
+sglang-peer: setup
+	$(BIN)/pip install -q -r requirements/peer.txt
+	$(BIN)/python -m netra.bench.peers.sglang_loader .sglang_peer
 
 clean:
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache
