@@ -129,6 +129,9 @@ def options(profile: Any, *, host: str, port: int) -> list[Option]:
         Option("--context-length", "context_length", e.context_length),
         Option("--chunked-prefill-size", "chunked_prefill_size", e.chunked_prefill_size),
         Option("--stream-interval", "stream_interval", e.stream_interval),
+        # Structured output through llguidance, as the embedded engine: the worker contract's `ebnf`
+        # (Lark with embedded %json, used for tool calls) is read the same way by both engines.
+        Option("--grammar-backend", "grammar_backend", "llguidance"),
     ]
     revision = getattr(getattr(profile, "checkpoint", None), "revision", None)
     if revision:

@@ -45,6 +45,7 @@ class ServeState:
         self._info: dict[str, Any] | None = None
         self._text: ModelText | None = None
         self._name: str | None = config.model_name
+        self._context: int | None = None
         self._lock = asyncio.Lock()
 
     async def model_info(self) -> dict[str, Any]:
@@ -73,6 +74,21 @@ class ServeState:
             else:
                 self._name = f"netra-{info.get('preset', 'model')}"
         return self._name
+
+    async def context_length(self) -> int | None:
+        """The worker's context length: `/model_info` (netra engine), else SGLang's own `/v1/models`
+        card (`max_model_len`), else unknown (the worker's default then applies)."""
+        if self._context is None:
+            info = await self.model_info()
+            value = info.get("context_length") or info.get("max_model_len")
+            if not isinstance(value, int):
+                try:
+                    cards = (await self.upstream.get_json("/v1/models")).get("data") or [{}]
+                    value = cards[0].get("max_model_len")
+                except OpenAIError:
+                    value = None
+            self._context = value if isinstance(value, int) and value > 0 else 0
+        return self._context or None
 
     def model_name_now(self) -> str:
         return self._name or "unknown"
@@ -181,13 +197,22 @@ def create_app(config: ServeConfig, transport: httpx.AsyncBaseTransport | None =
 
         return await guarded("generate", run)
 
-    @app.get("/v1/models")
-    async def models() -> Response:
+    async def model_card() -> dict[str, Any]:
         name = await state.model_name()
         info = await state.model_info()
-        card = {"id": name, "object": "model", "created": state.started, "owned_by": "netra",
-                "root": info.get("model_path") or name}
-        return openai_api.json_response({"object": "list", "data": [card]})
+        return {"id": name, "object": "model", "created": state.started, "owned_by": "netra",
+                "root": info.get("model_path") or name, "max_model_len": await state.context_length()}
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        return openai_api.json_response({"object": "list", "data": [await model_card()]})
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> Response:
+        card = await model_card()
+        if model_id != card["id"]:
+            raise OpenAIError(404, f"The model `{model_id}` does not exist.", param="model", code="model_not_found")
+        return openai_api.json_response(card)
 
     @app.get("/health")
     async def health() -> Response:

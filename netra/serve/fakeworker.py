@@ -26,34 +26,41 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from netra.serve.tokenizer import bytes_to_unicode
+
 TEXT = ("Netra serves hybrid MoE models. Größe, café, naïve — 日本語のテキスト, 한국어, "
         "emoji 🙂🚀 and ASCII punctuation: {}[]<>!? ").encode()
 EOS, IM_START, IM_END = 256, 257, 258
 CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-TOP_KEYS = {"input_ids", "text", "sampling_params", "stream", "rid"}
+FAKE_CONTEXT = 4096
+TOP_KEYS = {"input_ids", "text", "sampling_params", "stream", "rid", "return_logprob", "top_logprobs_num",
+            "logprob_start_len", "return_text_in_logprobs"}
 SAMPLING_KEYS = {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "ignore_eos", "stop_token_ids",
-                 "skip_special_tokens", "sampling_seed", "no_stop_trim"}
+                 "skip_special_tokens", "sampling_seed", "no_stop_trim", "frequency_penalty", "presence_penalty",
+                 "repetition_penalty", "min_new_tokens", "logit_bias", "json_schema", "regex", "ebnf"}
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    # GPT-2's printable stand-ins for bytes, which Hugging Face's ByteLevel decoder maps back.
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
+def fake_logprob(i: int, token: int, k: int) -> tuple[list[Any], list[list[Any]]]:
+    """The fake's logprob entry for output position ``i`` (SGLang's shape) and its top ``k``."""
+    lp = -0.1 - 0.25 * (i % 5)
+    return [lp, token, None], [[lp - j, (token + j) % 256, None] for j in range(k)]
+
+
+def add_logprobs(event: dict[str, Any], body: dict[str, Any], out: list[int], lo: int, hi: int) -> None:
+    """SGLang's `output_token_logprobs` / `output_top_logprobs` for output positions [lo, hi)."""
+    if not body.get("return_logprob"):
+        return
+    pairs = [fake_logprob(i, out[i], int(body.get("top_logprobs_num", 0))) for i in range(lo, hi)]
+    event["meta_info"]["output_token_logprobs"] = [e for e, _ in pairs]
+    event["meta_info"]["output_top_logprobs"] = [t for _, t in pairs]
 
 
 def write_tokenizer(directory: Path) -> Path:
     """Write tokenizer.json and tokenizer_config.json (ChatML template) into `directory`."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-    vocab = {ch: b for b, ch in _bytes_to_unicode().items()}
+    vocab = {ch: b for b, ch in bytes_to_unicode().items()}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
@@ -180,8 +187,9 @@ def create_fake_worker(config: FakeConfig | None = None, tokenizer_dir: Path | N
         t0 = time.monotonic()
         if not body.get("stream", False):
             await asyncio.sleep(cfg.step_delay * len(out))
-            return Response(orjson.dumps(result(rid, prompt, out, len(out), finish, keep, t0, True)),
-                            media_type="application/json")
+            whole = result(rid, prompt, out, len(out), finish, keep, t0, True)
+            add_logprobs(whole, body, out, 0, len(out))
+            return Response(orjson.dumps(whole), media_type="application/json")
 
         async def events() -> AsyncIterator[bytes]:
             state.running.add(rid)
@@ -211,6 +219,7 @@ def create_fake_worker(config: FakeConfig | None = None, tokenizer_dir: Path | N
                         ev["output_ids"] = out[sent:step - 1]
                     if cfg.incremental:
                         ev["text"] = bytes(t for t in ev["output_ids"] if t < 256).decode("utf-8", "replace")
+                    add_logprobs(ev, body, out, sent if cfg.incremental else 0, step)
                     sent = step
                     yield b"data: " + orjson.dumps(ev) + b"\n\n"
                 if not out:
@@ -246,6 +255,12 @@ def create_fake_worker(config: FakeConfig | None = None, tokenizer_dir: Path | N
     async def model_info() -> Response:
         return Response(orjson.dumps({"model_path": "fake/contract-worker", "tokenizer_path": str(tdir),
                                       "is_generation": True, "preset": None}), media_type="application/json")
+
+    @app.get("/v1/models")
+    async def models() -> Response:  # SGLang's own card: where its context length is published
+        return Response(orjson.dumps({"object": "list", "data": [{"id": "fake/contract-worker", "object": "model",
+                                                                  "max_model_len": FAKE_CONTEXT}]}),
+                        media_type="application/json")
 
     @app.get("/server_info")
     async def server_info() -> Response:

@@ -13,6 +13,9 @@ from netra.serve.stream import IncrementalDetokenizer, StopMatcher, TokenTracker
 from netra.serve.tokenizer import TextTokenizer
 from netra.serve.upstream import Upstream, UpstreamStream
 
+# One output token's logprob: (logprob, token id, top alternatives as (logprob, token id), best first).
+TokenLogprob = tuple[float, int, list[tuple[float, int]]]
+
 
 @dataclass
 class Delta:
@@ -20,6 +23,7 @@ class Delta:
     text: str
     finish_reason: str | None = None
     matched_stop: int | str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # the tokens of this delta (when asked)
 
 
 @dataclass
@@ -79,6 +83,8 @@ class Choice:
         self._stopper = StopMatcher(self.stops, keep_stop=self.keep_stop)
         self._tracker = TokenTracker()
         self._last_token_at = self.t0
+        self.logprobs: list[TokenLogprob] = []  # one per visible output token, when the request asked
+        self._logprobs_sent = 0
 
     @property
     def rid(self) -> str:
@@ -111,6 +117,7 @@ class Choice:
             raise OpenAIError(502, f"worker broke the stream contract: {exc}") from exc
         self._tokens_arrived(len(p.new_ids))
         self._meta(p.meta, p.completion_tokens)
+        self._take_logprobs(p.meta)
         text = self._stopper.push(self._detok.push(p.new_ids))
         if self._stopper.matched is not None:
             return text, True, None
@@ -122,8 +129,30 @@ class Choice:
             return text, True, None
         return text + self._stopper.flush(), False, finish
 
+    def _take_logprobs(self, meta: dict[str, Any]) -> None:
+        """Collect SGLang's `output_token_logprobs` / `output_top_logprobs` entries: cumulative lists
+        in cumulative streaming (and in a whole response), only the new ones in incremental streaming.
+        A matched stop token's entry (outside the visible output) is dropped."""
+        entries = meta.get("output_token_logprobs")
+        if not isinstance(entries, list):
+            return
+        tops = meta.get("output_top_logprobs") or [[] for _ in entries]
+        start = 0 if self._tracker.mode == "incremental" else len(self.logprobs)
+        try:
+            for e, top in zip(entries[start:], tops[start:], strict=True):
+                self.logprobs.append((float(e[0]), int(e[1]), [(float(t[0]), int(t[1])) for t in top or []]))
+        except (TypeError, ValueError, IndexError) as exc:
+            raise OpenAIError(502, f"worker sent malformed logprobs: {exc}") from exc
+        del self.logprobs[len(self._tracker.ids):]
+
+    def take_logprobs(self) -> list[TokenLogprob]:
+        """Logprobs of the tokens that arrived since the last call."""
+        new = self.logprobs[self._logprobs_sent:]
+        self._logprobs_sent = len(self.logprobs)
+        return new
+
     def _stop_delta(self, text: str) -> Delta:
-        return Delta(self.index, text, "stop", self._stopper.matched)
+        return Delta(self.index, text, "stop", self._stopper.matched, self.take_logprobs())
 
     async def run_whole(self, upstream: Upstream) -> tuple[str, Delta]:
         """Non-streaming: the whole text and the final delta (finish reason)."""
@@ -132,9 +161,12 @@ class Choice:
             self.body["stream"] = True
             parts: list[str] = []
             last = Delta(self.index, "")
+            lps: list[TokenLogprob] = []
             async for d in self.run_stream(upstream, interval=1 << 30):
                 parts.append(d.text)
+                lps += d.logprobs
                 last = d
+            last.logprobs = lps
             return "".join(parts), last
         result = await upstream.generate(self.body)
         text, stopped, finish = self._apply(result)
@@ -142,7 +174,7 @@ class Choice:
             return text, self._stop_delta("")
         if finish is None:
             raise OpenAIError(502, "worker /generate returned no finish_reason")
-        return text, Delta(self.index, "", finish[0], finish[1])
+        return text, Delta(self.index, "", finish[0], finish[1], self.take_logprobs())
 
     async def open(self, upstream: Upstream) -> None:
         self.stream = await upstream.open_stream(self.body)
@@ -171,10 +203,10 @@ class Choice:
                     final = self._stop_delta(pending_text)
                     break
                 if finish is not None:
-                    final = Delta(self.index, pending_text, finish[0], finish[1])
+                    final = Delta(self.index, pending_text, finish[0], finish[1], self.take_logprobs())
                     continue  # read on to [DONE] so the connection goes back to the pool
                 if pending_tokens >= interval and pending_text:
-                    yield Delta(self.index, pending_text)
+                    yield Delta(self.index, pending_text, logprobs=self.take_logprobs())
                     pending_text, pending_tokens = "", 0
             if final is None:
                 raise OpenAIError(502, "the worker's stream ended before the request finished")

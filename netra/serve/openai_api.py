@@ -15,8 +15,17 @@ from starlette.responses import Response, StreamingResponse
 
 from netra.serve.errors import OpenAIError
 from netra.serve.generation import Choice, Delta, Usage
+from netra.serve.logprobs import TokenText, chat_logprobs, completion_logprobs
 from netra.serve.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest, StreamOptions
 from netra.serve.stream import TokenTracker, UpstreamProtocolError
+from netra.serve.tools import (
+    ToolCall,
+    ToolCallParser,
+    call_text,
+    required_grammar,
+    tool_dicts,
+    tools_preamble,
+)
 
 if TYPE_CHECKING:
     from netra.serve.app import ServeState
@@ -131,7 +140,7 @@ class Endpoint:
         return json_response(render(results, usage))
 
     async def streamed(self, choices: list[Choice], n: int, options: StreamOptions | None,
-                       chunk: Callable[[Delta], dict[str, Any]]) -> Response:
+                       chunk: Callable[[Delta], dict[str, Any] | None]) -> Response:
         include_usage = bool(options and options.include_usage)
         continuous = bool(options and options.continuous_usage_stats)
         upstream = self.state.upstream
@@ -159,6 +168,8 @@ class Endpoint:
                 try:
                     async for delta in merge(choices, upstream, interval):
                         obj = chunk(delta)
+                        if obj is None:  # nothing to say yet (e.g. inside a tool call being parsed)
+                            continue
                         if continuous:  # usage so far on every event (vLLM/SGLang extension)
                             obj["usage"] = self.usage(choices, n).body()
                         data = sse(obj)
@@ -244,17 +255,45 @@ def _seeded(params: dict[str, Any], j: int) -> dict[str, Any]:
     return params
 
 
+def _logprob_fields(body: dict[str, Any], top: int | None) -> None:
+    """Ask the worker for logprobs (SGLang's top-level keys)."""
+    body["return_logprob"] = True
+    body["top_logprobs_num"] = top or 0
+
+
 async def completions(state: ServeState, request: Request, req: CompletionRequest) -> Response:
     req.refuse_unsupported()
     ep = Endpoint(state, "completions", "text_completion", "text_completion")
     model_text = await state.model_text()
     model = await state.model_name()
     params = req.sampling_params(req.max_tokens)
+    prompts = req.prompts()
     choices = [ep.choice(p * req.n + j, prompt, _seeded(params, j), req.stream, req, model_text)
-               for p, prompt in enumerate(req.prompts()) for j in range(req.n)]
+               for p, prompt in enumerate(prompts) for j in range(req.n)]
+    if req.logprobs is not None:
+        for c in choices:
+            _logprob_fields(c.body, req.logprobs)
+    names = TokenText(model_text.tokenizer)
+
+    def echo(index: int) -> str:
+        if not req.echo:
+            return ""
+        prompt = prompts[index // req.n]
+        return prompt if isinstance(prompt, str) else model_text.tokenizer.decode(prompt, skip_special_tokens=False)
+
     if req.stream:
+        offsets: dict[int, int] = {}
+
         def chunk(d: Delta) -> dict[str, Any]:
-            choice: dict[str, Any] = {"index": d.index, "text": d.text, "finish_reason": d.finish_reason}
+            text = d.text
+            if d.index not in offsets:  # the echoed prompt rides on each choice's first event
+                text = echo(d.index) + text
+                offsets[d.index] = len(text) - len(d.text)
+            choice: dict[str, Any] = {"index": d.index, "text": text, "logprobs": None,
+                                      "finish_reason": d.finish_reason}
+            if req.logprobs is not None:
+                choice["logprobs"] = completion_logprobs(d.logprobs, names, offsets[d.index])
+                offsets[d.index] += sum(len(t) for t in choice["logprobs"]["tokens"])
             if d.matched_stop is not None:
                 choice["matched_stop"] = d.matched_stop
             return {"id": ep.id, "object": "text_completion", "created": ep.created, "model": model,
@@ -265,7 +304,11 @@ async def completions(state: ServeState, request: Request, req: CompletionReques
     def render(results: list[tuple[str, Delta]], usage: Usage) -> dict[str, Any]:
         out = []
         for text, d in results:
-            c: dict[str, Any] = {"index": d.index, "text": text, "logprobs": None, "finish_reason": d.finish_reason}
+            prefix = echo(d.index)
+            c: dict[str, Any] = {"index": d.index, "text": prefix + text, "logprobs": None,
+                                 "finish_reason": d.finish_reason}
+            if req.logprobs is not None:
+                c["logprobs"] = completion_logprobs(d.logprobs, names, len(prefix))
             if d.matched_stop is not None:
                 c["matched_stop"] = d.matched_stop
             out.append(c)
@@ -275,29 +318,83 @@ async def completions(state: ServeState, request: Request, req: CompletionReques
     return await ep.whole(request, choices, req.n, render)
 
 
+def _messages(req: ChatCompletionRequest, plain: bool) -> list[dict[str, Any]]:
+    """The messages for the chat template; a plain template (no tool syntax of its own) gets Qwen3's
+    tool instructions in its system turn and tool calls written out as the model writes them."""
+    messages = []
+    for m in req.messages:
+        d = {**m.model_dump(exclude_none=True), "content": m.text()}
+        if plain and m.role == "assistant" and d.get("tool_calls"):
+            calls = [call_text(c["function"]["name"], c["function"].get("arguments", {})) for c in d.pop("tool_calls")]
+            d["content"] = "\n".join(filter(None, [d["content"], *calls]))
+        messages.append(d)
+    if plain and req.tools_active():
+        preamble = tools_preamble(tool_dicts(req.tools or []))
+        if messages and messages[0]["role"] in ("system", "developer"):
+            messages[0] = {**messages[0], "content": messages[0]["content"] + "\n\n" + preamble}
+        else:
+            messages.insert(0, {"role": "system", "content": preamble})
+    return messages
+
+
 async def chat_completions(state: ServeState, request: Request, req: ChatCompletionRequest) -> Response:
     req.refuse_unsupported()
     ep = Endpoint(state, "chat", "chat.completion", "chat.completion.chunk")
     model_text = await state.model_text()
     model = await state.model_name()
-    messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in req.messages]
-    prompt_text = model_text.chat_template.render(messages, req.add_generation_prompt, req.chat_template_kwargs)
+    template = model_text.chat_template
+    tools = tool_dicts(req.tools or []) if req.tools_active() else None
+    messages = _messages(req, plain=template.source is None)
+    prompt_text = template.render(messages, req.add_generation_prompt, req.chat_template_kwargs, tools=tools)
     prompt_ids = model_text.tokenizer.encode(prompt_text)
     if not prompt_ids:
         raise OpenAIError(400, "the chat template rendered an empty prompt", param="messages")
-    params = req.sampling_params(req.max_new_tokens())
+    max_new = req.max_new_tokens()
+    if max_new is None:  # SGLang's and vLLM's default: the rest of the context
+        context = await state.context_length()
+        if context is not None:
+            if len(prompt_ids) >= context:
+                raise OpenAIError(400, f"the prompt has {len(prompt_ids)} tokens; the context length is {context}",
+                                  param="messages")
+            max_new = context - len(prompt_ids)
+    params = req.sampling_params(max_new)
+    if req.tool_choice == "required" or req.named_tool() is not None:
+        params["ebnf"] = required_grammar(tool_dicts(req.tools or []), req.named_tool(), req.parallel_tool_calls)
     choices = [ep.choice(j, prompt_ids, _seeded(params, j), req.stream, req, model_text) for j in range(req.n)]
+    if req.logprobs:
+        for c in choices:
+            _logprob_fields(c.body, req.top_logprobs)
+    names = TokenText(model_text.tokenizer)
+    parsers = {j: ToolCallParser() for j in range(req.n)} if tools is not None else {}
+
+    def finish_reason(index: int, reason: str | None) -> str | None:
+        p = parsers.get(index)
+        return "tool_calls" if reason == "stop" and p is not None and p.calls else reason
+
     if req.stream:
         started: set[int] = set()
 
-        def chunk(d: Delta) -> dict[str, Any]:
+        def chunk(d: Delta) -> dict[str, Any] | None:
             delta: dict[str, Any] = {}
             if d.index not in started:  # the role rides on each choice's first event
                 started.add(d.index)
                 delta["role"] = "assistant"
-            if d.text or "role" in delta:
-                delta["content"] = d.text
-            choice: dict[str, Any] = {"index": d.index, "delta": delta, "finish_reason": d.finish_reason}
+            text, calls = d.text, list[ToolCall]()
+            parser = parsers.get(d.index)
+            if parser is not None:
+                text, calls = parser.push(d.text)
+                if d.finish_reason is not None:
+                    text += parser.flush()
+            if text or "role" in delta:
+                delta["content"] = text
+            if calls:
+                delta["tool_calls"] = [c.body(with_index=True) for c in calls]
+            if not delta and d.finish_reason is None and not d.logprobs:
+                return None
+            choice: dict[str, Any] = {"index": d.index, "delta": delta, "logprobs": None,
+                                      "finish_reason": finish_reason(d.index, d.finish_reason)}
+            if req.logprobs:
+                choice["logprobs"] = chat_logprobs(d.logprobs, names)
             if d.matched_stop is not None:
                 choice["matched_stop"] = d.matched_stop
             return {"id": ep.id, "object": "chat.completion.chunk", "created": ep.created, "model": model,
@@ -308,8 +405,17 @@ async def chat_completions(state: ServeState, request: Request, req: ChatComplet
     def render(results: list[tuple[str, Delta]], usage: Usage) -> dict[str, Any]:
         out = []
         for text, d in results:
-            c: dict[str, Any] = {"index": d.index, "message": {"role": "assistant", "content": text},
-                                 "logprobs": None, "finish_reason": d.finish_reason}
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            parser = parsers.get(d.index)
+            if parser is not None:
+                content, calls = parser.push(text)
+                content += parser.flush()
+                if calls:
+                    message["tool_calls"] = [c.body() for c in calls]
+                message["content"] = content if content.strip() or not calls else None
+            c: dict[str, Any] = {"index": d.index, "message": message,
+                                 "logprobs": chat_logprobs(d.logprobs, names) if req.logprobs else None,
+                                 "finish_reason": finish_reason(d.index, d.finish_reason)}
             if d.matched_stop is not None:
                 c["matched_stop"] = d.matched_stop
             out.append(c)
@@ -322,6 +428,8 @@ async def chat_completions(state: ServeState, request: Request, req: ChatComplet
 async def generate(state: ServeState, request: Request, req: GenerateRequest) -> Response:
     """The native `/generate`, forwarded: token IDs in and out, events re-sent as the worker sent them."""
     req.check()
+    if req.is_batch():
+        return await _generate_batch(state, request, req)
     body = req.model_dump(exclude_none=True)
     body.setdefault("rid", f"gen-{uuid.uuid4().hex}")
     rid = str(body["rid"])
@@ -406,3 +514,33 @@ async def generate(state: ServeState, request: Request, req: GenerateRequest) ->
 
     response.on_close.append(abort_unstarted)
     return response
+
+
+async def _generate_batch(state: ServeState, request: Request, req: GenerateRequest) -> Response:
+    """SGLang's batch `/generate`: one upstream request per prompt, answered as a list in order."""
+    bodies = req.split()
+    for b in bodies:
+        b.setdefault("rid", f"gen-{uuid.uuid4().hex}")
+    upstream = state.upstream
+
+    async def run_all() -> list[dict[str, Any]]:
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(upstream.generate(b)) for b in bodies]
+        return [t.result() for t in tasks]
+
+    def abort_all() -> None:
+        for b in bodies:
+            upstream.abort_soon(str(b["rid"]))
+
+    try:
+        results = await until_disconnect(request, run_all(), abort_all)
+    except* OpenAIError as group:
+        abort_all()
+        raise group.exceptions[0] from None
+    for r in results:
+        meta = r.get("meta_info") if isinstance(r, dict) else None
+        state.metrics.requests.labels("generate", "200").inc()
+        if isinstance(meta, dict):
+            state.metrics.prompt_tokens.labels("generate").inc(int(meta.get("prompt_tokens", 0) or 0))
+            state.metrics.completion_tokens.labels("generate").inc(int(meta.get("completion_tokens", 0) or 0))
+    return json_response(results)

@@ -24,11 +24,35 @@ class TextTokenizer(Protocol):
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
 
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's printable stand-ins for bytes, as byte-level BPE vocabularies spell their tokens."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
+
+
+_UNICODE_TO_BYTE = {c: b for b, c in bytes_to_unicode().items()}
+
+
 class HFTokenizer:
     def __init__(self, path: Path) -> None:
         from tokenizers import Tokenizer
 
         self._tok = Tokenizer.from_file(str(path))
+
+    def token_bytes(self, tid: int) -> bytes | None:
+        """A byte-level BPE token's exact bytes (a token may hold part of a UTF-8 character), or None
+        when the token is not spelled in the byte-level alphabet (a special token, another scheme)."""
+        piece = self._tok.id_to_token(tid)
+        if piece is None or any(ch not in _UNICODE_TO_BYTE for ch in piece):
+            return None
+        return bytes(_UNICODE_TO_BYTE[ch] for ch in piece)
 
     def encode(self, text: str) -> list[int]:
         # Chat templates write their special tokens themselves: add none here.
@@ -70,7 +94,7 @@ class ChatTemplate:
             self._template = env.from_string(source)
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-               extra: dict[str, Any] | None = None) -> str:
+               extra: dict[str, Any] | None = None, tools: list[dict[str, Any]] | None = None) -> str:
         if self._template is None:
             # The plain template: no special tokens, so any byte-level tokenizer encodes it.
             text = "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in messages)
@@ -79,7 +103,7 @@ class ChatTemplate:
 
         try:
             return str(self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                             bos_token=self._bos, eos_token=self._eos, tools=None,
+                                             bos_token=self._bos, eos_token=self._eos, tools=tools,
                                              **(extra or {})))
         except TemplateError as exc:
             raise OpenAIError(400, f"chat template refused the messages: {exc}", param="messages") from exc
