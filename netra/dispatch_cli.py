@@ -88,7 +88,7 @@ def main(args: argparse.Namespace) -> int:
         examples: list[tuple[str, Signature]] = []
         if op in OPS:
             show = getattr(importlib.import_module(OPS[op]), "explain_signatures", None)
-            examples = list(show()) if show is not None else []
+            examples = [(label, sig) for label, sig in show() if sig.op == op] if show is not None else []
         custom = args.op and (args.target or args.dim or args.dtype or args.layout or args.phase)
         if custom:
             base = examples[0][1] if examples else Signature(target="sm90", op=op, dims=(), dtypes=(), layouts=())
@@ -101,6 +101,9 @@ def main(args: argparse.Namespace) -> int:
             examples = [("requested", sig)]
         if not examples:  # no op module examples: one call inside each contract's domain
             examples = [(f"domain of {c.name}", domain_signature(c)) for c in catalog.for_op(op)]
+        if not examples:
+            out.append(f"{op}: no contract on any target: every call runs the op's reference ({OPS.get(op, '?')})")
+            continue
         for label, sig in examples:
             out.extend(render(f"{op} [{label}]", sig, plan(sig, catalog, disp.min_maturity, disp.disabled)))
     print("\n".join(out))

@@ -1,4 +1,4 @@
-"""`netra bench <kernels|serve|sweep|compare>`.
+"""`netra bench <kernels|serve|sweep|compare|step>`.
 
 Each verb lives in its own module exposing ``add_arguments(parser)`` and ``main(args) -> int``;
 modules are imported when the verb runs, so `netra --help` stays cheap and torch-free.
@@ -15,6 +15,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "serve": ("netra.bench.serve", "serving load generator: synchronized client processes, exact checks"),
     "sweep": ("netra.bench.sweep", "serving sweep over concurrencies, with a plot"),
     "compare": ("netra.bench.compare", "ABBA comparison of two arms with a statistical verdict"),
+    "step": ("netra.bench.step", "the engine's full-shape decode step in graph replay, against its byte floor"),
 }
 
 

@@ -17,9 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from netra.bench.timing import quantile
 from netra.settings import REPO_ROOT
 
-FAMILIES = ("argmax",)
+FAMILIES = ("argmax", "moe")  # the families with an sm90 benchmark (their contracts are in the catalog)
 L2_ROTATE_BYTES = 180 * 2**20  # 3x the H200's 60 MB L2
 # Issue-2 targets: reported in every record under "targets" (pass/fail), not the promotion rule.
 ARGMAX_GATES = (("float32", 16, "speedup", 3.0), ("float32", 128, "floor_fraction", 0.80),
@@ -48,55 +49,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-record", action="store_true")
 
 
-def _events_time_ms(fn: Any, torch: Any) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return float(start.elapsed_time(end))
+def copy_bandwidth(torch: Any) -> float:
+    from netra.bench.timing import copy_bandwidth as cb
+
+    return cb()
 
 
-def copy_bandwidth(torch: Any, nbytes: int = 2 * 2**30, samples: int = 20) -> float:
-    """Device-to-device copy, bytes read + written per second (median of ``samples``)."""
-    src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").normal_()
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    times = sorted(_events_time_ms(lambda: dst.copy_(src), torch) for _ in range(samples))
-    return 2 * nbytes / (times[len(times) // 2] * 1e-3)
+def graph_provider(name: str, fn: Any, inputs: list[Any], outs: list[Any], torch: Any,
+                  min_calls: int = 32) -> Any:
+    """A `netra.bench.timing.Provider` of ``fn(x, out)`` over the rotated (input, output) pairs, prepared
+    (eager warm-up, then the graph) and ready to sample: the one timing protocol."""
+    from netra.bench.timing import Provider
 
-
-def _quantile(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
-
-
-class GraphProvider:
-    """One provider's graph over all rotated inputs: replay = ``calls`` invocations."""
-
-    def __init__(self, name: str, fn: Any, inputs: list[Any], outs: list[Any], torch: Any, min_calls: int = 32):
-        self.name = name
-        # The graph reads and writes these tensors on every replay: hold them for its lifetime
-        # (an exploration's outputs are otherwise local to its caller and would be freed).
-        self.inputs, self.outs = inputs, outs
-        reps = max(1, -(-min_calls // len(inputs)))
-        self.calls = reps * len(inputs)
-        for x, o in zip(inputs, outs, strict=True):  # warm-up, and eager decisions before capture
-            fn(x, o)
-        torch.cuda.synchronize()
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            for _ in range(reps):
-                for x, o in zip(inputs, outs, strict=True):
-                    fn(x, o)
-        for _ in range(3):
-            self.graph.replay()
-        torch.cuda.synchronize()
-        self.samples_us: list[float] = []
-
-    def sample(self, torch: Any) -> None:
-        self.samples_us.append(_events_time_ms(self.graph.replay, torch) * 1e3 / self.calls)
+    p = Provider(name, lambda i: fn(inputs[i], outs[i]), len(inputs), min_calls, hold=(inputs, outs))
+    p.prepare()
+    return p
 
 
 def _alt_tactics(op: Any, dtype_name: str, rows: int, chosen: Any, device: int) -> list[tuple[str, Any]]:
@@ -146,18 +113,18 @@ def bench_argmax(args: argparse.Namespace, torch: Any, copy_bps: float) -> tuple
             def netra_fn(x: Any, o: Any, t: Any = tactic, tb: int | None = None) -> None:
                 op.launch(t, x, o, target_blocks=tb)
 
-            providers = [GraphProvider("netra", netra_fn, inputs, outs, torch)]
+            providers = [graph_provider("netra", netra_fn, inputs, outs, torch)]
             tactic_of = {"netra": tactic.contract.name}
             # Correctness on the timed inputs: netra's outputs == torch.argmax.
             for o, r in zip(outs, refs, strict=True):
                 if not torch.equal(o, r):
                     raise SystemExit(f"argmax {dtype_name} rows {rows}: netra differs from torch.argmax")
             t_outs = [torch.empty_like(o) for o in outs]
-            providers.append(GraphProvider("torch.argmax", lambda x, o: torch.argmax(x, dim=-1, out=o),
+            providers.append(graph_provider("torch.argmax", lambda x, o: torch.argmax(x, dim=-1, out=o),
                                            inputs, t_outs, torch))
             # The per-call cost of a trivial kernel node under the same protocol (fills the output):
             # what any provider pays for its launch in graph replay, whatever it reads.
-            providers.append(GraphProvider("baseline:fill_", lambda x, o: o.fill_(0), inputs,
+            providers.append(graph_provider("baseline:fill_", lambda x, o: o.fill_(0), inputs,
                                            [torch.empty_like(o) for o in outs], torch))
             exact: dict[str, bool] = {}
             ctx = {"inputs": inputs, "outs": outs, "refs": refs, "providers": providers, "tactic_of": tactic_of,
@@ -169,7 +136,7 @@ def bench_argmax(args: argparse.Namespace, torch: Any, copy_bps: float) -> tuple
                     return
                 o_list = [torch.full_like(o, -7) for o in ctx["outs"]]
                 try:
-                    ctx["providers"].append(GraphProvider(name, fn, ctx["inputs"], o_list, torch))
+                    ctx["providers"].append(graph_provider(name, fn, ctx["inputs"], o_list, torch))
                 except (RuntimeBridgeError, TypeError, AttributeError, ValueError, KeyError, RuntimeError) as exc:
                     explorations.append(f"{name} {ctx['tag']}: {exc}")
                     return
@@ -227,15 +194,15 @@ def bench_argmax(args: argparse.Namespace, torch: Any, copy_bps: float) -> tuple
                     explore(f"netra@tb{tb}", lambda x, o, tb=tb: netra_fn(x, o, tb=tb), tactic.contract.name)
             for i in range(args.samples):  # interleaved, order alternating
                 for p in (providers if i % 2 == 0 else providers[::-1]):
-                    p.sample(torch)
+                    p.sample()
             floor_us = nbytes / copy_bps * 1e6
             by_name: dict[str, float] = {}
             for p in providers:
-                med = _quantile(p.samples_us, 0.5)
+                med = quantile(p.samples_us, 0.5)
                 by_name[p.name] = med
                 out_rows.append({
                     "shape": [rows, vocab], "dtype": dtype_name, "provider": p.name, "mode": "graph",
-                    "median_us": round(med, 3), "p90_us": round(_quantile(p.samples_us, 0.9), 3),
+                    "median_us": round(med, 3), "p90_us": round(quantile(p.samples_us, 0.9), 3),
                     "gbps": round(nbytes / (med * 1e-6) / 1e9, 1), "floor_us": round(floor_us, 3),
                     "floor_fraction": round(floor_us / med, 3), "samples": len(p.samples_us),
                     "calls_per_replay": p.calls, "rotated_inputs": nbuf,
@@ -383,6 +350,11 @@ def main(args: argparse.Namespace) -> int:
 
     if args.rejudge is not None:
         return rejudge(args.rejudge)
+    if args.family == "moe":
+        from netra.bench import kernels_moe
+
+        return kernels_moe.main(["--out", str(args.out), "--samples", str(args.samples)]
+                                + (["--no-checks"] if args.skip_checks else []))
     if not torch.cuda.is_available():
         print("netra bench kernels: needs a CUDA GPU; none available", file=sys.stderr)
         return 2

@@ -57,19 +57,19 @@ class Model:
             for weight in weights.all_weights():
                 weight.dequantized(acc)
 
-    def decode_capture_blocker(self) -> str | None:
-        """Why the decode forward cannot be captured as a CUDA graph, or None when it can.
+    def decode_capture_blocker(self, tokens: int) -> str | None:
+        """Why the decode forward of a ``tokens``-row bucket cannot be captured as a CUDA graph, or None.
 
-        Every op's fallback on the decode path is graph-safe except the grouped MoE (more than
-        `moe.DENSE_FALLBACK_MAX_EXPERTS` experts), which reads per-expert counts on the host. MoE
-        tactics (issue 7) lift this; until then such a model decodes eagerly.
+        Every op's fallback on the decode path is graph-safe except the grouped MoE fallback (more than
+        `moe.DENSE_FALLBACK_MAX_EXPERTS` experts reads per-expert counts on the host); the MoE tactics
+        (kernels/sm90/moe: 1..128 tokens) lift that, so dispatch decides per bucket.
         """
-        from netra.ops.moe import fallback_is_graph_safe
+        from netra.ops.moe import graph_blocker
 
         for i, layer in enumerate(self.w.layers):
-            if not fallback_is_graph_safe(layer.moe):
-                return (f"layer {i}: the MoE fallback for {layer.moe.num_experts} experts synchronises with the "
-                        f"host (grouped per-expert loop)")
+            why = graph_blocker(layer.moe, tokens, self.device)
+            if why is not None:
+                return f"layer {i}: {why}"
         return None
 
     def forward(self, fb: ForwardBatch) -> torch.Tensor:

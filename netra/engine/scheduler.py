@@ -144,10 +144,14 @@ class Scheduler:
         self.sampler = SlotSampler(pools.num_slots, model.cfg.vocab_size, self.device, eos_ids)
         # CUDA graphs: one per decode bucket, captured on first use, sharing one memory pool.
         self.use_graphs = self.device.type == "cuda" and not options.disable_cuda_graph
-        blocker = model.decode_capture_blocker() if self.use_graphs else None
-        if blocker is not None:
-            log.warning("decode CUDA graphs off: %s", blocker)
-            self.use_graphs = False
+        # A bucket whose forward cannot be captured (an op on a host-synchronising fallback) decodes eagerly.
+        self.eager_buckets: dict[int, str] = {}
+        if self.use_graphs:
+            for b in self.buckets:
+                why = model.decode_capture_blocker(b)
+                if why is not None:
+                    self.eager_buckets[b] = why
+                    log.warning("decode CUDA graph off for bucket %d: %s", b, why)
         self._graphs: dict[int, tuple[Any, torch.Tensor]] = {}
         self._graph_pool: Any = None
 
@@ -317,7 +321,7 @@ class Scheduler:
         ids = [r.output[-1] for r in reqs] + [0] * (bucket - n)
         lens = [r.cached + 1 for r in reqs] + [1] * (bucket - n)
         slots = [r.slot for r in reqs] + [PAD_SLOT] * (bucket - n)
-        graphed = self.use_graphs and bucket in self.buckets
+        graphed = self.use_graphs and bucket in self.buckets and bucket not in self.eager_buckets
         if graphed and bucket not in self._graphs:
             self._capture(bucket)
         self._ids[:bucket].copy_(torch.tensor(ids, dtype=torch.int64))

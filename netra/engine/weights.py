@@ -135,25 +135,34 @@ def seeded_weights(cfg: ModelConfig, seed: int, device: torch.device | str = "cp
                 norm=(1.0 + init.randn(p + "linear_attn.norm.weight", (cfg.linear_value_head_dim,), 0.1)).to(BF16),
                 out_proj=init.proj(p + "linear_attn.out_proj.weight", h, cfg.linear_value_dim, q8),
             )
-        e, inter, sh = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
-        moe = MoEWeights(
-            router=init.proj(p + "mlp.gate.weight", e, h, False),
-            w13=init.proj(p + "mlp.experts.w13", 2 * inter, h, q8, lead=(e,)),
-            w2=init.proj(p + "mlp.experts.w2", h, inter, q8, lead=(e,)),
-            shared_w13=init.proj(p + "mlp.shared_expert.w13", 2 * sh, h, q8),
-            shared_w2=init.proj(p + "mlp.shared_expert.down_proj.weight", h, sh, q8),
-            shared_gate=init.proj(p + "mlp.shared_expert_gate.weight", 1, h, False),
-            top_k=cfg.num_experts_per_tok, renormalize=cfg.norm_topk_prob,
-        )
         layers.append(LayerWeights(
             input_layernorm=init.randn(p + "input_layernorm.weight", (h,), 0.1).to(BF16),
             post_attention_layernorm=init.randn(p + "post_attention_layernorm.weight", (h,), 0.1).to(BF16),
-            mixer=mixer, moe=moe))
+            mixer=mixer, moe=_seeded_moe(init, cfg, p)))
     embed = init.randn(PREFIX + "embed_tokens.weight", (cfg.vocab_size, h), 1.0).to(BF16)
     lm_head = Weight(embed) if cfg.tie_word_embeddings else init.proj("lm_head.weight", cfg.vocab_size, h, False,
                                                                       std=2.0 * h ** -0.5)
     return ModelWeights(embed=embed, layers=layers,
                         norm=init.randn(PREFIX + "norm.weight", (h,), 0.1).to(BF16), lm_head=lm_head)
+
+
+def _seeded_moe(init: _Init, cfg: ModelConfig, p: str) -> MoEWeights:
+    e, h, inter, sh = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+    q8 = cfg.fp8_weights
+    return MoEWeights(
+        router=init.proj(p + "mlp.gate.weight", e, h, False),
+        w13=init.proj(p + "mlp.experts.w13", 2 * inter, h, q8, lead=(e,)),
+        w2=init.proj(p + "mlp.experts.w2", h, inter, q8, lead=(e,)),
+        shared_w13=init.proj(p + "mlp.shared_expert.w13", 2 * sh, h, q8),
+        shared_w2=init.proj(p + "mlp.shared_expert.down_proj.weight", h, sh, q8),
+        shared_gate=init.proj(p + "mlp.shared_expert_gate.weight", 1, h, False),
+        top_k=cfg.num_experts_per_tok, renormalize=cfg.norm_topk_prob,
+    )
+
+
+def seeded_moe(cfg: ModelConfig, seed: int, device: torch.device | str, layer: int = 0) -> MoEWeights:
+    """Layer ``layer``'s MoE block exactly as `seeded_weights` makes it (the kernel benchmarks' weights)."""
+    return _seeded_moe(_Init(seed, torch.device(device)), cfg, f"{PREFIX}layers.{layer}.")
 
 
 def weights_to(w: ModelWeights, device: torch.device | str) -> ModelWeights:

@@ -33,8 +33,9 @@ def bind(op: str, launcher: Launcher) -> None:
     _launchers[op] = launcher
 
 
-def _key(op: str, tensors: dict[str, torch.Tensor], params: dict[str, int], quant: str) -> tuple[Any, ...]:
-    parts: list[Any] = [op, quant, tuple(params.items())]
+def _key(op: str, tensors: dict[str, torch.Tensor], params: dict[str, int], quant: str,
+         reduction_order: str) -> tuple[Any, ...]:
+    parts: list[Any] = [op, quant, reduction_order, tuple(params.items())]
     capturing = False
     for name, t in tensors.items():
         parts.append((name, t.dtype, t.device, t.is_contiguous(), t.data_ptr() % 16 == 0))
@@ -44,13 +45,14 @@ def _key(op: str, tensors: dict[str, torch.Tensor], params: dict[str, int], quan
     return tuple(parts)
 
 
-def route(op: str, tensors: dict[str, torch.Tensor], params: dict[str, int],
-          quant: str = "none") -> tuple[Launcher, dispatch.Decision] | None:
+def route(op: str, tensors: dict[str, torch.Tensor], params: dict[str, int], quant: str = "none",
+          reduction_order: str = "any") -> tuple[Launcher, dispatch.Decision] | None:
     """The tactic launcher and decision for this call, or None for the op's reference fallback."""
-    key = _key(op, tensors, params, quant)
+    key = _key(op, tensors, params, quant, reduction_order)
     decision = _decisions.get(key)
     if decision is None:
-        decision = dispatch.select(Signature.of(op=op, tensors=tensors, params=params, quant=quant))
+        decision = dispatch.select(Signature.of(op=op, tensors=tensors, params=params, quant=quant,
+                                                reduction_order=reduction_order))
         _decisions[key] = decision
     if decision.tactic is None:
         return None

@@ -24,8 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
+from netra import dispatch
+from netra.contract import Signature
 from netra.ops import fp8
-from netra.ops._common import acc_dtype, route
+from netra.ops._common import acc_dtype, bind, route
 from netra.ops.linear import Weight, linear_ref
 
 
@@ -45,30 +47,6 @@ class MoEWeights:
         return int(self.router.out_features)
 
 
-_fp8_stacks: dict[int, tuple[MoEWeights, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
-
-
-def stack_shared_expert(w: MoEWeights) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The kernels' layout (netra/ops/moe_fp8.py): routed experts with the shared expert appended as
-    expert E: ``(w13 [E+1, 2I, H], w13_scale [E+1, 2I/128, H/128], w2 [E+1, H, I], w2_scale)``,
-    E4M3 data and FP32 scales, built once per layer (the copy costs one expert's worth of memory)."""
-    hit = _fp8_stacks.get(id(w))
-    if hit is not None and hit[0] is w:
-        return hit[1]
-    parts = (w.w13, w.w2, w.shared_w13, w.shared_w2)
-    if not all(p.is_fp8 and p.scale_inv is not None for p in parts):
-        raise ValueError("stack_shared_expert needs FP8 block-scaled expert and shared-expert weights")
-    if w.shared_w13.data.shape != w.w13.data.shape[1:] or w.shared_w2.data.shape != w.w2.data.shape[1:]:
-        raise ValueError(f"shared expert {tuple(w.shared_w13.data.shape)} does not match the experts' "
-                         f"{tuple(w.w13.data.shape[1:])}")
-    assert w.w13.scale_inv is not None and w.shared_w13.scale_inv is not None
-    assert w.w2.scale_inv is not None and w.shared_w2.scale_inv is not None
-    out = (torch.cat([w.w13.data, w.shared_w13.data[None]]), torch.cat([w.w13.scale_inv, w.shared_w13.scale_inv[None]]),
-           torch.cat([w.w2.data, w.shared_w2.data[None]]), torch.cat([w.w2.scale_inv, w.shared_w2.scale_inv[None]]))
-    _fp8_stacks[id(w)] = (w, out)
-    return out
-
-
 def moe_route_ref(router_logits: torch.Tensor, top_k: int, renormalize: bool
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """``router_logits [T, E]`` (BF16) -> (``weights [T, k]`` FP32, ``ids [T, k]`` int64), highest first.
@@ -83,6 +61,25 @@ def moe_route_ref(router_logits: torch.Tensor, top_k: int, renormalize: bool
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, ids
+
+
+def routing_agreement(logits: torch.Tensor, ids: torch.Tensor, ref_ids: torch.Tensor) -> dict[str, int]:
+    """Compare a tactic's top-k ``ids`` with the reference's on the reference's BF16 ``logits`` [T, E]: rows
+    whose expert sets differ, and of those, how many are near-ties (every expert in either set but not both has
+    a logit within one BF16 ulp of the k-th largest: FP32 dot products summed in another order may round the
+    other way there). A difference that is not a near-tie is a routing error."""
+    lf = logits.float()
+    kth = torch.sort(lf, dim=-1, descending=True).values[:, ids.shape[1] - 1]
+    ulp = torch.clamp(kth.abs(), min=2.0 ** -126) * 2.0 ** -7
+    differ = near = 0
+    for t in range(ids.shape[0]):
+        a, b = set(ids[t].tolist()), set(ref_ids[t].tolist())
+        if a == b:
+            continue
+        differ += 1
+        if all(abs(float(lf[t, e]) - float(kth[t])) <= float(ulp[t]) for e in a ^ b):
+            near += 1
+    return {"rows": int(ids.shape[0]), "rows_differ": differ, "near_ties": near, "errors": differ - near}
 
 
 def _expert(w: Weight, e: int | None, acc: torch.dtype) -> torch.Tensor:
@@ -115,12 +112,18 @@ def expert_mlp_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, route_w
     return (down.float() * route_w[:, None]).to(torch.bfloat16)
 
 
-def moe_ref(x: torch.Tensor, w: MoEWeights) -> torch.Tensor:
-    """``x [T, H]`` BF16 -> ``[T, H]`` BF16 (see the module docstring for the exact arithmetic)."""
+def moe_ref(x: torch.Tensor, w: MoEWeights,
+            routing: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """``x [T, H]`` BF16 -> ``[T, H]`` BF16 (see the module docstring for the exact arithmetic).
+
+    ``routing`` = (weights FP32 [T, k], ids [T, k]) replaces step 1 (an oracle check uses it to judge the
+    experts' arithmetic apart from the routing, which `routing_agreement` judges)."""
     acc = acc_dtype(x.device)
     t, k = x.shape[0], w.top_k
-    logits = linear_ref(x, w.router, torch.bfloat16)
-    weights, ids = moe_route_ref(logits, k, w.renormalize)
+    if routing is None:
+        weights, ids = moe_route_ref(linear_ref(x, w.router, torch.bfloat16), k, w.renormalize)
+    else:
+        weights, ids = routing[0].float(), routing[1].long()
     shared_weight = torch.sigmoid(linear_ref(x, w.shared_gate, torch.bfloat16).float())[:, 0]
     routes = torch.zeros(t, k + 1, x.shape[1], dtype=torch.bfloat16, device=x.device)
     flat_ids = ids.reshape(-1)
@@ -209,22 +212,119 @@ def _dense_stack(w: MoEWeights, acc: torch.dtype) -> tuple[torch.Tensor, torch.T
 # count is small (it dequantizes the whole expert stack: fine for 8 experts, not for 256).
 DENSE_FALLBACK_MAX_PAIRS = 2048
 DENSE_FALLBACK_MAX_EXPERTS = 64
+BLOCK_OP, ROUTED_OP = "moe_fp8_block", "moe_fp8_routed"
+FP8_QUANT = "fp8_e4m3_block128"
 
 
-def fallback_is_graph_safe(w: MoEWeights) -> bool:
-    """Whether the fallback of a decode-sized call can be captured in a CUDA graph: the dense form
-    can (no host synchronisation); the grouped form reads per-expert counts on the host."""
-    return w.num_experts <= DENSE_FALLBACK_MAX_EXPERTS
+def _block_call(x: torch.Tensor, w: MoEWeights) -> tuple[str, dict[str, torch.Tensor], dict[str, int], str]:
+    """(op, tensors, dims, quant) of the block call: what dispatch matches against the contracts."""
+    fp8_ = w.w13.is_fp8
+    tensors = {"x": x, "router": w.router.data, "w13": w.w13.data, "w2": w.w2.data,
+               "shared_w13": w.shared_w13.data, "shared_w2": w.shared_w2.data, "shared_gate": w.shared_gate.data}
+    dims = {"tokens": x.shape[0], "hidden": x.shape[1], "experts": w.num_experts, "top_k": w.top_k,
+            "inter": w.w2.in_features, "shared_inter": w.shared_w2.in_features, "norm_topk": int(w.renormalize)}
+    return (BLOCK_OP if fp8_ else "moe_bf16"), tensors, dims, (FP8_QUANT if fp8_ else "none")
+
+
+def block_signature(x: torch.Tensor, w: MoEWeights, graph_phase: str | None = None) -> Signature:
+    op, tensors, dims, quant = _block_call(x, w)
+    return Signature.of(op=op, tensors=tensors, params=dims, quant=quant, reduction_order="fixed",
+                        graph_phase=graph_phase)
+
+
+def routed_signature(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
+                     topk_w: torch.Tensor, graph_phase: str | None = None) -> Signature:
+    """The routed-experts call (SGLang's ``fused_experts``): x [T, H] BF16, w13 [E, 2I, H] / w2 [E, H, I] E4M3,
+    top-k ids int32 / weights FP32 [T, k]."""
+    return Signature.of(op=ROUTED_OP, tensors={"x": x, "w13": w13, "w2": w2, "topk_ids": topk_ids, "topk_w": topk_w},
+                        params={"tokens": x.shape[0], "hidden": x.shape[1], "experts": w13.shape[0],
+                                "top_k": topk_ids.shape[1], "inter": w2.shape[2]},
+                        quant=FP8_QUANT, reduction_order="fixed", graph_phase=graph_phase)
+
+
+def graph_blocker(w: MoEWeights, tokens: int, device: torch.device) -> str | None:
+    """Why a decode call of ``tokens`` rows cannot be captured in a CUDA graph, or None: a tactic can (it
+    never synchronises), the dense fallback can; the grouped fallback reads per-expert counts on the host."""
+    x = torch.empty(tokens, w.router.in_features, dtype=torch.bfloat16, device=device)
+    decision = dispatch.select(block_signature(x, w, graph_phase="capture"))
+    if decision.tactic is not None or w.num_experts <= DENSE_FALLBACK_MAX_EXPERTS:
+        return None
+    return (f"the MoE fallback for {w.num_experts} experts synchronises with the host (grouped per-expert loop): "
+            f"{decision.reason}")
 
 
 def moe(x: torch.Tensor, w: MoEWeights) -> torch.Tensor:
-    """The MoE block through dispatch (op ``moe_fp8_block``); fallback `moe_dense_ref` for small
-    ``tokens · experts``, `moe_ref` otherwise (identical arithmetic)."""
-    hit = route("moe_fp8_block" if w.w13.is_fp8 else "moe_bf16", {"x": x, "w13": w.w13.data, "w2": w.w2.data},
-                {"tokens": x.shape[0], "hidden": x.shape[1], "experts": w.num_experts, "top_k": w.top_k,
-                 "inter": w.w2.in_features}, quant="fp8_e4m3_block128" if w.w13.is_fp8 else "none")
+    """The model's MoE block ``x [T, H] BF16 -> [T, H] BF16`` through dispatch (op ``moe_fp8_block``).
+
+    Tactics (sm90): ``moe_block_t1`` (1 token), ``moe_block_stream`` (2..128): router + top-8 + routed experts
+    + the gated shared expert (docs/moe.md). Fallback: `moe_dense_ref` for small ``tokens · experts``,
+    `moe_ref` otherwise (identical arithmetic); calls outside every contract (another shape, dtype, layout,
+    more than 128 tokens) get it with the reason logged once."""
+    op, tensors, dims, quant = _block_call(x, w)
+    hit = route(op, tensors, dims, quant=quant, reduction_order="fixed")
     if hit is not None:
         return hit[0](hit[1], x=x, weights=w)
     if w.num_experts <= DENSE_FALLBACK_MAX_EXPERTS and x.shape[0] * w.num_experts <= DENSE_FALLBACK_MAX_PAIRS:
         return moe_dense_ref(x, w)
     return moe_ref(x, w)
+
+
+def moe_routed(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
+               topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
+    """The routed experts from given top-k (op ``moe_fp8_routed``; SGLang's ``fused_experts`` through the plugin):
+    ``[T, H]`` BF16. Tactics: ``moe_routed_t1`` / ``moe_routed_stream``; fallback `moe_routed_ref`."""
+    tensors = {"x": x, "w13": w13, "w2": w2, "topk_ids": topk_ids, "topk_w": topk_w}
+    dims = {"tokens": x.shape[0], "hidden": x.shape[1], "experts": w13.shape[0], "top_k": topk_ids.shape[1],
+            "inter": w2.shape[2]}
+    hit = route(ROUTED_OP, tensors, dims, quant=FP8_QUANT, reduction_order="fixed")
+    if hit is not None:
+        return hit[0](hit[1], x=x, w13=w13, w13_scale=w13_scale, w2=w2, w2_scale=w2_scale, topk_ids=topk_ids,
+                      topk_w=topk_w)
+    from netra.ops.moe_fp8 import moe_routed_ref
+
+    return moe_routed_ref(x, topk_ids, topk_w, w13, w13_scale, w2, w2_scale)
+
+
+def _launch_block(decision: dispatch.Decision, **kw: object) -> torch.Tensor:
+    from netra.ops import moe_sm90
+
+    return moe_sm90.launch_block(decision, **kw)  # type: ignore[arg-type]
+
+
+def _launch_routed(decision: dispatch.Decision, **kw: object) -> torch.Tensor:
+    from netra.ops import moe_sm90
+
+    return moe_sm90.launch_routed(decision, **kw)  # type: ignore[arg-type]
+
+
+bind(BLOCK_OP, _launch_block)
+bind(ROUTED_OP, _launch_routed)
+
+
+def explain_signatures() -> list[tuple[str, Signature]]:
+    """`netra explain`: the Qwen3.6 MoE block at each decode size (which contract serves which token range),
+    and calls outside every contract."""
+    def sig(op: str, tokens: int, phase: str = "capture", target: str = "sm90", experts: int = 256,
+            x_dtype: str = "bfloat16", layout: str = "contiguous_align16", shared: int = 512) -> Signature:
+        dims = {"tokens": tokens, "hidden": 2048, "experts": experts, "top_k": 8, "inter": 512}
+        if op == BLOCK_OP:
+            dims |= {"shared_inter": shared, "norm_topk": 1}
+            names = {"x": x_dtype, "router": "bfloat16", "w13": "float8_e4m3fn", "w2": "float8_e4m3fn",
+                     "shared_w13": "float8_e4m3fn", "shared_w2": "float8_e4m3fn", "shared_gate": "bfloat16"}
+        else:
+            names = {"x": x_dtype, "w13": "float8_e4m3fn", "w2": "float8_e4m3fn", "topk_ids": "int32",
+                     "topk_w": "float32"}
+        return Signature(target=target, op=op, dims=tuple(sorted(dims.items())), dtypes=tuple(sorted(names.items())),
+                         layouts=tuple(sorted((k, layout if k == "x" else "contiguous_align16") for k in names)),
+                         quant=FP8_QUANT, reduction_order="fixed", graph_phase=phase)
+
+    out = [(f"block, {t} token(s)", sig(BLOCK_OP, t)) for t in (1, 2, 8, 64, 128)]
+    out += [("block, prefill chunk of 2048 tokens", sig(BLOCK_OP, 2048, phase="eager")),
+            ("block, 128 experts", sig(BLOCK_OP, 8, experts=128)),
+            ("block, no shared expert", sig(BLOCK_OP, 8, shared=0)),
+            ("block, strided x", sig(BLOCK_OP, 8, layout="strided")),
+            ("block, float16 x", sig(BLOCK_OP, 8, x_dtype="float16")),
+            ("block, cpu", sig(BLOCK_OP, 8, target="cpu"))]
+    out += [(f"routed (SGLang fused_experts), {t} token(s)", sig(ROUTED_OP, t)) for t in (1, 16, 128)]
+    out += [("routed, 256 tokens", sig(ROUTED_OP, 256, phase="eager"))]
+    return out

@@ -2,7 +2,7 @@
 # One device call for a whole session's kernel work: runs the per-family GPU scripts in sequence,
 # each under its own time limit and into its own folder under $OUT, so that one family's failure or
 # hang cannot cost the others their results.
-#   usage (device): bash scripts/gpu/session.sh <git sha> [argmax|moe|moe-check]...   (default: all)
+#   usage (device): bash scripts/gpu/session.sh <git sha> [argmax|moe-tests|moe|step]...   (default: moe-tests moe step)
 # Carry build/ (code objects from `netra kernels build`) and .sglang_peer/ (the MoE peer).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -10,8 +10,10 @@ OUT=${OUT:-/tmp/netra-session-out}
 SHA=${1:-unknown}
 shift || true
 PARTS=("$@")
-[[ ${#PARTS[@]} -eq 0 ]] && PARTS=(argmax moe-check moe)
+[[ ${#PARTS[@]} -eq 0 ]] && PARTS=(moe-tests moe step)
 export PYTHONPATH=. PYTHONUNBUFFERED=1
+# New contracts are measured before their promotion: let dispatch select them.
+export NETRA_TACTIC_MIN_MATURITY=${NETRA_TACTIC_MIN_MATURITY:-experiment}
 summary="$OUT/summary.txt"
 : > "$summary"
 step() {  # step NAME LIMIT_S COMMAND...
@@ -27,8 +29,10 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 for part in "${PARTS[@]}"; do
   case "$part" in
     argmax) step argmax "${ARGMAX_LIMIT:-240}" bash scripts/gpu/argmax.sh "$SHA" ;;
-    moe-check) step moe_check "${MOE_CHECK_LIMIT:-200}" python3 scripts/gpu/moe_v3_check.py ;;
-    moe) step moe "${MOE_LIMIT:-400}" bash scripts/gpu/moe_h200.sh ;;
+    moe-tests) step moe_tests "${MOE_TESTS_LIMIT:-240}" python3 -m pytest -q -m gpu tests/ops/test_moe_sm90.py ;;
+    moe) step moe "${MOE_LIMIT:-300}" python3 -m netra.bench.kernels_moe --out "$OUT/moe" --git-sha "$SHA" ;;
+    step) step step "${STEP_LIMIT:-300}" python3 -m netra.bench.step --batches "${STEP_BATCHES:-1,8,64}" \
+            --out "$OUT/step" --git-sha "$SHA" ;;
     *) echo "unknown part $part" | tee -a "$summary" ;;
   esac
 done

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
+
 from netra.bench import kernels as kb
 
 
@@ -41,9 +43,17 @@ def test_promotion_needs_exactness_and_a_win_at_every_shape() -> None:
     assert record["verdict"] == "rejected"
 
 
-def test_quantiles() -> None:
+def test_quantiles_and_grid_rules() -> None:
+    from netra.bench.timing import quantile
+    from netra.runtime import RuntimeBridgeError, grid_size
+
     xs = [5.0, 1.0, 3.0, 2.0, 4.0]
-    assert kb._quantile(xs, 0.5) == 3.0 and kb._quantile(xs, 0.9) == 5.0
+    assert quantile(xs, 0.5) == 3.0 and quantile(xs, 0.9) == 5.0
+    assert grid_size(["cdiv(tokens, 4) * 16"], {"tokens": 5}) == [32]
+    assert grid_size(["batch", "cdiv(v, BV)", "min(2, h) + 1"], {"batch": 3, "v": 4096, "BV": 64, "h": 7}) == [3, 64, 3]
+    for bad in (["__import__('os')"], ["tokens ** 2"], ["nope"], []):
+        with pytest.raises(RuntimeBridgeError):
+            grid_size(bad, {"tokens": 1})
 
 
 def test_bench_refuses_without_gpu(capsys: object) -> None:

@@ -32,6 +32,7 @@ def test_accepted_contracts_cite_passing_records() -> None:
             assert checks.get("mismatches") == 0 and checks.get("eager_equals_replay") is True, ev
             promotion = record.get("promotion", {})
             assert promotion and all(g["pass"] for g in promotion.values()), ev
-            assert c.name in record.get("code_objects", {}), f"{ev} did not measure {c.name}"
-            # The evidence measured the code object the lock pins (a changed kernel needs a new record).
-            assert record["code_objects"][c.name]["sha256"] == locked[c.name], f"{ev} measured another build"
+            for o in c.objects:
+                assert o.name in record.get("code_objects", {}), f"{ev} did not measure {o.name} ({c.name})"
+                # The evidence measured the code object the lock pins (a changed kernel needs a new record).
+                assert record["code_objects"][o.name]["sha256"] == locked[o.name], f"{ev} measured another build"

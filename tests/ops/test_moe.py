@@ -4,7 +4,7 @@ import torch
 
 from netra.ops import fp8
 from netra.ops.linear import Weight
-from netra.ops.moe import MoEWeights, moe, moe_dense_ref, moe_ref, moe_route_ref, stack_shared_expert
+from netra.ops.moe import MoEWeights, moe, moe_dense_ref, moe_ref, moe_route_ref
 
 
 def _weights(e: int = 8, h: int = 128, inter: int = 128, sh: int = 128, k: int = 2, quant: bool = True,
@@ -106,12 +106,3 @@ def test_moe_close_to_unquantized_math() -> None:
             ref[t] += wt[j] * mlp(raw["w13"][e], raw["w2"][e], xd[t:t + 1])[0]
         ref[t] += torch.sigmoid(xd[t] @ raw["sg"].bfloat16().double()[0]) * mlp(raw["sw13"], raw["sw2"], xd[t:t + 1])[0]
     assert (got - ref).abs().max() < 0.08 * ref.abs().max()
-
-
-def test_stack_shared_expert_layout() -> None:
-    w, _ = _weights()
-    w13, s13, w2, s2 = stack_shared_expert(w)
-    assert w13.shape == (9, 256, 128) and s13.shape == (9, 2, 1) and w2.shape == (9, 128, 128) and s2.shape == (9, 1, 1)
-    assert torch.equal(w13[8].view(torch.uint8), w.shared_w13.data.view(torch.uint8))
-    assert torch.equal(w2[:8].view(torch.uint8), w.w2.data.view(torch.uint8)) and torch.equal(s2[8], w.shared_w2.scale_inv)
-    assert stack_shared_expert(w)[0] is w13  # built once

@@ -66,6 +66,22 @@ __device__ __forceinline__ uint32_t quant_group_warp(const uint2 raw, float& sca
   return quant4(a.x, a.y, b.x, b.y, scale);
 }
 
+// The act+quant step of every layer in this family, written once: one 128-group of h values (BF16-valued floats) held
+// 8 per lane across a half-warp -> the group's scale (half-warp amax, group_scale) and this lane's 8 e4m3 bytes.
+// The xor shuffles stay inside each half-warp, so the two halves of a warp quantize two groups at once.
+__device__ __forceinline__ uint2 quant8_halfwarp(const float (&h)[8], float& scale) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(h[i]));
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  scale = group_scale(amax);
+  uint2 q;
+  q.x = quant4(h[0], h[1], h[2], h[3], scale);
+  q.y = quant4(h[4], h[5], h[6], h[7], scale);
+  return q;
+}
+
 __device__ __forceinline__ void bf16x8_to_float(const uint4 v, float (&f)[8]) {
   const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&v);
 #pragma unroll
