@@ -142,8 +142,42 @@ def breakdown(graph: Any) -> dict[str, float]:
     return {k: round(v, 1) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
 
 
+def shadow_moe(engine: Any, fb: Any) -> dict[str, Any]:
+    """One eager step with every MoE block also run by its oracle on the same input (teacher forcing): per layer,
+    the tactic's rel-L2 against `moe_ref` on the tactic's own routing, and the routing's agreement with the
+    reference's (differences at BF16 near-ties are legitimate; any other is an error)."""
+    import netra.engine.model as model_mod
+    from netra.bench.kernels_moe import tactic_routing
+    from netra.ops.linear import linear_ref
+    from netra.ops.moe import moe, moe_ref, moe_route_ref, routing_agreement
+
+    torch = _torch()
+    per_layer: list[dict[str, Any]] = []
+
+    def shadow(x: Any, w: Any) -> Any:
+        out = moe(x, w)
+        logits = linear_ref(x, w.router, torch.bfloat16)
+        ids, tw = tactic_routing(x)
+        ref_ids = moe_route_ref(logits, w.top_k, w.renormalize)[1]
+        ref = moe_ref(x, w, routing=(tw, ids))
+        rel = float((out.float() - ref.float()).norm() / ref.float().norm())
+        per_layer.append({"rel_l2": rel, **routing_agreement(logits, ids, ref_ids)})
+        return out
+
+    real = model_mod.moe
+    model_mod.moe = shadow
+    try:
+        engine.model.forward(fb)
+    finally:
+        model_mod.moe = real
+    return {"layers": len(per_layer), "max_rel_l2": max(r["rel_l2"] for r in per_layer),
+            "routing_rows_differ": sum(r["rows_differ"] for r in per_layer),
+            "routing_near_ties": sum(r["near_ties"] for r in per_layer),
+            "routing_errors": sum(r["errors"] for r in per_layer)}
+
+
 def measure(engine: Any, b: int, context: int, replays: int, eager_off_steps: int, copy_bps: float,
-            log: Any) -> dict[str, Any]:
+            log: Any, shadow: bool = False) -> dict[str, Any]:
     from netra import dispatch
     from netra.bench.timing import event_ms, quantile
     from netra.ops import _common
@@ -170,6 +204,9 @@ def measure(engine: Any, b: int, context: int, replays: int, eager_off_steps: in
     med = quantile(times, 0.5)
     row.update(replay_ms=round(med, 3), replay_p90_ms=round(quantile(times, 0.9), 3))
     row["decisions"] = {op: labs for op, labs in _common.decisions().items()}
+    if shadow:
+        restore(engine, b, snap)
+        row["moe_teacher_forced"] = shadow_moe(engine, fb)
     fl = floor_bytes(engine, b, lens)
     row["floor_bytes"] = {k: round(v) for k, v in fl.items()}
     row["floor_ms"] = round(fl["total"] / copy_bps * 1e3, 3)
@@ -213,6 +250,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="eager steps with tactics disabled per batch, 0 to skip (default: %(default)s)")
     p.add_argument("--off-max-batch", type=int, default=64,
                    help="largest batch timed with tactics off (default: %(default)s)")
+    p.add_argument("--shadow-batches", default="8",
+                   help="batches whose MoE blocks are also checked against the oracle, layer by layer (default: %(default)s)")
     p.add_argument("--out", type=Path, required=True, help="directory for step_<ssm dtype>.json")
     p.add_argument("--git-sha", default="", help="commit measured (device copies have no .git)")
 
@@ -235,7 +274,8 @@ def main(args: argparse.Namespace) -> int:
     rows = []
     for b in batches:
         rows.append(measure(engine, b, args.context, args.replays,
-                            args.off_steps if b <= args.off_max_batch else 0, copy_bps, log))
+                            args.off_steps if b <= args.off_max_batch else 0, copy_bps, log,
+                            shadow=str(b) in args.shadow_batches.split(",")))
     record = {"kind": "serving", "family": "decode_step", "target": "sm90", "device": torch.cuda.get_device_name(),
               "git_sha": args.git_sha, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "command": f"python -m netra.bench.step --batches {args.batches} --context {args.context}"

@@ -27,7 +27,7 @@ def test_contract_against_its_oracle(name: str, layer: Any) -> None:
     from netra.catalog import Catalog
 
     w, ties = layer
-    got = check_contract(Catalog.load().by_name(name), w, ties, tokens=(1, 3, 8, 128))
+    got = check_contract(Catalog.load().by_name(name), w, ties, tokens=(1, 3, 8, 33, 128))
     assert got["cases"] >= 6 and got["ok"], got["failing"]
 
 

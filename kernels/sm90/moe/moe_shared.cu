@@ -198,19 +198,21 @@ extern "C" __global__ void __launch_bounds__(SH_THREADS, 1) moe_shared(const __g
     }
     compute_sync();
     // h = bf16(SiLU(gate) * up) of the CTA's 128 columns, quantized per token (one 128-group): half-warp per token
-    {
+    // (the whole warp runs the shuffles of quant8_halfwarp, a half-warp past the pass's tokens on s_gu rows the
+    // pass wrote anyway, and only valid rows are stored: a shuffle with a full mask needs every lane)
+    if (2 * wid < nt) {
       const int hw = lane >> 4, sub = lane & 15;
       const int r = 2 * wid + hw;
-      if (r < nt) {
-        float h[8];
+      float h[8];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const float gt = __bfloat162float(s_gu[r * 256 + sub * 8 + i]);
-          const float up = __bfloat162float(s_gu[r * 256 + 128 + sub * 8 + i]);
-          h[i] = __bfloat162float(__float2bfloat16_rn(moe::silu_mul(gt, up)));
-        }
-        float sc;
-        const uint2 q = moe::quant8_halfwarp(h, sc);
+      for (int i = 0; i < 8; ++i) {
+        const float gt = __bfloat162float(s_gu[r * 256 + sub * 8 + i]);
+        const float up = __bfloat162float(s_gu[r * 256 + 128 + sub * 8 + i]);
+        h[i] = __bfloat162float(__float2bfloat16_rn(moe::silu_mul(gt, up)));
+      }
+      float sc;
+      const uint2 q = moe::quant8_halfwarp(h, sc);
+      if (r < nt) {
         *reinterpret_cast<uint2*>(g_hq + (size_t)(t0 + r) * INTER + 128 * c + sub * 8) = q;
         if (sub == 0) g_hs[(t0 + r) * 4 + c] = sc;
       }
