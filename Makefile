@@ -4,13 +4,17 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 PROFILE ?= local
 
-.PHONY: setup nginx serve test lint typecheck pytest kernels kernels-verify explain sglang-peer clean
+.PHONY: setup nginx serve test lint typecheck pytest wheel-test kernels kernels-verify explain sglang-peer clean
 
-$(BIN)/.netra-ok: requirements/cpu.txt requirements/runtime.txt requirements/dev.txt requirements/nodeps.txt pyproject.toml
+# netra itself (editable) with every extra, at the versions of the lock (requirements/constraints.txt)
+# and the CPU torch wheel (requirements/cpu.txt); then SGLang's parser set, without dependencies.
+LOCK := -c requirements/constraints.txt -c requirements/cpu.txt
+
+$(BIN)/.netra-ok: requirements/constraints.txt requirements/cpu.txt requirements/nodeps.txt pyproject.toml setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -r requirements/cpu.txt -r requirements/runtime.txt -r requirements/dev.txt
+	$(BIN)/pip install -q $(LOCK) setuptools
+	$(BIN)/pip install -q $(LOCK) --no-build-isolation -e '.[dev]'
 	$(BIN)/pip install -q --no-deps -r requirements/nodeps.txt
-	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
 setup: $(BIN)/.netra-ok
@@ -20,12 +24,14 @@ nginx:
 	@command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null)
 
-# The main job: serve the `local` profile (embedded engine, tiny preset, CPU) on 127.0.0.1:8000.
+# The main job: serve the `local` profile (embedded engine, tiny preset, CPU) on 127.0.0.1:8000
+# (PORT=8100 serves on another port; PROFILE=NAME another profile).
+PORT ?=
 serve: setup nginx
-	$(BIN)/netra launch --profile $(PROFILE)
+	$(BIN)/netra launch --profile $(PROFILE) $(if $(PORT),--front-port $(PORT))
 
 lint: setup
-	$(BIN)/ruff check netra tests
+	$(BIN)/ruff check netra tests setup.py
 
 typecheck: setup
 	$(BIN)/mypy
@@ -33,8 +39,12 @@ typecheck: setup
 pytest: setup nginx
 	$(BIN)/python -m pytest -q
 
-# The test command (README, CI): lint, types, then every test (GPU tests skip without a GPU).
-test: lint typecheck pytest
+# The wheel as a user installs it, outside the checkout (scripts/ci/wheel_smoke.sh).
+wheel-test: setup nginx
+	bash scripts/ci/wheel_smoke.sh
+
+# The test command (README, CI): lint, types, every test (GPU tests skip without a GPU), the wheel.
+test: lint typecheck pytest wheel-test
 
 kernels: setup
 	$(BIN)/netra kernels build

@@ -25,9 +25,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from netra.settings import REPO_ROOT
+from netra.resources import DATA_ROOT
 
-LOCK_PATH = REPO_ROOT / "kernels" / "lock.json"
+LOCK_PATH = DATA_ROOT / "kernels" / "lock.json"
 LOCK_VERSION = 1
 # Per target: the compiler and the flags every code object of that target gets (before the
 # contract's own). sm_90a (not sm_90) so Hopper-only instructions are available; -Xptxas -v for
@@ -103,19 +103,19 @@ def build_one(obj: Any, build_dir: Path, nvcc: str | None) -> dict[str, Any]:
     A Triton module is compiled by Triton on the GPU machine at first use (before any capture); what the
     lock pins is the source it compiles, so a deployment cannot run another one."""
     src = obj.kernel["source"]
-    if not (REPO_ROOT / src).is_file():
+    if not (DATA_ROOT / src).is_file():
         raise BuildError(f"code object {obj.name}: kernel source {src} not found")
     entry = {"target": obj.target, "family": obj.family, "name": obj.name, "source": src, "kind": obj.kind,
              "code_object": obj.path}
     if obj.kind == "triton":
-        return {**entry, "sha256": hashlib.sha256((REPO_ROOT / src).read_bytes()).hexdigest(), "flags": [],
+        return {**entry, "sha256": hashlib.sha256((DATA_ROOT / src).read_bytes()).hexdigest(), "flags": [],
                 "resources": {}}
     if nvcc is None:
         raise BuildError("nvcc not found on PATH (needed to build sm90 code objects)")
     out = build_dir / obj.path
     out.parent.mkdir(parents=True, exist_ok=True)
     flags = TARGET_FLAGS[obj.target] + list(obj.kernel["flags"])
-    proc = subprocess.run([nvcc, *flags, "-o", str(out), src], cwd=REPO_ROOT, capture_output=True, text=True)
+    proc = subprocess.run([nvcc, *flags, "-o", str(out), src], cwd=DATA_ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         raise BuildError(f"nvcc failed for {obj.name} ({src}):\n{proc.stderr}{proc.stdout}")
     resources = parse_ptxas(proc.stderr + proc.stdout, obj.kernel["symbol"])
@@ -149,7 +149,7 @@ def build_all(build_dir: Path, catalog: Any = None, families: set[str] | None = 
 
 def object_path(entry: dict[str, Any], build_dir: Path) -> Path:
     """Where a lock entry's code object lives: the build dir for cubins, the repository for Triton modules."""
-    return (REPO_ROOT if entry.get("kind") == "triton" else build_dir) / entry["code_object"]
+    return (DATA_ROOT if entry.get("kind") == "triton" else build_dir) / entry["code_object"]
 
 
 def read_lock(path: Path = LOCK_PATH) -> dict[str, Any]:

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from netra.contract import MATURITIES, CodeObject, Contract, ContractError, Signature, load_contract
-from netra.settings import REPO_ROOT
+from netra.resources import DATA_ROOT
 
-KERNELS_DIR = REPO_ROOT / "kernels"
+KERNELS_DIR = DATA_ROOT / "kernels"
 CONTRACT_GLOB = "*/*/*.contract.json"
 
 
@@ -30,7 +30,9 @@ class Catalog:
     root: Path
 
     @classmethod
-    def load(cls, root: Path = KERNELS_DIR, repo_root: Path = REPO_ROOT) -> Catalog:
+    def load(cls, root: Path = KERNELS_DIR, repo_root: Path = DATA_ROOT) -> Catalog:
+        if not root.is_dir():  # an empty catalog would silently put every op on its fallback
+            raise CatalogError(f"no kernel catalog: {root} is not a directory")
         paths = sorted(root.glob(CONTRACT_GLOB))
         problems: list[str] = []
         contracts: list[Contract] = []

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from netra.settings import REPO_ROOT
+from netra.resources import DATA_ROOT
 from netra.validate.schema import SchemaError, check
 
-SCHEMA_PATH = REPO_ROOT / "kernels" / "schema.json"
+SCHEMA_PATH = DATA_ROOT / "kernels" / "schema.json"
 MATURITIES = ("rejected", "experiment", "verified", "accepted")  # ascending
 GRAPH_PHASES = ("eager", "capture")
 # Hardware fact per target that a contract implicitly assumes (warp/wave width).

@@ -13,7 +13,9 @@ from typing import Any
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("explain", help="show dispatch decisions (tactic or fallback, and why)")
+    from netra.cli import add_verb
+
+    p = add_verb(sub, "explain")
     p.add_argument("--op", help="op name (default: every registered op, with its example signatures)")
     p.add_argument("--target", help="target (sm90, gfx950, cpu); default: the op's example")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=INT", help="a dim, e.g. rows=16")

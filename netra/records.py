@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from netra.settings import REPO_ROOT
+from netra.resources import SOURCE_ROOT
 
 REQUIRED_KEYS = ("kind", "family", "target", "device", "git_sha", "date", "command", "status", "rows",
                  "checks", "verdict")
@@ -26,7 +26,7 @@ class RecordError(ValueError):
     pass
 
 
-def git_sha(repo: Path = REPO_ROOT) -> str:
+def git_sha(repo: Path = SOURCE_ROOT) -> str:
     """Commit of the code measured, with a ``-dirty`` suffix when tracked files changed."""
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,

@@ -11,7 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from netra.resources import DATA_ROOT, default_build_dir, default_run_dir
+
+# TRANSITIONAL alias for branches that still read data relative to the repository: it is the data
+# root (the checkout, or the wheel's netra/_data); new code uses netra.resources.
+REPO_ROOT = DATA_ROOT
 
 
 class SettingError(ValueError):
@@ -45,13 +49,28 @@ class Setting:
 SETTINGS: dict[str, Setting] = {
     s.name: s
     for s in (
-        Setting("NETRA_BUILD_DIR", Path, REPO_ROOT / "build", "where `netra kernels build` writes code objects"),
-        Setting("NETRA_RUN_DIR", Path, REPO_ROOT / "run", "launch records, logs, sockets and pid files"),
+        Setting("NETRA_BUILD_DIR", Path, default_build_dir(),
+                "where `netra kernels build` writes code objects (default: build/ of the checkout, or "
+                "$XDG_CACHE_HOME/netra/build)"),
+        Setting("NETRA_RUN_DIR", Path, default_run_dir(),
+                "launch records, logs, benchmark work dirs and their records (default: run/ of the "
+                "checkout, or $XDG_STATE_HOME/netra/run)"),
         Setting("NETRA_LOG_LEVEL", str, "INFO", "logging level of netra processes"),
         Setting("NETRA_DISABLE_TACTICS", bool, False, "force every op onto its fallback (A/B control arm)"),
         Setting("NETRA_TACTIC_MIN_MATURITY", str, "accepted", "lowest contract maturity dispatch selects (experiment|verified|accepted)"),
     )
 }
+
+
+def run_dir() -> Path:
+    """Where launches, benchmark work dirs and (by default) result records go."""
+    return Path(get("NETRA_RUN_DIR"))
+
+
+def records_dir() -> Path:
+    """The default record directory of every measuring tool: `$NETRA_RUN_DIR/records`. A record is
+    kept in the repository only when the tool's --out / --results-dir names results/ explicitly."""
+    return run_dir() / "records"
 
 
 def get(name: str) -> Any:

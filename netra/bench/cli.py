@@ -1,37 +1,50 @@
-"""`netra bench <kernels|serve|sweep|compare|step>`.
+"""`netra bench <kernels|serve|sweep|compare|step|engine|wirebytes|synthetic>`.
 
-Each verb lives in its own module exposing ``add_arguments(parser)`` and ``main(args) -> int``;
-modules are imported when the verb runs, so `netra --help` stays cheap and torch-free.
+Each verb lives in its own module exposing ``add_arguments(parser)`` and an entry point
+``ENTRY(args) -> int``. Only the module of the verb being run is imported (its parser needs it), so
+`netra bench --help` stays cheap and every `netra bench VERB --help` needs only the core dependencies.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+from collections.abc import Sequence
 from typing import Any
 
-VERBS: dict[str, tuple[str, str]] = {
-    "kernels": ("netra.bench.kernels", "kernel timing: graph replay, rotated inputs, peers interleaved"),
-    "serve": ("netra.bench.serve", "serving load generator: synchronized client processes, exact checks"),
-    "sweep": ("netra.bench.sweep", "serving sweep over concurrencies, with a plot"),
-    "compare": ("netra.bench.compare", "ABBA comparison of two arms with a statistical verdict"),
-    "step": ("netra.bench.step", "the engine's full-shape decode step in graph replay, against its byte floor"),
+# verb -> (module, entry point, help)
+VERBS: dict[str, tuple[str, str, str]] = {
+    "kernels": ("netra.bench.kernels", "main", "kernel timing: graph replay, rotated inputs, peers interleaved"),
+    "serve": ("netra.bench.serve", "main", "serving load generator: synchronized client processes, exact checks"),
+    "sweep": ("netra.bench.sweep", "main", "serving sweep over concurrencies, with a plot"),
+    "compare": ("netra.bench.compare", "main", "ABBA comparison of two arms with a statistical verdict"),
+    "step": ("netra.bench.step", "main", "the engine's full-shape decode step in graph replay, against its byte floor"),
+    "engine": ("netra.engine.bench", "cli", "the embedded engine alone: tokens/s and the scheduler's per-step "
+               "overhead"),
+    "wirebytes": ("netra.serve.wirebytes", "cli", "bytes on the wire per token through the response layer, "
+                  "cumulative vs incremental worker"),
+    "synthetic": ("netra.bench.synthetic", "cli", "a synthetic worker at a fixed token rate (instrument checks)"),
 }
 
 
-def _run(module_name: str) -> Any:
+def _run(module_name: str, entry: str) -> Any:
     def func(args: argparse.Namespace) -> int:
         module = importlib.import_module(module_name)
-        return int(module.main(args) or 0)
+        return int(getattr(module, entry)(args) or 0)
 
     return func
 
 
-def register(sub: Any) -> None:
-    bench = sub.add_parser("bench", help="measure kernels or a serving deployment")
+def register(sub: Any, words: Sequence[str] = ()) -> None:
+    from netra.cli import add_verb, nested_word
+
+    bench = add_verb(sub, "bench")
     verbs = bench.add_subparsers(dest="bench_verb", metavar="WHAT", required=True)
-    for verb, (module_name, help_text) in VERBS.items():
-        p = verbs.add_parser(verb, help=help_text)
-        module = importlib.import_module(module_name)
-        module.add_arguments(p)
-        p.set_defaults(func=_run(module_name))
+    wanted = nested_word(words, "bench")
+    for verb, (module_name, entry, help_text) in VERBS.items():
+        if verb != wanted:
+            verbs.add_parser(verb, help=help_text, add_help=False)  # stand-in: listed, never imported
+            continue
+        p = verbs.add_parser(verb, help=help_text, description=help_text)
+        importlib.import_module(module_name).add_arguments(p)
+        p.set_defaults(func=_run(module_name, entry))

@@ -26,8 +26,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from netra import settings
 from netra.bench import serve, sweep
-from netra.settings import REPO_ROOT
 
 METRICS = {  # name -> higher is better
     "output_tok_s": True, "total_tok_s": True, "req_s": True,
@@ -121,8 +121,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{arm}-cmd", default=None, help="server command launched fresh per run; {port} is "
                                                           "replaced by a free port")
     p.add_argument("--runs", type=int, default=4, help="runs per arm (>= 3), in ABBA order")
-    p.add_argument("--metric", choices=sorted(METRICS), default="output_tok_s")
-    p.add_argument("--concurrency", "-C", type=int, default=8)
+    p.add_argument("--metric", choices=sorted(METRICS), default="output_tok_s", help="the metric the verdict is on")
+    p.add_argument("--concurrency", "-C", type=int, default=8, help="global concurrent requests of every run")
     sweep.add_upstream_arguments(p)
     serve.add_load_arguments(p, sweep=True)
 
@@ -134,7 +134,7 @@ def run_compare(args: argparse.Namespace) -> tuple[dict[str, Any], Path | None]:
     if args.runs < 3:
         raise serve.BenchError(f"--runs must be >= 3 per arm, got {args.runs}")
     stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S")
-    work = args.work_dir or (REPO_ROOT / "run" / "bench" / f"compare-{stamp}")
+    work = args.work_dir or (settings.run_dir() / "bench" / f"compare-{stamp}")
     rows: list[dict[str, Any]] = []
     values: dict[str, list[float]] = {"A": [], "B": []}
     fresh = {arm: not getattr(args, f"{arm.lower()}_url") for arm in "AB"}
@@ -143,7 +143,7 @@ def run_compare(args: argparse.Namespace) -> tuple[dict[str, Any], Path | None]:
             base = serve.config_from_args(args, url=up.url)
             workers = up.workers or base.workers
             cfg = replace(base, workers=workers, requests=max(workers, base.requests - base.requests % workers),
-                          info_url=base.info_url or up.info_url, results_dir=None, work_dir=work / f"run{i:02d}-{arm}")
+                          info_url=base.info_url or up.info_url, record=False, work_dir=work / f"run{i:02d}-{arm}")
             result = serve.run_bench(cfg)
         if not result.passed:
             serve.print_failures(result)
@@ -185,7 +185,7 @@ def run_compare(args: argparse.Namespace) -> tuple[dict[str, Any], Path | None]:
     }
     path = None
     if not args.no_record:
-        path = write_record(record, args.results_dir, f"bench-{scenario}-{stamp}")
+        path = write_record(record, args.results_dir or settings.records_dir(), f"bench-{scenario}-{stamp}")
     return record, path
 
 

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from netra import settings
 from netra.bench.timing import quantile
-from netra.settings import REPO_ROOT
 
 FAMILIES = ("argmax", "moe")  # the families with an sm90 benchmark (their contracts are in the catalog)
 L2_ROTATE_BYTES = 180 * 2**20  # 3x the H200's 60 MB L2
@@ -28,11 +28,11 @@ ARGMAX_GATES = (("float32", 16, "speedup", 3.0), ("float32", 128, "floor_fractio
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--family", choices=FAMILIES, default="argmax")
+    p.add_argument("--family", choices=FAMILIES, default="argmax", help="kernel family to time")
     p.add_argument("--rejudge", type=Path, default=None, metavar="RECORD",
                    help="re-apply the current promotion rule to a record's stored measurements (no GPU)")
     p.add_argument("--rows", default="1,2,4,8,16,128,256", help="comma-separated row counts")
-    p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated input dtypes")
     p.add_argument("--samples", type=int, default=60, help="timed graph replays per provider and shape")
     p.add_argument("--sweep-target-blocks", default="",
                    help="also time the netra tactic at these launch widths (exploration rows)")
@@ -43,10 +43,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-checks", action="store_true", help="skip the correctness checks (not for records)")
     p.add_argument("--explore", default="",
                    help="comma-separated exploration row names to run (default: all that apply)")
-    p.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "sm90", help="record directory")
+    p.add_argument("--out", type=Path, default=None,
+                   help="record directory (default: $NETRA_RUN_DIR/records; results/sm90 to keep it)")
     p.add_argument("--stem", default="", help="record file stem (default argmax_<date>)")
     p.add_argument("--git-sha", default="", help="commit measured, when the tree has no .git (device copies)")
-    p.add_argument("--no-record", action="store_true")
+    p.add_argument("--no-record", action="store_true", help="print the table only; write no record")
 
 
 def copy_bandwidth(torch: Any) -> float:
@@ -353,7 +354,7 @@ def main(args: argparse.Namespace) -> int:
     if args.family == "moe":
         from netra.bench import kernels_moe
 
-        return kernels_moe.main(["--out", str(args.out), "--samples", str(args.samples)]
+        return kernels_moe.main(["--out", str(args.out or settings.records_dir()), "--samples", str(args.samples)]
                                 + (["--no-checks"] if args.skip_checks else []))
     if not torch.cuda.is_available():
         print("netra bench kernels: needs a CUDA GPU; none available", file=sys.stderr)
@@ -418,7 +419,7 @@ def main(args: argparse.Namespace) -> int:
           "all pass)" if record["verdict"] == "accepted" else "failed)")
     if not args.no_record:
         stem = args.stem or f"argmax_{record['date'][:10]}"
-        path = write_record(record, args.out, stem)
+        path = write_record(record, args.out or settings.records_dir(), stem)
         print("record:", path)
     return 0
 

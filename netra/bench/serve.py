@@ -24,10 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from netra.bench import barrier, corpus
-from netra.settings import REPO_ROOT
-
-RESULTS_DIR = REPO_ROOT / "results" / "serving"
+from netra import settings
+from netra.bench import barrier
 
 
 class BenchError(RuntimeError):
@@ -57,7 +55,8 @@ class BenchConfig:
     warmup: int = 0
     scenario: str | None = None
     target: str = "cpu"
-    results_dir: Path | None = RESULTS_DIR  # None: no record
+    record: bool = True  # write a result record
+    results_dir: Path | None = None  # where (None: $NETRA_RUN_DIR/records)
     work_dir: Path | None = None
     warm_path: str = "/health"
     client_cpus: list[int] = field(default_factory=list)  # pin client k to client_cpus[k % n]
@@ -82,9 +81,9 @@ class BenchConfig:
             parts += ["--client-cpus", ",".join(map(str, self.client_cpus))]
         if not self.continuous_usage:
             parts.append("--no-continuous-usage")
-        if self.results_dir is None:
+        if not self.record:
             parts.append("--no-record")
-        elif self.results_dir != RESULTS_DIR:
+        elif self.results_dir is not None:
             parts += ["--results-dir", str(self.results_dir)]
         return shlex.join(parts)
 
@@ -220,7 +219,7 @@ def _count_lines(path: Path) -> int:
 def run_bench(cfg: BenchConfig) -> BenchResult:
     import orjson
 
-    from netra.bench import summarize
+    from netra.bench import corpus, summarize
     from netra.records import git_sha, host_device, utc_now, write_record
 
     if cfg.api not in ("native", "openai"):
@@ -246,7 +245,7 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
         raise BenchError(str(exc)) from exc
     model = resolve_model(cfg) if cfg.api == "openai" else None
     run_id = f"bench-{uuid.uuid4().hex[:10]}"
-    work = cfg.work_dir or (REPO_ROOT / "run" / "bench" / run_id)
+    work = cfg.work_dir or (settings.run_dir() / "bench" / run_id)
     work.mkdir(parents=True, exist_ok=True)
     bar_dir = work / "barrier"
     if bar_dir.exists():  # a reused work dir: stale ready/release files would start clients unsynchronized
@@ -340,10 +339,10 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
         "server_info": server_info, "work_dir": str(work), "cpu": cpu,
     }
     result.summary, result.row, result.record = summ, row, record
-    if cfg.results_dir is not None:
+    if cfg.record:
         stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S")
         stem = f"bench-{cfg.scenario_name()}-c{cfg.concurrency}-k{cfg.clients}-{stamp}"
-        result.record_path = write_record(record, cfg.results_dir, stem)
+        result.record_path = write_record(record, cfg.results_dir or settings.records_dir(), stem)
     return result
 
 
@@ -443,21 +442,22 @@ def add_load_arguments(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     p.add_argument("--clients", "-K", type=int, default=d.clients, help="client processes")
     if not sweep:
         p.add_argument("--concurrency", "-C", type=int, default=d.concurrency, help="global concurrent requests")
-    p.add_argument("--requests", "-R", type=int, default=d.requests)
-    p.add_argument("--input-len", "-I", type=int, default=d.input_len)
-    p.add_argument("--output-len", "-O", type=int, default=d.output_len)
+    p.add_argument("--requests", "-R", type=int, default=d.requests, help="measured requests in total (over all clients)")
+    p.add_argument("--input-len", "-I", type=int, default=d.input_len, help="prompt tokens per request")
+    p.add_argument("--output-len", "-O", type=int, default=d.output_len,
+                   help="output tokens per request (ignore_eos: exact)")
     p.add_argument("--stream-interval", type=int, default=None,
                    help="the server's stream interval: recorded, and no event may carry more tokens")
     p.add_argument("--workers", "-W", type=int, default=d.workers,
                    help="workers behind a round-robin front (corpus interleaving); R must be a multiple")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=int, default=d.seed, help="corpus seed (the prompts are a function of it)")
     p.add_argument("--vocab-size", type=int, default=None, help="default: /model_info's vocab_size")
     p.add_argument("--info-url", default=None, help="where to GET /model_info (default --url; a front "
                                                     "without /model_info needs a worker URL or --vocab-size)")
     p.add_argument("--token-range", default=None, help="LOW:HIGH token IDs to draw from (default 0:vocab)")
     p.add_argument("--avoid-ids", default="", help="comma-separated IDs never drawn (EOS etc. are added "
                                                     "from /model_info when it reports them)")
-    p.add_argument("--temperature", type=float, default=d.temperature)
+    p.add_argument("--temperature", type=float, default=d.temperature, help="sampling temperature (0: greedy)")
     p.add_argument("--model", default=None, help="openai API model name (default: first of /v1/models)")
     p.add_argument("--no-continuous-usage", action="store_true",
                    help="openai API: do not ask for usage on every event (count one token per event)")
@@ -465,13 +465,14 @@ def add_load_arguments(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     p.add_argument("--warmup", type=int, default=d.warmup, help="unmeasured requests sent first")
     p.add_argument("--scenario", default=None, help="record family (default API-iI-oO)")
     p.add_argument("--target", default=d.target, help="record target: cpu, sm90, gfx950")
-    p.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    p.add_argument("--results-dir", type=Path, default=None,
+                   help="record directory (default: $NETRA_RUN_DIR/records; results/serving to keep it)")
     p.add_argument("--no-record", action="store_true", help="do not write a result record")
-    p.add_argument("--work-dir", type=Path, default=None, help="raw per-request records (default run/bench/ID)")
+    p.add_argument("--work-dir", type=Path, default=None, help="raw per-request records (default: $NETRA_RUN_DIR/bench/ID)")
     p.add_argument("--warm-path", default=d.warm_path, help="GET path used to open connections before the barrier")
     p.add_argument("--client-cpus", default="", help="comma-separated CPUs; client k is pinned to CPU k mod n "
                                                       "(keep clients off the workers' CPU sets on a GPU node)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress line while the run goes")
 
 
 def config_from_args(args: argparse.Namespace, url: str | None = None,
@@ -495,7 +496,7 @@ def config_from_args(args: argparse.Namespace, url: str | None = None,
         stream_interval=args.stream_interval, workers=args.workers, seed=args.seed, vocab_size=args.vocab_size,
         token_range=args.token_range, avoid_ids=avoid, temperature=args.temperature, model=args.model,
         continuous_usage=not args.no_continuous_usage, timeout_s=args.timeout_s, warmup=args.warmup,
-        scenario=args.scenario, target=args.target, results_dir=None if args.no_record else args.results_dir,
+        scenario=args.scenario, target=args.target, record=not args.no_record, results_dir=args.results_dir,
         work_dir=args.work_dir, warm_path=args.warm_path, client_cpus=cpus, progress=not args.no_progress)
 
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from netra import settings
 from netra.bench import serve
-from netra.settings import REPO_ROOT
 
 
 @dataclass(frozen=True)
@@ -121,9 +121,11 @@ def synthetic_ideal(args: argparse.Namespace, concurrency: int, requests: int) -
 def add_upstream_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--synthetic-rate", type=float, default=None,
                    help="synthetic upstream: tokens/s per request (the instrument check)")
-    p.add_argument("--synthetic-ttft-ms", type=float, default=0.0)
-    p.add_argument("--synthetic-stream-interval", type=int, default=1)
-    p.add_argument("--synthetic-incremental", action="store_true")
+    p.add_argument("--synthetic-ttft-ms", type=float, default=0.0,
+                   help="synthetic upstream: milliseconds before the first token")
+    p.add_argument("--synthetic-stream-interval", type=int, default=1, help="synthetic upstream: tokens per event")
+    p.add_argument("--synthetic-incremental", action="store_true",
+                   help="synthetic upstream: send only new output_ids per event")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -168,7 +170,7 @@ def run_sweep(args: argparse.Namespace) -> tuple[dict[str, Any], Path | None, Pa
     if skipped:
         print(f"skipping points with more clients than streams: {skipped}", flush=True)
     stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S")
-    work = args.work_dir or (REPO_ROOT / "run" / "bench" / f"sweep-{stamp}")
+    work = args.work_dir or (settings.run_dir() / "bench" / f"sweep-{stamp}")
     rows: list[dict[str, Any]] = []
     checks: dict[str, Any] = {"points": 0, "points_passed": 0}
     for rep in range(args.repeats):
@@ -180,7 +182,7 @@ def run_sweep(args: argparse.Namespace) -> tuple[dict[str, Any], Path | None, Pa
                 workers = up.workers or base.workers
                 requests = max(workers, requests - requests % workers)
                 cfg = replace(base, clients=k, requests=requests, workers=workers,
-                              info_url=base.info_url or up.info_url, results_dir=None,
+                              info_url=base.info_url or up.info_url, record=False,
                               work_dir=work / f"rep{rep}-c{c}-k{k}")
                 result = serve.run_bench(cfg)
             checks["points"] += 1
@@ -213,10 +215,11 @@ def run_sweep(args: argparse.Namespace) -> tuple[dict[str, Any], Path | None, Pa
     path = png = None
     if not args.no_record:
         stem = f"bench-sweep-{scenario}-{stamp}"
-        path = write_record(record, args.results_dir, stem)
+        out = args.results_dir or settings.records_dir()
+        path = write_record(record, out, stem)
         from netra.bench.plot import plot_sweep
 
-        png = plot_sweep(rows, args.plot or args.results_dir / f"{stem}.png", f"{scenario}  ({stamp})",
+        png = plot_sweep(rows, args.plot or out / f"{stem}.png", f"{scenario}  ({stamp})",
                          split_by_clients=bool(args.clients_list))
     elif args.plot:
         from netra.bench.plot import plot_sweep

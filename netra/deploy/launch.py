@@ -27,6 +27,7 @@ from netra.deploy.record import RECORD_VERSION, is_alive, now_utc, proc_start_ti
 from netra.deploy.record import RecordError as RecordError
 from netra.deploy.record import write_json as write_json
 from netra.deploy.supervisor import Proc, Supervisor, WorkerState, healthy, log_tail
+from netra.deploy.topology import format_cpulist
 from netra.deploy.verify import LaunchRefused, Verification
 
 POLL_S = 0.2
@@ -291,13 +292,17 @@ class Launch:
 # --- from another shell ----------------------------------------------------------------------------
 
 def processes(record: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    return [(name, proc) for name, proc, _ in _processes_with_ports(record)]
+
+
+def _processes_with_ports(record: dict[str, Any]) -> list[tuple[str, dict[str, Any], int | None]]:
     out = []
-    front = record.get("front", {}).get("process")
-    if front:
-        out.append(("nginx", front))
+    front = record.get("front", {})
+    if front.get("process"):
+        out.append(("nginx", front["process"], front.get("port")))
     for w in record.get("workers", []):
-        out.append((f"worker{w['index']}.serve", w["serve"]))
-        out.append((f"worker{w['index']}.engine", w["engine"]))
+        out.append((f"worker{w['index']}.serve", w["serve"], w.get("serve_port")))
+        out.append((f"worker{w['index']}.engine", w["engine"], w.get("engine_port")))
     return out
 
 
@@ -307,14 +312,18 @@ def status(run_dir: Path) -> tuple[int, dict[str, Any]]:
     launcher = rec["launcher"]
     alive = is_alive(launcher.get("pid"), launcher.get("ticks"))
     procs = {name: is_alive(p.get("pid"), p.get("ticks")) for name, p in processes(rec)}
+    table = [{"name": name, "pid": p.get("pid"), "port": port, "cpus": format_cpulist(tuple(p.get("cpus") or ())),
+              "alive": procs[name]} for name, p, port in _processes_with_ports(rec)]
     front_ok = alive and rec["state"] == "serving" and healthy(rec["front"]["url"] + "/health")
-    workers = {w["index"]: w["status"] for w in rec["workers"]}
+    # The record keeps each worker's last supervised status; once the launcher is gone nothing is up.
+    workers = {w["index"]: w["status"] if alive else "stopped" for w in rec["workers"]}
     health = {w["index"]: {"engine": alive and healthy(w["engine_url"] + "/health"),
                            "serve": alive and healthy(w["serve_url"] + "/health")} for w in rec["workers"]}
     ok = alive and front_ok and all(s == "up" for s in workers.values())
     state = rec["state"] if alive or rec["state"] in ("stopped", "failed", "refused") else "dead"
-    summary = {"state": state, "launcher_alive": alive, "front": rec["front"]["url"], "front_healthy": front_ok,
-               "processes_alive": procs, "workers": workers, "health": health, "profile": rec["profile_name"],
+    summary = {"state": state, "launcher_alive": alive, "launcher_pid": launcher.get("pid"),
+               "front": rec["front"]["url"], "front_healthy": front_ok, "processes_alive": procs,
+               "processes": table, "run_dir": str(run_dir), "workers": workers, "health": health, "profile": rec["profile_name"],
                "plan_sha256": rec["plan_sha256"], "restarts": {w["index"]: len(w["restarts"]) for w in rec["workers"]}}
     return (0 if ok else 1), summary
 

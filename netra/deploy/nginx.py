@@ -18,9 +18,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from netra.deploy.plan import Plan
-from netra.settings import REPO_ROOT
+from netra.resources import DATA_ROOT
 
-TEMPLATE = REPO_ROOT / "nginx" / "netra.conf.template"
+TEMPLATE = DATA_ROOT / "nginx" / "netra.conf.template"
 _PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
 
 

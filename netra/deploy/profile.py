@@ -23,9 +23,9 @@ from typing import Any, Literal
 
 import yaml
 
-from netra.settings import REPO_ROOT
+from netra.resources import DATA_ROOT
 
-PROFILE_DIR = REPO_ROOT / "launcher"
+PROFILE_DIR = DATA_ROOT / "launcher"
 SCHEMA_PATH = PROFILE_DIR / "schema.json"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 

@@ -292,7 +292,7 @@ def _run_child(argvs: list[list[str]]) -> dict[str, Any]:
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-8:]
         raise SGLangUnavailable("cannot run SGLang's parser (pip install --no-deps -r requirements/nodeps.txt"
-                                " and the pins in requirements/dev.txt):\n  " + "\n  ".join(tail))
+                                " and the pins in requirements/constraints.txt):\n  " + "\n  ".join(tail))
     reply: dict[str, Any] = json.loads(proc.stdout)
     return reply
 
@@ -422,16 +422,35 @@ def _child_reply(request: dict[str, Any]) -> dict[str, Any]:
     return {"sglang_version": version, "shims": shims, "results": results}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m netra.deploy.sglang PROFILE...`: render each SGLang profile's worker command, parse it
-    with SGLang's parser, and print what reached SGLang (exit 1 when any profile fails)."""
-    import argparse
+def _add_arguments(parser: Any) -> None:
+    parser.add_argument("profiles", nargs="*", help="profile names (default: every sglang profile)")
 
+
+_CHECK_HELP = ("render each SGLang profile's worker command, parse it with SGLang's own parser, and print "
+               "what reached SGLang (exit 1 when any profile fails)")
+
+
+def register(sub: Any) -> None:
+    """`netra sglang check PROFILE...` (`_CHECK_HELP`)."""
+    from netra.cli import add_verb
+
+    verbs = add_verb(sub, "sglang").add_subparsers(dest="sglang_verb", metavar="WHAT", required=True)
+    p = verbs.add_parser("check", help=_CHECK_HELP, description=_CHECK_HELP)
+    _add_arguments(p)
+    p.set_defaults(func=check)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from netra.cli import NetraParser
+
+    parser = NetraParser(prog="netra sglang check", description=_CHECK_HELP)
+    _add_arguments(parser)
+    return check(parser.parse_args(argv))
+
+
+def check(args: Any) -> int:
     from netra.deploy.profile import ProfileError, list_profiles, load_profile
 
-    parser = argparse.ArgumentParser(prog="python -m netra.deploy.sglang", description=main.__doc__)
-    parser.add_argument("profiles", nargs="*", help="profile names (default: every sglang profile)")
-    args = parser.parse_args(argv)
     failed = 0
     try:
         profiles = [load_profile(n) for n in (args.profiles or list_profiles())]

@@ -18,10 +18,10 @@ from typing import Any
 from netra import settings
 from netra.build import object_path
 from netra.deploy.profile import PROFILE_DIR, Profile, load_profile
-from netra.settings import REPO_ROOT
+from netra.resources import DATA_ROOT
 
 PROFILE_LOCK = PROFILE_DIR / "lock.json"
-KERNEL_LOCK = REPO_ROOT / "kernels" / "lock.json"
+KERNEL_LOCK = DATA_ROOT / "kernels" / "lock.json"
 LOCK_VERSION = 1
 
 

@@ -1,4 +1,4 @@
-"""`python -m netra.engine.bench`: tiny-preset serving figures of the embedded engine on this machine.
+"""`netra bench engine`: tiny-preset serving figures of the embedded engine on this machine.
 
 Starts `netra engine` as a child process, drives it over HTTP with streaming `/generate` requests at
 each concurrency (a closed loop: C clients, each sending its next request when the previous ends),
@@ -14,18 +14,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import shlex
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-import orjson
+if TYPE_CHECKING:
+    import httpx
 
-from netra.engine.process import engine_process
+
+from netra import settings
 from netra.records import git_sha, host_device, utc_now, write_record
-from netra.settings import REPO_ROOT
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -36,6 +37,8 @@ def _pct(values: list[float], q: float) -> float:
 
 
 async def _one(client: httpx.AsyncClient, base: str, prompt: list[int], out_len: int) -> dict[str, Any]:
+    import orjson
+
     body = {"input_ids": prompt, "stream": True,
             "sampling_params": {"max_new_tokens": out_len, "temperature": 0, "ignore_eos": True}}
     t0 = time.perf_counter()
@@ -58,6 +61,8 @@ async def _one(client: httpx.AsyncClient, base: str, prompt: list[int], out_len:
 
 async def _level(base: str, concurrency: int, requests: int, in_len: int, out_len: int, seed: int
                  ) -> list[dict[str, Any]]:
+    import httpx
+
     rng = random.Random(seed)
     prompts = [[rng.randrange(256) for _ in range(in_len)] for _ in range(requests)]
     queue: asyncio.Queue[list[int]] = asyncio.Queue()
@@ -76,6 +81,8 @@ async def _level(base: str, concurrency: int, requests: int, in_len: int, out_le
 
 
 def _stats(base: str) -> dict[str, Any]:
+    import httpx
+
     data: dict[str, Any] = httpx.get(base + "/engine_stats", timeout=30).json()
     return data
 
@@ -121,6 +128,8 @@ def in_process(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from netra.engine.process import engine_process
+
     rows: list[dict[str, Any]] = []
     sched: dict[str, Any] = {}
     checks: dict[str, Any] = {"requests_completed": 0, "requests_sent": 0, "token_mismatches": 0}
@@ -168,18 +177,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"rows": rows, "scheduler": sched, "checks": checks}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m netra.engine.bench", description=__doc__.splitlines()[0])
-    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
-    p.add_argument("--input-len", type=int, default=32)
-    p.add_argument("--output-len", type=int, default=64)
-    p.add_argument("--requests-per-client", type=int, default=3)
-    p.add_argument("--min-requests", type=int, default=6)
-    p.add_argument("--torch-threads", type=int, default=1)
-    p.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "serving")
-    p.add_argument("--stem", default="engine-tiny-cpu")
-    p.add_argument("--no-record", action="store_true")
-    args = p.parse_args(argv)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16], help="concurrency levels to measure")
+    p.add_argument("--input-len", type=int, default=32, help="prompt tokens per request")
+    p.add_argument("--output-len", type=int, default=64, help="output tokens per request")
+    p.add_argument("--requests-per-client", type=int, default=3, help="requests per concurrent stream at each level")
+    p.add_argument("--min-requests", type=int, default=6, help="at least this many requests per level")
+    p.add_argument("--torch-threads", type=int, default=1, help="torch threads of the engine process")
+    p.add_argument("--out", type=Path, default=None,
+                   help="record directory (default: $NETRA_RUN_DIR/records; results/serving to keep it)")
+    p.add_argument("--stem", default="engine-tiny-cpu", help="record file name (without .json)")
+    p.add_argument("--no-record", action="store_true", help="print only; write no record")
+
+
+def cli(args: argparse.Namespace) -> int:
     result = run(args)
     result["in_process"] = in_process(args)
     for r in result["rows"]:
@@ -200,15 +211,24 @@ def main(argv: list[str] | None = None) -> int:
 
     record = {"kind": "serving", "family": "engine-tiny", "target": "cpu", "device": host_device(),
               "cpu_count": os.cpu_count(), "git_sha": git_sha(), "date": utc_now(),
-              "command": "python -m netra.engine.bench " + " ".join(sys.argv[1:] if argv is None else argv),
+              "command": shlex.join(["netra", *sys.argv[1:]]) if sys.argv[1:3] == ["bench", "engine"]
+              else "netra bench engine (programmatic)",
               "status": "measured", "rows": result["rows"], "scheduler": result["scheduler"],
               "scheduler_in_process": result["in_process"],
               "checks": result["checks"], "verdict": "info" if result["checks"]["exact_tokens"] else "rejected",
               "notes": "client and engine share the machine's cores (and, here, other engineers' jobs); "
                        "forward = model forward incl. logits; overhead = step time outside forward and sampling"}
-    path = write_record(record, args.out, args.stem)
+    path = write_record(record, args.out or settings.records_dir(), args.stem)
     print("record:", path)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from netra.cli import NetraParser
+
+    p = NetraParser(prog="netra bench engine", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return cli(p.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -28,21 +28,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default=_D["preset"], choices=sorted(PRESETS), help="model shapes (default tiny)")
     p.add_argument("--checkpoint", "--model-path", dest="checkpoint", default=None,
                    help="HF-format checkpoint directory (config.json + safetensors) instead of seeded weights")
-    p.add_argument("--host", default=_D["host"])
+    p.add_argument("--host", default=_D["host"], help="address to listen on")
     p.add_argument("--port", type=int, default=_D["port"], help="0 picks a free port (printed at start)")
     p.add_argument("--seed", "--random-seed", dest="seed", type=int, default=_D["seed"],
                    help="seed of the seeded weights and default per-request sampling seeds")
     p.add_argument("--device", default=_D["device"], help="cpu | cuda | cuda:N")
-    p.add_argument("--max-running-requests", type=int, default=_D["max_running_requests"])
-    p.add_argument("--context-length", type=int, default=_D["context_length"])
-    p.add_argument("--chunked-prefill-size", type=int, default=_D["chunked_prefill_size"])
+    p.add_argument("--max-running-requests", type=int, default=_D["max_running_requests"],
+                   help="requests decoded together (request slots)")
+    p.add_argument("--context-length", type=int, default=_D["context_length"],
+                   help="longest prompt + output of one request, in tokens")
+    p.add_argument("--chunked-prefill-size", type=int, default=_D["chunked_prefill_size"],
+                   help="prompt tokens per prefill step")
     p.add_argument("--cuda-graph-bs", "--cuda-graph-bs-decode", dest="cuda_graph_bs", nargs="+",
                    default=None, help="decode batch buckets: '1 2 4 8' or '1,2,4,8'")
-    p.add_argument("--stream-interval", type=int, default=_D["stream_interval"])
-    p.add_argument("--incremental-streaming-output", action="store_true")
-    p.add_argument("--kv-cache-dtype", default=_D["kv_cache_dtype"], choices=["fp8_e4m3", "bfloat16", "bf16", "auto"])
-    p.add_argument("--mamba-ssm-dtype", default=None, choices=["float32", "bfloat16"])
-    p.add_argument("--torch-threads", type=int, default=_D["torch_threads"])
+    p.add_argument("--stream-interval", type=int, default=_D["stream_interval"], help="decode steps per streamed event")
+    p.add_argument("--incremental-streaming-output", action="store_true",
+                   help="stream only the new tokens of each event (never the cumulative output)")
+    p.add_argument("--kv-cache-dtype", default=_D["kv_cache_dtype"], choices=["fp8_e4m3", "bfloat16", "bf16", "auto"],
+                   help="KV cache dtype (auto: the preset's)")
+    p.add_argument("--mamba-ssm-dtype", default=None, choices=["float32", "bfloat16"],
+                   help="recurrent (GDN) state dtype (default: the preset's)")
+    p.add_argument("--torch-threads", type=int, default=_D["torch_threads"],
+                   help="torch intra-op threads of this process (workers share a few cores)")
     p.add_argument("--disable-cuda-graph", action="store_true",
                    help="on a CUDA device, run decode eagerly instead of replaying per-bucket graphs")
     p.add_argument("--max-new-tokens-limit", type=int, default=None,
@@ -74,6 +81,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("engine", help="the embedded engine's worker server (SGLang worker HTTP contract)")
+    from netra.cli import add_verb
+
+    p = add_verb(sub, "engine")
     add_arguments(p)
     p.set_defaults(func=main)

@@ -56,6 +56,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("serve", help="OpenAI-compatible response layer in front of one worker")
+    from netra.cli import add_verb
+
+    p = add_verb(sub, "serve")
     add_arguments(p)
     p.set_defaults(func=main)

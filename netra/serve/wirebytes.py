@@ -1,6 +1,6 @@
 """Bytes on the wire per output token, client side and upstream side, cumulative vs incremental worker.
 
-    python -m netra.serve.wirebytes [--worker engine|fake] [--lengths 16 256 2048] [--stream-interval 1]
+    netra bench wirebytes [--worker engine|fake] [--lengths 16 256 2048] [--stream-interval 1]
 
 For each worker streaming mode (cumulative: the whole output in every event, as SGLang sends by
 default; incremental: only the new suffix) and each output length (exact, `ignore_eos`), it sends
@@ -29,16 +29,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-import orjson
+if TYPE_CHECKING:
+    import httpx
 
-from netra.engine.process import engine_process
-from netra.procutil import terminate, wait_healthy
-from netra.serve.app import create_app
-from netra.serve.config import ServeConfig
-from netra.serve.localserver import ServerThread
+
 
 MODES = ("cumulative", "incremental")
 ENDPOINTS = ("completions", "chat")
@@ -76,6 +72,8 @@ class Row:
 @contextlib.contextmanager
 def engine_worker(incremental: bool, timeout: float = 120.0) -> Iterator[str]:
     """`netra engine --preset tiny` on a free port, upstream stream interval 1 (the worst case)."""
+    from netra.engine.process import engine_process
+
     args = ["--preset", "tiny", "--stream-interval", "1"] + (["--incremental-streaming-output"] if incremental else [])
     with engine_process(*args, startup_timeout=timeout) as url:
         yield url
@@ -90,6 +88,8 @@ def process_cpu_s(pid: int) -> float:
 @contextlib.contextmanager
 def serve_process(upstream: str, stream_interval: int, timeout: float = 60.0) -> Iterator[tuple[str, int]]:
     """`netra serve` as its own process (as the launcher runs it), on a free loopback port."""
+    from netra.procutil import terminate, wait_healthy
+
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -110,6 +110,7 @@ def serve_process(upstream: str, stream_interval: int, timeout: float = 60.0) ->
 @contextlib.contextmanager
 def fake_worker(incremental: bool, step_delay: float = 0.0) -> Iterator[str]:
     from netra.serve.fakeworker import FakeConfig, create_fake_worker
+    from netra.serve.localserver import ServerThread
 
     cfg = FakeConfig(incremental=incremental, stream_interval=1, step_delay=step_delay)
     with ServerThread(create_fake_worker(cfg)) as url:
@@ -134,6 +135,8 @@ def _body(endpoint: str, n: int, stream: bool) -> tuple[str, dict[str, Any]]:
 
 def measure_one(client: httpx.Client, endpoint: str, mode: str, n: int, check_whole: bool = True,
                 serve_pid: int | None = None) -> Row:
+    import orjson
+
     path, body = _body(endpoint, n, stream=True)
     before = _upstream_counter(client)
     # CPU time comes in 10 ms ticks: below 256 tokens a stream costs only a few of them.
@@ -169,6 +172,10 @@ def measure_one(client: httpx.Client, endpoint: str, mode: str, n: int, check_wh
 
 @contextlib.contextmanager
 def serve_thread(upstream: str, stream_interval: int) -> Iterator[tuple[str, int | None]]:
+    from netra.serve.app import create_app
+    from netra.serve.config import ServeConfig
+    from netra.serve.localserver import ServerThread
+
     with ServerThread(create_app(ServeConfig(upstream=upstream, stream_interval=stream_interval))) as url:
         yield url, None
 
@@ -176,6 +183,8 @@ def serve_thread(upstream: str, stream_interval: int) -> Iterator[tuple[str, int
 def measure(worker: str, lengths: list[int], stream_interval: int, endpoints: tuple[str, ...] = ENDPOINTS,
             log: Any = print, whole_check_max: int | None = None, serve_as_process: bool = True,
             fake_step_delay: float = 0.0) -> list[Row]:
+    import httpx
+
     rows: list[Row] = []
     for mode in MODES:
         def start(incremental: bool) -> contextlib.AbstractContextManager[str]:
@@ -230,23 +239,25 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m netra.serve.wirebytes", description=__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker", choices=["engine", "fake"], default="engine",
                    help="engine: `netra engine --preset tiny` (CPU); fake: the contract fake worker")
-    p.add_argument("--lengths", type=int, nargs="+", default=[16, 256, 2048])
+    p.add_argument("--lengths", type=int, nargs="+", default=[16, 256, 2048], help="output lengths (tokens) to measure")
     p.add_argument("--stream-interval", type=int, default=1, help="the response layer's --stream-interval")
-    p.add_argument("--endpoints", nargs="+", choices=ENDPOINTS, default=list(ENDPOINTS))
+    p.add_argument("--endpoints", nargs="+", choices=ENDPOINTS, default=list(ENDPOINTS),
+                   help="OpenAI endpoints to measure")
     p.add_argument("--whole-check-max", type=int, default=None,
                    help="compare with the non-streamed text only up to this length (the CPU engine is slow)")
     p.add_argument("--fake-step-delay", type=float, default=0.0,
                    help="fake worker: seconds per decode step (0: back to back; >0: one event per wakeup)")
-    p.add_argument("--out", type=Path, default=None, help="record directory (default results/serving)")
-    p.add_argument("--no-record", action="store_true")
-    args = p.parse_args(argv)
+    p.add_argument("--out", type=Path, default=None, help="record directory (default: $NETRA_RUN_DIR/records; results/serving to keep it)")
+    p.add_argument("--no-record", action="store_true", help="print only; write no record")
 
+
+def cli(args: argparse.Namespace) -> int:
+
+    from netra import settings
     from netra.records import git_sha, host_device, utc_now, write_record
-    from netra.settings import REPO_ROOT
 
     sha = git_sha()
     t0 = time.monotonic()
@@ -276,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
           f"stream text == whole text {checks['stream_text_equals_whole_text']} ({time.monotonic() - t0:.0f} s)")
     if args.no_record:
         return 0
-    command = "python -m netra.serve.wirebytes " + " ".join(
+    command = "netra bench wirebytes " + " ".join(
         [f"--worker {args.worker}", "--lengths " + " ".join(map(str, args.lengths)),
          f"--stream-interval {args.stream_interval}", "--endpoints " + " ".join(args.endpoints)]
         + ([f"--whole-check-max {args.whole_check_max}"] if args.whole_check_max is not None else [])
@@ -291,9 +302,17 @@ def main(argv: list[str] | None = None) -> int:
     stem = f"wire-bytes-{args.worker}-si{args.stream_interval}"
     if args.fake_step_delay:
         stem += f"-step{round(args.fake_step_delay * 1000)}ms"
-    path = write_record(record, args.out or REPO_ROOT / "results" / "serving", stem)
+    path = write_record(record, args.out or settings.records_dir(), stem)
     print(f"record: {path}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from netra.cli import NetraParser
+
+    p = NetraParser(prog="netra bench wirebytes", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return cli(p.parse_args(argv))
 
 
 if __name__ == "__main__":

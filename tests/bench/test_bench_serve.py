@@ -13,7 +13,7 @@ from netra.bench import serve, summarize, synthetic
 
 def _cfg(url: str, tmp: Path, **kw: object) -> serve.BenchConfig:
     base: dict[str, object] = dict(url=url, clients=1, concurrency=1, requests=4, input_len=8, output_len=5,
-                                   results_dir=None, work_dir=tmp / "work", progress=False, timeout_s=30.0)
+                                   record=False, work_dir=tmp / "work", progress=False, timeout_s=30.0)
     base.update(kw)
     return serve.BenchConfig(**base)  # type: ignore[arg-type]
 
@@ -35,7 +35,7 @@ def test_wrong_upstream_fails_the_run_naming_the_request(tmp_path: Path, fault: 
     # Concurrency 1 and one client: the upstream's 3rd received request is corpus request 2.
     cfg = synthetic.Config(rate=2000.0, vocab_size=1000, fault=fault, fault_nth=2)
     with synthetic.running(cfg, tmp_path) as url:
-        result = serve.run_bench(_cfg(url, tmp_path, api=api, results_dir=tmp_path / "records"))
+        result = serve.run_bench(_cfg(url, tmp_path, api=api, record=True, results_dir=tmp_path / "records"))
     assert not result.passed
     named = [f for f in result.failures if f.startswith("request 2 ")]
     assert len(named) == 1 and expected in named[0], result.failures
@@ -60,7 +60,7 @@ def test_summary_throughput_equals_recomputation_from_raw_records(tmp_path: Path
     cfg = synthetic.Config(rate=500.0, vocab_size=1000, incremental=incremental, stream_interval=2)
     with synthetic.running(cfg, tmp_path) as url:
         result = serve.run_bench(_cfg(url, tmp_path, clients=2, concurrency=4, requests=16, output_len=9,
-                                      stream_interval=2, results_dir=tmp_path / "records"))
+                                      stream_interval=2, record=True, results_dir=tmp_path / "records"))
     assert result.passed, result.failures
     raw = [json.loads(line) for p in sorted((tmp_path / "work").glob("client-*.jsonl"))
            for line in p.read_text().splitlines()]

@@ -207,6 +207,6 @@ def test_record_command_reproduces_the_configuration() -> None:
                             client_cpus=[min(os.sched_getaffinity(0))])
     argv = shlex.split(cfg.command())
     assert argv[:3] == ["netra", "bench", "serve"]
-    args = build_parser().parse_args(argv[1:])
+    args = build_parser(argv[1:]).parse_args(argv[1:])
     again = serve.config_from_args(args)
     assert replace(again, work_dir=None, progress=True) == replace(cfg, work_dir=None, progress=True)

@@ -63,7 +63,7 @@ def test_record_written(tmp_path: Path) -> None:
                  str(tmp_path)]) == 0
     rec = json.loads((tmp_path / "wire-bytes-fake-si1.json").read_text())
     assert rec["kind"] == "serving" and rec["target"] == "cpu" and rec["status"] == "measured"
-    assert rec["command"].startswith("python -m netra.serve.wirebytes --worker fake")
+    assert rec["command"].startswith("netra bench wirebytes --worker fake")
     assert {r["scenario"] for r in rec["rows"]} == {"wire-bytes/completions/cumulative",
                                                    "wire-bytes/completions/incremental"}
     assert rec["checks"]["completion_tokens_exact"] is True
