@@ -65,7 +65,9 @@ PY
 step "the engine and deploy extras; netra explain; launch, one chat completion, status, stop"
 "$WORK/venv/bin/pip" install -q "${LOCK[@]}" "netra[engine,deploy] @ file://$WHEEL"
 step "extras installed"
-"$NETRA" explain | head -3
+"$NETRA" explain > "$WORK/explain.txt"
+head -3 "$WORK/explain.txt"
+grep -q "^argmax \[" "$WORK/explain.txt"  # the packaged catalog was found (not "no contract")
 read -r FRONT BASE < <("$WORK/venv/bin/python" - <<'PY'
 import random, socket
 def free(port):
