@@ -6,68 +6,19 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from netra.deploy.record import is_alive, read_record
-from netra.settings import REPO_ROOT
-from tests.deploy.conftest import free_block, free_port, needs_nginx
+from netra.deploy.record import is_alive
+from tests.deploy.conftest import MODEL, Local, needs_nginx, netra
 
 pytestmark = [needs_nginx, pytest.mark.timeout(420)]
-MODEL = "netra-tiny"
-
-
-@dataclass
-class Local:
-    run_dir: Path
-    url: str
-
-    def record(self) -> dict:
-        return read_record(self.run_dir)
-
-    def client(self) -> openai.OpenAI:
-        # No SDK retries: a request that fails must show up as a failure here.
-        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-def netra(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "netra", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO_ROOT)
-
-
-@pytest.fixture(scope="module")
-def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
-    run_dir = tmp_path_factory.mktemp("local")
-    front = free_port()
-    out = netra("launch", "--profile", "local", "--front-port", str(front), "--port-base", str(free_block(4)),
-                "--run-dir", str(run_dir), "--detach")
-    try:
-        assert out.returncode == 0, out.stdout + out.stderr
-        assert f"serving local on http://127.0.0.1:{front}/v1" in out.stdout
-        yield Local(run_dir, f"http://127.0.0.1:{front}")
-    finally:
-        rec = read_record(run_dir) if (run_dir / "launch.json").exists() else None
-        stop = netra("stop", "--run-dir", str(run_dir), timeout=120)
-        assert stop.returncode == 0, stop.stdout + stop.stderr
-        if rec is not None:
-            final = read_record(run_dir)
-            pids = [(p["pid"], p["ticks"]) for w in final["workers"] for p in (w["engine"], w["serve"])]
-            pids.append((final["front"]["process"]["pid"], final["front"]["process"]["ticks"]))
-            assert not [pid for pid, ticks in pids if is_alive(pid, ticks)]
-            assert final["state"] == "stopped"
-
-
 def served_per_worker(local: Local) -> list[float]:
     counts = []
     for w in local.record()["workers"]:
