@@ -9,7 +9,9 @@ Per-request record keys: ``idx`` (corpus index), ``rid``, ``client``, ``t_start`
 ``t_end`` (``CLOCK_MONOTONIC`` seconds), ``events`` (``[[t, new_tokens], ...]`` for every data
 event), ``bytes`` (response body bytes received), ``status`` (HTTP), ``prompt_tokens``,
 ``completion_tokens``, ``cached_tokens`` (as the server reported them), ``finish_reason``,
-``output_count`` (tokens the client reconstructed), ``output_hash``, ``error`` (None or a message).
+``output_count`` (tokens the client reconstructed), ``output_hash``, ``error`` (None or a message),
+``expect_prompt`` / ``expect_output`` (this request's exact expectations), and with a request rate
+``t_arrive`` (the scheduled send instant; ``t_start`` is when a stream was free to send it).
 
 What the hash covers: ``--api native``: sha256 of the reconstructed output token IDs (little-endian
 int32), whether the server streamed cumulative or incremental ``output_ids``. ``--api openai``:
@@ -101,7 +103,8 @@ class NativeStream:
 
 
 class OpenAIStream:
-    """Counts tokens of a ``/v1/completions`` stream from usage and per-event content."""
+    """Counts tokens of a ``/v1/completions`` or ``/v1/chat/completions`` stream from usage and
+    per-event content."""
 
     def __init__(self) -> None:
         self.text = bytearray()
@@ -116,7 +119,7 @@ class OpenAIStream:
         new = 0
         content = False
         for choice in event.get("choices") or []:
-            piece = choice.get("text") or ""
+            piece = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
             if piece:
                 self.text += piece.encode()
                 content = True
@@ -155,19 +158,27 @@ class OpenAIStream:
         }
 
 
-def request_body(spec: dict[str, Any], input_ids: list[int], rid: str) -> bytes:
+PATHS = {"native": "/generate", "openai": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+def request_body(spec: dict[str, Any], item: dict[str, Any], rid: str) -> bytes:
+    """One request: ``item`` has ``input_ids`` (or ``text`` for chat) and its ``output_len``."""
+    out = item.get("output_len", spec["output_len"])
     if spec["api"] == "native":
         body: dict[str, Any] = {
-            "input_ids": input_ids, "stream": True, "rid": rid,
-            "sampling_params": {"max_new_tokens": spec["output_len"], "ignore_eos": True,
-                                "temperature": spec["temperature"]},
+            "input_ids": item["input_ids"], "stream": True, "rid": rid,
+            "sampling_params": {"max_new_tokens": out, "ignore_eos": True, "temperature": spec["temperature"]},
         }
     else:
         body = {
-            "model": spec["model"], "prompt": input_ids, "max_tokens": spec["output_len"], "stream": True,
+            "model": spec["model"], "max_tokens": out, "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": spec["continuous_usage"]},
             "ignore_eos": True, "temperature": spec["temperature"],
         }
+        if spec["api"] == "chat":
+            body["messages"] = [{"role": "user", "content": item["text"]}]
+        else:
+            body["prompt"] = item["input_ids"]
     return orjson.dumps(body)
 
 
@@ -228,7 +239,7 @@ async def run_client(spec: dict[str, Any]) -> int:
     out = Path(spec["out"])
     reqs = spec["requests"]
     bodies = [(r["idx"], f"{spec['run_id']}-{r['idx']}") for r in reqs]
-    payloads = [request_body(spec, r["input_ids"], rid) for r, (_, rid) in zip(reqs, bodies, strict=True)]
+    payloads = [request_body(spec, r, rid) for r, (_, rid) in zip(reqs, bodies, strict=True)]
     conc = max(1, min(spec["concurrency"], len(reqs))) if reqs else 1
     # One AsyncClient with a single kept-alive connection per stream, not one pool of C connections:
     # httpcore's pool re-scans every connection of the pool whenever a request is queued or
@@ -249,23 +260,49 @@ async def run_client(spec: dict[str, Any]) -> int:
                     pass  # warm-up only; a real connection problem shows in the measured requests
             await asyncio.gather(*(warm(h) for h in https))
         barrier.announce_ready(Path(spec["barrier"]), spec["client"])
-        await asyncio.to_thread(barrier.wait_release, Path(spec["barrier"]), spec["barrier_timeout_s"])
+        start = await asyncio.to_thread(barrier.wait_release, Path(spec["barrier"]), spec["barrier_timeout_s"])
         t_release, cpu_release = barrier.now(), _cpu_s()
-        queue: asyncio.Queue[int] = asyncio.Queue()
-        for i in range(len(reqs)):
-            queue.put_nowait(i)
         with out.open("ab") as fh:
-            async def worker(http: httpx.AsyncClient) -> None:
-                while True:
+            def log(i: int, rec: dict[str, Any]) -> None:
+                rec["expect_prompt"] = reqs[i].get("prompt_len")
+                rec["expect_output"] = reqs[i].get("output_len", spec["output_len"])
+                fh.write(orjson.dumps(rec) + b"\n")
+                fh.flush()
+
+            if any(r.get("arrival") is not None for r in reqs):
+                # Open loop: each request is sent at its arrival instant (from the common start),
+                # on a free stream; the streams cap the requests in flight (--concurrency).
+                free: asyncio.Queue[httpx.AsyncClient] = asyncio.Queue()
+                for h in https:
+                    free.put_nowait(h)
+
+                async def arrive(i: int) -> None:
+                    t_arrive = start + float(reqs[i]["arrival"])
+                    await asyncio.sleep(max(0.0, t_arrive - barrier.now()))
+                    http = await free.get()
                     try:
-                        i = queue.get_nowait()
-                    except asyncio.QueueEmpty:
-                        return
-                    idx, rid = bodies[i]
-                    rec = await one_request(http, spec, idx, payloads[i], rid)
-                    fh.write(orjson.dumps(rec) + b"\n")
-                    fh.flush()
-            await asyncio.gather(*(worker(h) for h in https))
+                        rec = await one_request(http, spec, bodies[i][0], payloads[i], bodies[i][1])
+                    finally:
+                        free.put_nowait(http)
+                    rec["t_arrive"] = t_arrive
+                    log(i, rec)
+
+                await asyncio.gather(*(arrive(i) for i in range(len(reqs))))
+            else:
+                queue: asyncio.Queue[int] = asyncio.Queue()
+                for i in range(len(reqs)):
+                    queue.put_nowait(i)
+
+                async def worker(http: httpx.AsyncClient) -> None:
+                    while True:
+                        try:
+                            i = queue.get_nowait()
+                        except asyncio.QueueEmpty:
+                            return
+                        idx, rid = bodies[i]
+                        log(i, await one_request(http, spec, idx, payloads[i], rid))
+
+                await asyncio.gather(*(worker(h) for h in https))
     # This process's CPU time over its measured part: near 1.0 busy means the client itself (one
     # event loop, one core at most) was the bottleneck.
     stats = {"client": spec["client"], "cpu_s": _cpu_s() - cpu_release, "t_release": t_release,

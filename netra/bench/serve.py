@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from netra import settings
-from netra.bench import barrier
+from netra.bench import barrier, datasets
 
 
 class BenchError(RuntimeError):
@@ -61,6 +61,8 @@ class BenchConfig:
     warm_path: str = "/health"
     client_cpus: list[int] = field(default_factory=list)  # pin client k to client_cpus[k % n]
     progress: bool = True
+    load: datasets.LoadSpec = field(default_factory=datasets.LoadSpec)  # dataset and arrivals
+    slo: dict[str, float] = field(default_factory=dict)  # goodput objectives (ms)
 
     def scenario_name(self) -> str:
         return self.scenario or f"{self.api}-i{self.input_len}-o{self.output_len}"
@@ -79,6 +81,14 @@ class BenchConfig:
             parts += ["--avoid-ids", ",".join(map(str, self.avoid_ids))]
         if self.client_cpus:
             parts += ["--client-cpus", ",".join(map(str, self.client_cpus))]
+        d_load = datasets.LoadSpec()
+        for name in ("dataset", "range_ratio", "prefix_len", "num_prefixes", "dataset_path", "request_rate",
+                     "burstiness"):
+            val = getattr(self.load, name)
+            if val != getattr(d_load, name):
+                parts += [f"--{name.replace('_', '-')}", str(val)]
+        if self.slo:
+            parts += ["--slo", ",".join(f"{k}={v:g}" for k, v in self.slo.items())]
         if not self.continuous_usage:
             parts.append("--no-continuous-usage")
         if not self.record:
@@ -138,6 +148,12 @@ def resolve_vocab(cfg: BenchConfig) -> tuple[int, list[int]]:
     return vocab, sorted(avoid)
 
 
+def client_paths() -> dict[str, str]:
+    from netra.bench.client import PATHS
+
+    return PATHS
+
+
 def resolve_model(cfg: BenchConfig) -> str:
     if cfg.model:
         return cfg.model
@@ -148,7 +164,46 @@ def resolve_model(cfg: BenchConfig) -> str:
     return str(models[0]["id"])
 
 
-def _warmup(cfg: BenchConfig, spec: dict[str, Any], prompt: list[int]) -> None:
+def _model_text(cfg: BenchConfig) -> Any:
+    """The model's tokenizer and chat template, as the response layer loads them from /model_info."""
+    from netra.serve.errors import OpenAIError
+    from netra.serve.tokenizer import load_for_worker
+
+    src = cfg.info_url or cfg.url
+    info = _get_json(src, "/model_info")
+    if info is None:
+        raise BenchError(f"{src}/model_info is not available: --api chat and --dataset sharegpt need the model's "
+                         "tokenizer (pass --info-url WORKER_URL)")
+    try:
+        return load_for_worker(info)
+    except OpenAIError as exc:
+        raise BenchError(f"cannot load the model's tokenizer: {exc.message}") from exc
+
+
+def build_items(cfg: BenchConfig, vocab: int, avoid: list[int], low: int, high: int | None) -> list[dict[str, Any]]:
+    """The requests (prompt, exact expected lengths, arrival offset) in arrival order."""
+    from netra.bench import corpus
+
+    cspec = corpus.CorpusSpec(requests=cfg.requests, input_len=cfg.input_len, vocab_size=vocab, workers=cfg.workers,
+                              seed=cfg.seed, low=low, high=high, avoid_ids=tuple(avoid))
+    text = _model_text(cfg) if cfg.api == "chat" or cfg.load.dataset == "sharegpt" else None
+    chat = None
+    if cfg.api == "chat":
+        model_text: Any = text
+
+        def chat(t: str) -> list[int]:
+            return list(model_text.tokenizer.encode(model_text.chat_template.render([{"role": "user", "content": t}])))
+    try:
+        items = datasets.build(cfg.load, cspec, cfg.output_len, chat, text.tokenizer if text else None)
+    except (corpus.CorpusError, datasets.DatasetError) as exc:
+        raise BenchError(str(exc)) from exc
+    offsets = datasets.arrivals(len(items), cfg.load.request_rate, cfg.load.burstiness, cfg.seed)
+    for j, item in enumerate(items):
+        item["arrival"] = None if offsets is None else offsets[j]
+    return items
+
+
+def _warmup(cfg: BenchConfig, spec: dict[str, Any], item: dict[str, Any]) -> None:
     import asyncio
 
     import httpx
@@ -158,7 +213,7 @@ def _warmup(cfg: BenchConfig, spec: dict[str, Any], prompt: list[int]) -> None:
     async def go() -> None:
         async with httpx.AsyncClient(base_url=cfg.url, timeout=cfg.timeout_s) as http:
             for i in range(cfg.warmup):
-                body = client.request_body(spec, prompt, f"{spec['run_id']}-warmup-{i}")
+                body = client.request_body(spec, item, f"{spec['run_id']}-warmup-{i}")
                 rec = await client.one_request(http, spec, -1 - i, body, f"{spec['run_id']}-warmup-{i}")
                 if rec["error"]:
                     raise BenchError(f"warm-up request {i} failed: {rec['error']}")
@@ -222,8 +277,8 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
     from netra.bench import corpus, summarize
     from netra.records import git_sha, host_device, utc_now, write_record
 
-    if cfg.api not in ("native", "openai"):
-        raise BenchError(f"--api must be native or openai, got {cfg.api!r}")
+    if cfg.api not in client_paths():
+        raise BenchError(f"--api must be one of {sorted(client_paths())}, got {cfg.api!r}")
     for name in ("clients", "concurrency", "requests", "input_len", "output_len", "workers"):
         if getattr(cfg, name) < 1:
             raise BenchError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
@@ -237,13 +292,8 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
             low, high = int(low_s), int(high_s)
         except ValueError as exc:
             raise BenchError(f"--token-range {cfg.token_range!r}: expected LOW:HIGH") from exc
-    cspec = corpus.CorpusSpec(requests=cfg.requests, input_len=cfg.input_len, vocab_size=vocab, workers=cfg.workers,
-                              seed=cfg.seed, low=low, high=high, avoid_ids=tuple(avoid))
-    try:
-        prompts = corpus.build_corpus(cspec)
-    except corpus.CorpusError as exc:
-        raise BenchError(str(exc)) from exc
-    model = resolve_model(cfg) if cfg.api == "openai" else None
+    items = build_items(cfg, vocab, avoid, low, high)
+    model = resolve_model(cfg) if cfg.api != "native" else None
     run_id = f"bench-{uuid.uuid4().hex[:10]}"
     work = cfg.work_dir or (settings.run_dir() / "bench" / run_id)
     work.mkdir(parents=True, exist_ok=True)
@@ -252,13 +302,13 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
         shutil.rmtree(bar_dir)
     bar_dir.mkdir()
     base_spec: dict[str, Any] = {
-        "url": cfg.url, "api": cfg.api, "path": "/generate" if cfg.api == "native" else "/v1/completions",
+        "url": cfg.url, "api": cfg.api, "path": client_paths()[cfg.api],
         "output_len": cfg.output_len, "temperature": cfg.temperature, "model": model,
         "continuous_usage": cfg.continuous_usage, "timeout_s": cfg.timeout_s, "run_id": run_id,
         "barrier": str(bar_dir), "barrier_timeout_s": 600.0, "warm_path": cfg.warm_path,
     }
     if cfg.warmup:
-        _warmup(cfg, {**base_spec, "client": -1}, prompts[0])
+        _warmup(cfg, {**base_spec, "client": -1}, items[0])
     shares = corpus.assign_clients(cfg.requests, cfg.clients)
     concs = corpus.split(cfg.concurrency, cfg.clients)
     procs: list[subprocess.Popen[bytes]] = []
@@ -272,7 +322,7 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
             outs.append(out)
             spec = {**base_spec, "client": k, "concurrency": concs[k], "out": str(out),
                     "cpus": [cfg.client_cpus[k % len(cfg.client_cpus)]] if cfg.client_cpus else None,
-                    "requests": [{"idx": j, "input_ids": prompts[j]} for j in shares[k]]}
+                    "requests": [{"idx": j, **items[j]} for j in shares[k]]}
             spec_path = work / f"client-{k}.spec.json"
             spec_path.write_bytes(orjson.dumps(spec))
             log = (work / f"client-{k}.log").open("wb")
@@ -307,7 +357,7 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
     bad = [(k, p.returncode) for k, p in enumerate(procs) if p.returncode != 0]
     records = summarize.load_records(outs)
     expect = summarize.Expect(cfg.requests, cfg.input_len, cfg.output_len, cfg.stream_interval,
-                              cached_required=cfg.api == "native")
+                              cached_required=cfg.api == "native", cached_zero=cfg.load.dataset != "shared-prefix")
     checks, failures = summarize.check_records(records, expect)
     for k, rc in bad:
         tail = (work / f"client-{k}.log").read_text(errors="replace")[-1500:]
@@ -316,7 +366,7 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
     result = BenchResult(cfg, records, checks, failures, None, None, None, None, work)
     if failures:
         return result
-    summ = summarize.summarize(records)
+    summ = summarize.summarize(records, cfg.slo)
     row = summarize.serving_row(summ, scenario=cfg.scenario_name(), concurrency=cfg.concurrency,
                                 requests=cfg.requests, input_len=cfg.input_len, output_len=cfg.output_len,
                                 clients=cfg.clients, workers=cfg.workers)
@@ -332,6 +382,7 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
         "summary": summ, "api": cfg.api, "url": cfg.url, "stream_interval": cfg.stream_interval,
         "corpus": {"seed": cfg.seed, "vocab_size": vocab, "token_range": [low, high if high is not None else vocab],
                    "avoided_ids": len(avoid), "workers": cfg.workers},
+        "load": {**cfg.load.__dict__, "request_rate": str(cfg.load.request_rate), "slo": cfg.slo},
         "client_shares": [{"client": k, "requests": len(shares[k]), "concurrency": concs[k]}
                           for k in range(cfg.clients)],
         "hash_covers": ("sha256 of the output token IDs (int32 LE)" if cfg.api == "native"
@@ -400,14 +451,20 @@ def print_summary(result: BenchResult) -> None:
             t.add_row(f"host CPU busy (of {cpu['host_cores']} cores)", f"{cpu['host_busy']:.2f}")
         if cpu["upstream_busy"] is not None:
             t.add_row("upstream CPU busy (cores)", f"{cpu['upstream_busy']:.2f}")
+    good = s.get("goodput")
+    if good:
+        t.add_row(f"goodput req/s ({', '.join(f'{k}<={v:g}' for k, v in good['slo'].items())})",
+                  f"{good['goodput_req_s']:.3f} ({100 * good['good_fraction']:.1f}% of requests)")
     console.print(t)
     lat = Table(title="latency (ms)")
-    for col in ("", "mean", "p50", "p90", "p99"):
+    cols = ("mean", "std", "p50", "p90", "p95", "p99", "max")
+    for col in ("", *cols):
         lat.add_column(col, justify="right")
-    for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+    for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms"):
         d = s[name]
-        lat.add_row(name.removesuffix("_ms").upper(), *("-" if d[k] is None else f"{d[k]:.2f}"
-                                                        for k in ("mean", "p50", "p90", "p99")))
+        if d["mean"] is None and name == "queue_ms":
+            continue  # closed loop: no arrival schedule
+        lat.add_row(name.removesuffix("_ms").upper(), *("-" if d[k] is None else f"{d[k]:.2f}" for k in cols))
     console.print(lat)
     c = result.checks
     console.print(f"[green]exact checks passed[/]: {c['requests_completed']}/{c['requests_expected']} requests, "
@@ -437,8 +494,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def add_load_arguments(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     """The load's arguments, shared by `bench serve`, `bench sweep` and `bench compare`."""
     d = BenchConfig(url="")
-    p.add_argument("--api", choices=("native", "openai"), default=d.api,
-                   help="native: token IDs to /generate; openai: token-ID prompts to /v1/completions")
+    p.add_argument("--api", choices=("native", "openai", "chat"), default=d.api,
+                   help="native: token IDs to /generate; openai: token-ID prompts to /v1/completions; "
+                        "chat: text prompts to /v1/chat/completions")
     p.add_argument("--clients", "-K", type=int, default=d.clients, help="client processes")
     if not sweep:
         p.add_argument("--concurrency", "-C", type=int, default=d.concurrency, help="global concurrent requests")
@@ -473,6 +531,7 @@ def add_load_arguments(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     p.add_argument("--client-cpus", default="", help="comma-separated CPUs; client k is pinned to CPU k mod n "
                                                       "(keep clients off the workers' CPU sets on a GPU node)")
     p.add_argument("--no-progress", action="store_true", help="no progress line while the run goes")
+    datasets.add_arguments(p)
 
 
 def config_from_args(args: argparse.Namespace, url: str | None = None,
@@ -497,14 +556,15 @@ def config_from_args(args: argparse.Namespace, url: str | None = None,
         token_range=args.token_range, avoid_ids=avoid, temperature=args.temperature, model=args.model,
         continuous_usage=not args.no_continuous_usage, timeout_s=args.timeout_s, warmup=args.warmup,
         scenario=args.scenario, target=args.target, record=not args.no_record, results_dir=args.results_dir,
-        work_dir=args.work_dir, warm_path=args.warm_path, client_cpus=cpus, progress=not args.no_progress)
+        work_dir=args.work_dir, warm_path=args.warm_path, client_cpus=cpus, progress=not args.no_progress,
+        load=datasets.spec_from_args(args), slo=datasets.parse_slo(args.slo))
 
 
 def main(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
         result = run_bench(cfg)
-    except (BenchError, barrier.BarrierError) as exc:
+    except (BenchError, barrier.BarrierError, datasets.DatasetError) as exc:
         print(f"netra bench serve: {exc}", file=sys.stderr)
         return 2
     if not result.passed:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-PCTS = (50, 90, 99)
+PCTS = (50, 90, 95, 99)
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,8 @@ class Expect:
     # The native API always reports cached_tokens; an OpenAI server may omit it (then it is counted
     # as unreported instead of failing, and the record says how many were unreported).
     cached_required: bool = True
+    # Zero cached tokens (prefix cache off); a shared-prefix load may hit a prefix cache by design.
+    cached_zero: bool = True
 
 
 def load_records(paths: Iterable[Path]) -> list[dict[str, Any]]:
@@ -59,15 +61,18 @@ def check_records(recs: list[dict[str, Any]], expect: Expect) -> tuple[dict[str,
         if r.get("error"):
             problems.append(f"error: {r['error']}")
         else:
-            if r.get("prompt_tokens") != expect.input_len:
-                problems.append(f"prompt_tokens={r.get('prompt_tokens')} != input_len {expect.input_len}")
-            if r.get("completion_tokens") != expect.output_len:
-                problems.append(f"completion_tokens={r.get('completion_tokens')} != output_len {expect.output_len}")
-            if r.get("output_count") != expect.output_len:
-                problems.append(f"received {r.get('output_count')} output tokens != output_len {expect.output_len}")
+            # Each request's own expectations when the load set them (datasets of varying lengths).
+            want_in = r.get("expect_prompt", expect.input_len)
+            want_out = r.get("expect_output", expect.output_len)
+            if r.get("prompt_tokens") != want_in:
+                problems.append(f"prompt_tokens={r.get('prompt_tokens')} != input_len {want_in}")
+            if r.get("completion_tokens") != want_out:
+                problems.append(f"completion_tokens={r.get('completion_tokens')} != output_len {want_out}")
+            if r.get("output_count") != want_out:
+                problems.append(f"received {r.get('output_count')} output tokens != output_len {want_out}")
             if r.get("cached_tokens") is None and not expect.cached_required:
                 pass
-            elif r.get("cached_tokens") != 0:
+            elif expect.cached_zero and r.get("cached_tokens") != 0:
                 problems.append(f"cached_tokens={r.get('cached_tokens')} != 0 (prefix cache must be off)")
             if r.get("finish_reason") != "length":
                 problems.append(f"finish_reason={r.get('finish_reason')!r} != 'length'")
@@ -88,8 +93,10 @@ def check_records(recs: list[dict[str, Any]], expect: Expect) -> tuple[dict[str,
         "missing_requests": len(missing),
         "prompt_tokens_total": sum(int(r.get("prompt_tokens") or 0) for r in recs),
         "completion_tokens_total": sum(int(r.get("completion_tokens") or 0) for r in recs),
-        "expected_prompt_tokens_total": expect.requests * expect.input_len,
-        "expected_completion_tokens_total": expect.requests * expect.output_len,
+        "expected_prompt_tokens_total": sum(int(r.get("expect_prompt", expect.input_len)) for r in recs)
+        if len(recs) == expect.requests else expect.requests * expect.input_len,
+        "expected_completion_tokens_total": sum(int(r.get("expect_output", expect.output_len)) for r in recs)
+        if len(recs) == expect.requests else expect.requests * expect.output_len,
         "cached_tokens_total": sum(int(r.get("cached_tokens") or 0) for r in recs),
         "cached_tokens_unreported": sum(1 for r in recs if r.get("cached_tokens") is None),
         "passed": not failures,
@@ -99,12 +106,22 @@ def check_records(recs: list[dict[str, Any]], expect: Expect) -> tuple[dict[str,
 
 def _dist(values: list[float], scale: float = 1000.0) -> dict[str, float | None]:
     if not values:
-        return {"mean": None, **{f"p{p}": None for p in PCTS}}
+        return {"mean": None, "std": None, **{f"p{p}": None for p in PCTS}, "max": None}
     arr = np.asarray(values, dtype=np.float64) * scale
-    return {"mean": float(arr.mean()), **{f"p{p}": float(np.percentile(arr, p)) for p in PCTS}}
+    return {"mean": float(arr.mean()), "std": float(arr.std()), **{f"p{p}": float(np.percentile(arr, p)) for p in PCTS},
+            "max": float(arr.max())}
 
 
-def summarize(recs: list[dict[str, Any]]) -> dict[str, Any]:
+def _goodput(per_request: list[dict[str, float | None]], slo: dict[str, float], window: float) -> dict[str, Any]:
+    """Requests that met every objective (TTFT, TPOT, the request's largest ITL, E2E; milliseconds),
+    per second of the window, as vLLM's and SGLang's goodput."""
+    # A one-token request has no TPOT or ITL: nothing of it can miss those objectives.
+    good = sum(1 for m in per_request if all((m.get(k) or 0.0) <= v for k, v in slo.items()))
+    return {"slo": slo, "good_requests": good, "good_fraction": good / len(per_request) if per_request else None,
+            "goodput_req_s": good / window if window > 0 else None}
+
+
+def summarize(recs: list[dict[str, Any]], slo: dict[str, float] | None = None) -> dict[str, Any]:
     """Throughput over the global window and latency distributions (milliseconds).
 
     TTFT: request start to the first token-bearing event. TPOT: (end - first token) / (tokens - 1)
@@ -121,19 +138,25 @@ def summarize(recs: list[dict[str, Any]]) -> dict[str, Any]:
     in_tokens = sum(int(r["prompt_tokens"]) for r in ok)
     body_bytes = sum(int(r["bytes"]) for r in ok)
     ttft, tpot, itl, e2e = [], [], [], []
+    per_request: list[dict[str, float | None]] = []
     for r in ok:
         ttft.append(r["t_first"] - r["t_start"])
         e2e.append(r["t_end"] - r["t_start"])
         n = int(r["completion_tokens"])
         last_t = None
+        gaps: list[float] = []
         for t, new in r["events"]:
             if not new:
                 continue
             if last_t is not None:
-                itl.extend([(t - last_t) / new] * new)
+                gaps.extend([(t - last_t) / new] * new)
             last_t = t
-        if n > 1 and last_t is not None:
-            tpot.append((last_t - r["t_first"]) / (n - 1))
+        itl.extend(gaps)
+        r_tpot = (last_t - r["t_first"]) / (n - 1) if n > 1 and last_t is not None else None
+        if r_tpot is not None:
+            tpot.append(r_tpot)
+        per_request.append({"ttft_ms": 1e3 * ttft[-1], "tpot_ms": None if r_tpot is None else 1e3 * r_tpot,
+                            "itl_ms": 1e3 * max(gaps) if gaps else None, "e2e_ms": 1e3 * e2e[-1]})
     events = sum(sum(1 for _, n in r["events"] if n) for r in ok)
     return {
         "window_s": window,
@@ -152,6 +175,8 @@ def summarize(recs: list[dict[str, Any]]) -> dict[str, Any]:
         "tpot_ms": _dist(tpot),
         "itl_ms": _dist(itl),
         "e2e_ms": _dist(e2e),
+        "goodput": _goodput(per_request, slo, window) if slo else None,
+        "queue_ms": _dist([r["t_start"] - r["t_arrive"] for r in ok if r.get("t_arrive") is not None]),
     }
 
 
@@ -167,6 +192,10 @@ def serving_row(summary: dict[str, Any], *, scenario: str, concurrency: int, req
         "total_tok_s": summary["total_tok_s"], "req_s": summary["req_s"], "window_s": summary["window_s"],
         "tokens_per_event": summary["tokens_per_event"],
     }
+    goodput = summary.get("goodput")
+    if goodput:
+        row["goodput_req_s"] = goodput["goodput_req_s"]
+        row["good_fraction"] = goodput["good_fraction"]
     for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         for key, val in summary[name].items():
             row[f"{name.removesuffix('_ms')}_ms_{key}"] = val

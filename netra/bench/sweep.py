@@ -242,11 +242,31 @@ def compare_clients(rows: list[dict[str, Any]], ks: list[int], concs: list[int])
     return out
 
 
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """The sweep's final table: one line per point, the figures `vllm bench serve` and
+    `sglang.bench_serving` report (milliseconds)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="netra bench sweep")
+    cols = [("C", "concurrency", "{:d}"), ("K", "clients", "{:d}"), ("rep", "repeat", "{:d}"),
+            ("out tok/s", "output_tok_s", "{:.1f}"), ("req/s", "req_s", "{:.2f}"),
+            ("goodput req/s", "goodput_req_s", "{:.2f}"), ("TTFT p50", "ttft_ms_p50", "{:.1f}"),
+            ("TTFT p99", "ttft_ms_p99", "{:.1f}"), ("TPOT p50", "tpot_ms_p50", "{:.2f}"),
+            ("TPOT p99", "tpot_ms_p99", "{:.2f}"), ("ITL p95", "itl_ms_p95", "{:.2f}"), ("ITL max", "itl_ms_max", "{:.1f}")]
+    for head, _, _ in cols:
+        t.add_column(head, justify="right")
+    for r in sorted(rows, key=lambda r: (r["concurrency"], r["clients"], r.get("repeat", 0))):
+        t.add_row(*("-" if r.get(key) is None else fmt.format(r[key]) for _, key, fmt in cols))
+    Console().print(t)
+
+
 def main(args: argparse.Namespace) -> int:
     from netra.bench import barrier
 
     try:
-        _, path, png = run_sweep(args)
+        record, path, png = run_sweep(args)
+        print_table(record["rows"])
     except (serve.BenchError, barrier.BarrierError) as exc:
         print(f"netra bench sweep: {exc}", file=sys.stderr)
         return 1

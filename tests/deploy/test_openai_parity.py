@@ -15,19 +15,21 @@ from __future__ import annotations
 import json
 import math
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Literal
 
 import pytest
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from netra.bench import datasets
 from netra.engine.engine import Engine, build_engine
 from netra.engine.options import EngineOptions
 from netra.engine.scheduler import Output, Request, SamplingParams
 from netra.engine.tokenizer import BYTE_SPECIALS, ByteTokenizer
 from netra.ops import sampling
 from netra.serve.tokenizer import ChatTemplate
-from tests.deploy.conftest import MODEL, Local, needs_nginx
+from tests.deploy.conftest import MODEL, Local, needs_nginx, netra
 
 pytestmark = [needs_nginx, pytest.mark.timeout(600)]
 EOS = 257
@@ -236,3 +238,31 @@ def test_models_retrieve_echo_and_the_default_max_tokens(local: Local) -> None:
                                   extra_body={"ignore_eos": True})
     assert r.usage is not None and r.choices[0].finish_reason == "length"
     assert r.usage.prompt_tokens + r.usage.completion_tokens == 4096
+
+
+def test_bench_serve_request_rate_chat_writes_goodput_and_itl_percentiles(local: Local, tmp_path: Path) -> None:
+    worker = local.record()["workers"][0]["engine_url"]
+    work = tmp_path / "work"
+    out = netra("bench", "serve", "--url", local.url, "--info-url", worker, "--request-rate", "4", "--dataset",
+                "random", "--api", "chat", "-R", "8", "-C", "4", "-I", "24", "-O", "8", "--workers", "2",
+                "--slo", "ttft_ms=20000,tpot_ms=5000", "--results-dir", str(tmp_path), "--work-dir", str(work),
+                "--no-progress", timeout=400)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "exact checks passed" in out.stdout and "goodput" in out.stdout
+    [path] = tmp_path.glob("bench-chat-*.json")
+    rec = json.loads(path.read_text())
+    row = rec["rows"][0]
+    for key in ("itl_ms_p50", "itl_ms_p95", "itl_ms_p99", "itl_ms_max", "itl_ms_std", "ttft_ms_std",
+                "tpot_ms_p95", "tpot_ms_max", "goodput_req_s", "good_fraction"):
+        assert isinstance(row[key], float), key
+    assert rec["summary"]["goodput"]["slo"] == {"ttft_ms": 20000.0, "tpot_ms": 5000.0}
+    assert rec["load"]["request_rate"] == "4.0" and rec["checks"]["passed"]
+    assert "--request-rate 4.0" in rec["command"] and "--api chat" in rec["command"]
+    # every request was sent on the Poisson schedule (from the common start), never before it
+    recs = [json.loads(line) for f in work.glob("client-*.jsonl") for line in f.read_text().splitlines()]
+    recs.sort(key=lambda r: r["idx"])
+    start = recs[0]["t_arrive"]
+    assert [r["t_arrive"] - start for r in recs] == pytest.approx(datasets.arrivals(8, 4.0, 1.0, 0), abs=1e-6)
+    assert all(r["t_start"] >= r["t_arrive"] - 1e-3 for r in recs)
+    print(f"bench: goodput {row['goodput_req_s']:.2f} req/s, ITL p95 {row['itl_ms_p95']:.1f} ms, max "
+          f"{row['itl_ms_max']:.1f} ms")
