@@ -176,6 +176,33 @@ def shadow_moe(engine: Any, fb: Any) -> dict[str, Any]:
             "routing_errors": sum(r["errors"] for r in per_layer)}
 
 
+def perturbed_reference(engine: Any, fb: Any, base_logits: Any) -> dict[str, float]:
+    """How far the step's logits move when one layer's MoE output moves by one BF16 rounding (every op on its
+    reference): the seeded model's own sensitivity, the yardstick for the tactics-on vs tactics-off distance."""
+    import netra.engine.model as model_mod
+
+    torch = _torch()
+    calls = [0]
+    real = model_mod.moe
+
+    def nudged(x: Any, w: Any) -> Any:
+        out = real(x, w)
+        calls[0] += 1
+        if calls[0] == 1:
+            g = torch.Generator(device=out.device).manual_seed(0)
+            noise = torch.randn(out.shape, generator=g, device=out.device) * 2.0 ** -9
+            out = (out.float() * (1.0 + noise)).to(out.dtype)
+        return out
+
+    model_mod.moe = nudged
+    try:
+        logits = engine.model.forward(fb)
+    finally:
+        model_mod.moe = real
+    rel = float((logits.float() - base_logits.float()).norm() / base_logits.float().norm())
+    return {"logits_rel_l2": rel, "tokens_agree": float((logits.argmax(-1) == base_logits.argmax(-1)).float().mean())}
+
+
 def measure(engine: Any, b: int, context: int, replays: int, eager_off_steps: int, copy_bps: float,
             log: Any, shadow: bool = False) -> dict[str, Any]:
     from netra import dispatch
@@ -232,6 +259,9 @@ def measure(engine: Any, b: int, context: int, replays: int, eager_off_steps: in
         d = (off_logits.float() - eager_logits.float()).norm() / eager_logits.float().norm()
         row["logits_rel_l2_on_vs_off"] = float(d)
         row["tokens_agree_on_vs_off"] = float((off_logits.argmax(-1) == eager_logits.argmax(-1)).float().mean())
+        if shadow:  # the control: the reference against itself with layer 0's MoE output moved by ~1 BF16 ulp
+            restore(engine, b, snap)
+            row["control_reference_perturbed"] = perturbed_reference(engine, fb, off_logits)
         dispatch.reset(None)
         _common.reset_decisions()
     restore(engine, b, snap)
