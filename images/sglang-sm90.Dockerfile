@@ -33,9 +33,12 @@ ENV NETRA_BUILD_DIR=/opt/netra/build \
 
 # --no-deps: the SGLang image already holds torch, FastAPI, uvicorn, orjson, pydantic, PyYAML and
 # the CUDA bindings; Netra must not move any of SGLang's pins. The import line fails the build if
-# a module Netra needs is missing, and `netra kernels verify` if a code object differs from the lock.
+# a module Netra needs is missing; the plugin check if SGLang's own plugin discovery does not load
+# netra's `sglang.srt.plugins` entry point (netra/plugins/sglang.py); `netra kernels verify` if a
+# code object differs from the lock.
 RUN pip install --no-cache-dir --no-deps -e . \
  && python3 -c "import netra.cli, netra.deploy.plan, netra.serve" \
+ && python3 -m netra.plugins.sglang --check-install \
  && netra kernels verify
 
 # The command comes from the plan (compose/ files): python3 -m sglang.launch_server ... per worker.

@@ -58,6 +58,8 @@ SETTINGS: dict[str, Setting] = {
         Setting("NETRA_LOG_LEVEL", str, "INFO", "logging level of netra processes"),
         Setting("NETRA_DISABLE_TACTICS", bool, False, "force every op onto its fallback (A/B control arm)"),
         Setting("NETRA_TACTIC_MIN_MATURITY", str, "accepted", "lowest contract maturity dispatch selects (experiment|verified|accepted)"),
+        Setting("NETRA_SGLANG_TACTICS", str, "", "tactic domains Netra's SGLang plugin hooks in this worker (comma list of moe, argmax; empty: none)"),
+        Setting("NETRA_PLUGIN_EVIDENCE", Path, None, "directory where each SGLang process running Netra's plugin writes <pid>.json (hooks, code objects, hits)"),
     )
 }
 

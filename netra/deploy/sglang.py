@@ -29,6 +29,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from netra.plugins import sglang as plugin
+
 SGLANG_VERSION = "0.5.23"
 LAUNCH_PREFIX: tuple[str, ...] = ("python3", "-m", "sglang.launch_server")
 # The child's command-line switch (this module run with `python -m netra.deploy.sglang`).
@@ -156,6 +158,11 @@ def options(profile: Any, *, host: str, port: int) -> list[Option]:
         opts.append(Option("--incremental-streaming-output", "incremental_streaming_output"))
     if e.enable_metrics:
         opts.append(Option("--enable-metrics", "enable_metrics"))
+    # Options a tactic domain of Netra's plugin needs so that its hooked function is the one the worker
+    # runs (moe: the Triton MoE runner's fused_experts), in netra.plugins.sglang.DOMAINS.
+    for name in plugin.enabled(getattr(e, "tactics", "none")):
+        for flag, dest, value in plugin.DOMAINS[name].sglang_options:
+            opts.append(Option(flag, dest, value))
     backend = getattr(e, "attention_backend", None)
     if backend:
         opts.append(Option("--attention-backend", "attention_backend", backend))
@@ -196,8 +203,10 @@ def expected_fields(profile: Any, *, host: str, port: int) -> dict[str, Any]:
     return {opt.dest: opt.expected() for opt in options(profile, host=host, port=port)}
 
 
-def worker_env(profile: Any, gpus: list[int]) -> dict[str, str]:
-    """The worker's environment: the visible-devices variable for its GPU(s) plus the profile's own.
+def worker_env(profile: Any, gpus: list[int], *, evidence_dir: str | None = None) -> dict[str, str]:
+    """The worker's environment: the visible-devices variable for its GPU(s), Netra's plugin
+    (``SGLANG_PLUGINS`` and, when ``engine.tactics`` enables domains, their names and the directory
+    ``evidence_dir`` where each worker process reports what it hooked and loaded), plus the profile's own.
 
     In a container with an NVIDIA device reservation the runtime already narrows the GPUs, and the
     one GPU shows up as index 0 (netra/deploy/compose.py sets ``CUDA_VISIBLE_DEVICES=0`` there).
@@ -215,6 +224,11 @@ def worker_env(profile: Any, gpus: list[int]) -> dict[str, str]:
     if var in env:
         raise ValueError(f"profile {profile.name!r}: env sets {var}; placement owns it")
     env[var] = ",".join(str(g) for g in gpus)
+    owned = plugin.worker_env(getattr(profile.engine, "tactics", "none"), evidence_dir)
+    clash = sorted(set(owned) & set(env))
+    if clash:
+        raise ValueError(f"profile {profile.name!r}: env sets {clash}; engine.tactics owns them")
+    env.update(owned)
     return env
 
 
@@ -301,9 +315,17 @@ def _run_child(argvs: list[list[str]]) -> dict[str, Any]:
 
 
 def _import_server_args() -> tuple[Any, list[str]]:
-    """Import ``sglang.srt.server_args`` from the pinned wheel; returns it and the shims applied.
+    """Import ``sglang.srt.server_args`` from the pinned wheel; returns it and the shims applied."""
+    shims = import_shims()
+    import sglang.srt.server_args as server_args
 
-    Two shims, both outside the parser:
+    return server_args, shims
+
+
+def import_shims() -> list[str]:
+    """Make ``sglang.srt.*`` importable from the pinned wheel on a CPU machine; returns the shims applied.
+
+    Two shims, both outside the parser (and the plugin framework, `netra.plugins.sglang`'s tests):
     1. ``sglang/__init__.py`` is SGLang's public frontend (the ``sglang.lang`` DSL and Hugging Face
        transformers patches) and imports transformers; the parser never uses it. The ``sglang``
        package is registered bare (same ``__path__``, its ``__init__`` not run), so ``sglang.srt.*``
@@ -341,9 +363,7 @@ def _import_server_args() -> tuple[Any, list[str]]:
         absent.__spec__ = importlib.machinery.ModuleSpec("triton", None)
         sys.modules["triton"] = absent
         shims.append("triton absent (inert module)")
-    import sglang.srt.server_args as server_args
-
-    return server_args, shims
+    return shims
 
 
 def _parse_one(sa: Any, argv: list[str], known_flags: frozenset[str]) -> dict[str, Any]:
