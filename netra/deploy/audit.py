@@ -5,8 +5,11 @@ launcher does not trust what it asked for; it reads back what each worker actual
 - its command line (`/proc/<pid>/cmdline`) and environment (`/proc/<pid>/environ`);
 - its CPU set (`/proc/<pid>/status` Cpus_allowed_list) and memory policy (`/proc/<pid>/numa_maps`);
 - the effective engine options it reports at `GET /server_info`;
-- the locked code objects mapped into its memory (`/proc/<pid>/maps`, the process and its children).
-Any mismatch is a problem naming the worker and the option; the launch stops.
+- the locked code objects mapped into its memory (`/proc/<pid>/maps`, the process and its children);
+- for an SGLang worker whose profile enables tactics, what Netra's plugin reports from inside it
+  (`netra.plugins.evidence`): the plugin loaded, its hooks applied, and every code object it loaded
+  equal (sha256) to the kernel lock's.
+Any mismatch is a problem naming the worker and the option or artifact; the launch stops.
 """
 
 from __future__ import annotations
@@ -196,3 +199,62 @@ def audit_code_objects(w: WorkerPlan, pid: int, server_info: dict[str, Any],
         problems.append(f"code object {obj['path']} ({obj.get('family')}/{obj.get('name')}) is neither mapped "
                         f"in worker {w.index} (pid {pid} and its children) nor reported loaded at /server_info")
     return problems
+
+
+def audit_plugin(w: WorkerPlan, pid: int, code_objects: Iterable[dict[str, str]]) -> tuple[list[str], list[str]]:
+    """(problems, warnings) for an SGLang worker whose plan enables tactic domains (``w.tactics``).
+
+    Reads the evidence that the plugin wrote in ``w.plugin_evidence`` from live processes of the
+    worker (pid and start time checked, so files left by an earlier run do not count). Problems: no
+    such evidence (the plugin did not load), a plugin error, an enabled hook not applied in any
+    process, a loaded code object that the kernel lock does not list or whose sha256 differs from it.
+    Warning: an enabled domain that loaded no code object (every call so far went to SGLang's original;
+    the evidence's miss reasons say why).
+    """
+    if not w.tactics:
+        return [], []
+    from netra.deploy.record import proc_start_ticks
+    from netra.plugins import evidence
+    from netra.plugins.sglang import DOMAINS, ENTRY_POINT
+
+    label = f"worker {w.index} (pid {pid})"
+    where = Path(str(w.plugin_evidence))
+    tree = set(proc_tree(pid))
+    records = [r for r in evidence.read(where)
+               if r.get("pid") in tree and r.get("ticks") == proc_start_ticks(int(r["pid"]))]
+    if not records:
+        return [f"{label} enables tactics {', '.join(w.tactics)} but did not load the SGLang plugin {ENTRY_POINT}: "
+                f"no process of the worker wrote evidence to {where} (netra must be installed in the worker's "
+                f"environment with its sglang.srt.plugins entry point, and SGLANG_PLUGINS={ENTRY_POINT})"], []
+    problems = [f"{label}: plugin {ENTRY_POINT} in pid {r['pid']} reports an error: {r['error']}"
+                for r in records if r.get("error")]
+    for d in w.tactics:
+        hooks = [r.get("hooks", {}).get(d, {}) for r in records]
+        if not any(h.get("registered") for h in hooks):
+            problems.append(f"{label}: plugin {ENTRY_POINT} did not register its {d} hook ({DOMAINS[d].target})")
+        elif not any(h.get("applied") for h in hooks):
+            notes = sorted({str(h["note"]) for h in hooks if h.get("note")})
+            problems.append(f"{label}: plugin {ENTRY_POINT}'s {d} hook on {DOMAINS[d].target} was registered but "
+                            f"applied in no process{': ' + '; '.join(notes) if notes else ''}")
+    locked = {o["name"]: o for o in code_objects}
+    loaded = [t for r in records for t in r.get("tactics", [])]
+    for t in loaded:
+        entry = locked.get(t["name"])
+        if entry is None:
+            problems.append(f"{label} loaded code object {t['name']} ({t.get('family')}, sha256 "
+                            f"{str(t['sha256'])[:16]}...) that the kernel lock does not list")
+        elif entry["sha256"] != t["sha256"]:
+            problems.append(f"{label} loaded code object {entry['path']} ({entry.get('family')}/{t['name']}) with "
+                            f"sha256 {str(t['sha256'])[:16]}..., the kernel lock says {entry['sha256'][:16]}...")
+    warnings = []
+    ops = {t.get("op") for t in loaded}
+    for d in w.tactics:
+        if DOMAINS[d].op not in ops:
+            reasons: dict[str, int] = {}
+            for r in records:
+                for why, n in r.get("counts", {}).get(d, {}).get("miss_reasons", {}).items():
+                    reasons[why] = reasons.get(why, 0) + int(n)
+            top = sorted(reasons.items(), key=lambda kv: -kv[1])[:3]
+            warnings.append(f"{label}: tactic domain {d} loaded no {DOMAINS[d].op} code object yet "
+                            f"(SGLang's original ran{': ' + '; '.join(f'{n}x {why}' for why, n in top) if top else ''})")
+    return problems, warnings

@@ -63,9 +63,12 @@ def print_plan(plan: Any) -> None:
                   str(w.physical_cores), str(w.mem_node if w.mem_node is not None else "-"), str(w.engine_port),
                   str(w.serve_port), env)
     console.print(t)
+    plugin_lines = _plugin_lines(plan)
     for w in plan.workers:
         console.print(f"worker {w.index} engine: {' '.join(w.engine_argv)}", soft_wrap=True, markup=False)
         console.print(f"worker {w.index} serve:  {' '.join(w.serve_argv)}", soft_wrap=True, markup=False)
+        for line in plugin_lines.get(w.index, []):
+            console.print(f"worker {w.index} {line}", soft_wrap=True, markup=False)
     f = plan.front
     console.print(f"front: nginx {f.balance} on {f.host}:{f.port}, worker_processes {f.worker_processes}, "
                   f"worker_connections {f.worker_connections}, keepalive {f.keepalive}, "
@@ -75,6 +78,24 @@ def print_plan(plan: Any) -> None:
     for note in plan.notes:
         console.print(f"note: {note}", markup=False)
     console.print(f"profile sha256 {plan.profile_sha256}", markup=False)
+
+
+def _plugin_lines(plan: Any) -> dict[int, list[str]]:
+    """SGLang workers: Netra's plugin (on or off) and, per tactic domain, the hook and its contracts."""
+    if plan.engine_kind != "sglang":
+        return {}
+    from netra.plugins import sglang as plugin
+
+    out: dict[int, list[str]] = {}
+    for w in plan.workers:
+        if not w.tactics:
+            out[w.index] = [f"plugin: none (SGLANG_PLUGINS={w.engine_env.get('SGLANG_PLUGINS')}): stock SGLang"]
+            continue
+        lines = [f"plugin: {plugin.ENTRY_POINT} (SGLANG_PLUGINS={w.engine_env.get('SGLANG_PLUGINS')}), tactics "
+                 f"{', '.join(w.tactics)}, evidence {w.plugin_evidence}"]
+        lines += [f"  tactic {line}" for line in plugin.describe(w.tactics, plan.target)]
+        out[w.index] = lines
+    return out
 
 
 def _plan(args: argparse.Namespace) -> int:

@@ -2,9 +2,10 @@
 
 Order (ARCHITECTURE.md, "The launcher"): every port is checked free; the engines start with their CPU
 sets and memory nodes; each must answer /health; each is audited (command line, environment, CPU
-set, memory policy, /server_info options, mapped code objects); the response layers start and must
-answer /health (200 only when their engine is healthy); only then is nginx started, so it never
-marks an upstream down because it was hit before listening. The launch record is rewritten at every
+set, memory policy, /server_info options, mapped code objects or, for SGLang workers with tactics,
+the evidence of Netra's plugin); the response layers start and must answer /health (200 only when
+their engine is healthy); only then is nginx started, so it never marks an upstream down because it
+was hit before listening. The launch record is rewritten at every
 change. SIGINT / SIGTERM stop everything: nginx first (no new requests), then the response layers,
 then the engines; each gets SIGTERM, then SIGKILL after a bounded wait.
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from netra.deploy import nginx
-from netra.deploy.audit import audit_code_objects, audit_options, audit_process
+from netra.deploy.audit import audit_code_objects, audit_options, audit_plugin, audit_process
 from netra.deploy.plan import Plan
 from netra.deploy.record import RECORD_VERSION, is_alive, now_utc, proc_start_ticks, read_record, record_path
 from netra.deploy.record import RecordError as RecordError
@@ -146,13 +147,22 @@ class Launch:
             return [*problems, f"worker {wp.index}: GET /server_info failed ({exc}); its options cannot be "
                                f"audited"]
         problems += audit_options(wp, info)
-        objects = audit_code_objects(wp, ws.engine.pid, info, self.verification.code_objects)
-        if self.strict:
-            problems += objects
-        else:
-            for msg in objects:
-                self.log(f"warning: {msg}")
-            ws.warnings = objects
+        ws.warnings = []
+        if wp.tactics:
+            # Netra's SGLang plugin reports what it hooked and loaded (SGLang's /server_info does not).
+            plugin_problems, plugin_warnings = audit_plugin(wp, ws.engine.pid, self.verification.code_objects)
+            problems += plugin_problems
+            ws.warnings += plugin_warnings
+        if self.plan.engine_kind != "sglang":
+            # The embedded engine loads every locked code object of its target; an SGLang worker loads
+            # only what its plugin's domains select (audited above) and none without the plugin.
+            objects = audit_code_objects(wp, ws.engine.pid, info, self.verification.code_objects)
+            if self.strict:
+                problems += objects
+            else:
+                ws.warnings += objects
+        for msg in ws.warnings:
+            self.log(f"warning: {msg}")
         return problems
 
     def start(self) -> None:

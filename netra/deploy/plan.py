@@ -2,7 +2,7 @@
 
 Every identity of a worker derives from the profile, the worker index and the overrides: its GPU,
 NUMA node, CPU set and memory node (placement), its engine and response-layer ports, its command
-lines, environment and log paths. `Plan.canonical_json()` (sorted keys, compact) and `Plan.sha256()`
+lines, environment, log paths and plugin evidence directory. `Plan.canonical_json()` (sorted keys, compact) and `Plan.sha256()`
 identify exactly what `netra launch` starts; the launch record keeps that hash.
 """
 
@@ -16,6 +16,7 @@ from typing import Any
 from netra import settings
 from netra.deploy.profile import Profile, ProfileError, _to_plain, canonical_json
 from netra.deploy.topology import Placement, PlacementError, Topology, format_cpulist, place, read_topology
+from netra.plugins.sglang import DOMAINS, enabled
 
 LOOPBACK = "127.0.0.1"
 PLAN_VERSION = 1
@@ -60,6 +61,10 @@ class WorkerPlan:
     serve_log: str
     # Options the worker must report at GET /server_info (the audit compares them).
     engine_expect: dict[str, Any]
+    # SGLang workers: the tactic domains Netra's plugin hooks in this worker (profile engine.tactics)
+    # and the directory where each of its processes reports hooks, loaded code objects and hit counts.
+    tactics: tuple[str, ...] = ()
+    plugin_evidence: str | None = None
 
     @property
     def cpulist(self) -> str:
@@ -179,6 +184,8 @@ def _sglang_expect(profile: Profile, port: int) -> dict[str, Any]:
         expect["mamba_ssm_dtype"] = e.mamba_ssm_dtype
     if e.speculative is not None:
         expect["speculative_algorithm"] = e.speculative.algorithm
+    for name in enabled(e.tactics):
+        expect.update({dest: value for _, dest, value in DOMAINS[name].sglang_options})
     return expect
 
 
@@ -193,13 +200,14 @@ def _sglang_module() -> Any:
     return sglang
 
 
-def _engine(profile: Profile, place_: Placement, port: int) -> tuple[list[str], dict[str, str], dict[str, Any]]:
+def _engine(profile: Profile, place_: Placement, port: int, evidence: str | None,
+            ) -> tuple[list[str], dict[str, str], dict[str, Any]]:
     env: dict[str, str] = {"OMP_NUM_THREADS": str(max(1, place_.physical_cores))}
     gpus = [place_.gpu.index] if place_.gpu is not None else []
     if profile.engine.kind == "sglang":
         sg = _sglang_module()
         argv = [str(a) for a in sg.render_argv(profile, host=LOOPBACK, port=port)]
-        env.update({str(k): str(v) for k, v in sg.worker_env(profile, gpus).items()})
+        env.update({str(k): str(v) for k, v in sg.worker_env(profile, gpus, evidence_dir=evidence).items()})
         expect = _sglang_expect(profile, port)
     else:
         argv, expect = _netra_engine_argv(profile, port)
@@ -232,7 +240,9 @@ def make_plan(profile: Profile, topology_dir: str | Path | None = None, override
             engine_port, serve_port = ov.port_base + 2 * i, ov.port_base + 2 * i + 1
         else:
             engine_port, serve_port = profile.ports.engine_base + i, profile.ports.serve_base + i
-        argv, env, expect = _engine(profile, pl, engine_port)
+        tactics = enabled(profile.engine.tactics)
+        evidence = str(run_dir / f"worker{i}.plugin") if tactics else None
+        argv, env, expect = _engine(profile, pl, engine_port, evidence)
         serve_argv = ["netra", "serve", "--upstream", f"http://{LOOPBACK}:{engine_port}", "--host", LOOPBACK,
                       "--port", str(serve_port), "--stream-interval", str(profile.engine.stream_interval),
                       "--model-name", profile.serve.model_name,
@@ -243,7 +253,7 @@ def make_plan(profile: Profile, topology_dir: str | Path | None = None, override
             engine_port=engine_port, serve_port=serve_port, engine_argv=tuple(argv),
             engine_env=dict(sorted(env.items())), serve_argv=tuple(serve_argv), serve_env={},
             engine_log=str(run_dir / f"worker{i}.engine.log"), serve_log=str(run_dir / f"worker{i}.serve.log"),
-            engine_expect=expect))
+            engine_expect=expect, tactics=tactics, plugin_evidence=evidence))
     f = profile.front
     front_port = ov.front_port if ov.front_port is not None else f.port
     ports = [front_port] + [p for w in workers for p in (w.engine_port, w.serve_port)]

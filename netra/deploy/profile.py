@@ -30,6 +30,8 @@ SCHEMA_PATH = PROFILE_DIR / "schema.json"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
 Target = Literal["cpu", "sm90", "gfx950"]
+# Tactic domains of the SGLang plugin (the keys of netra.plugins.sglang.DOMAINS; a test keeps them equal).
+Domain = Literal["moe", "argmax"]
 # Which GPU vendor a target runs on (PCI vendor ids are in netra/deploy/topology.py).
 TARGET_VENDOR: dict[str, str | None] = {"cpu": None, "sm90": "nvidia", "gfx950": "amd"}
 
@@ -80,6 +82,9 @@ class Engine:
     enable_metrics: bool = field(default=True, metadata=_meta("Prometheus metrics on the worker"))
     seed: int = field(default=0, metadata=_meta("engine random seed", ge=0))
     speculative: Speculative | None = field(default=None, metadata=_meta("speculative decoding (null: off)"))
+    tactics: tuple[Domain, ...] | Literal["none"] = field(default="none", metadata=_meta(
+        "tactic domains Netra's SGLang plugin puts in each worker (netra/plugins/sglang.py): a list of moe, "
+        "argmax; none: the plugin stays out (SGLANG_PLUGINS=none)"))
 
 
 @dataclass(frozen=True)
@@ -210,7 +215,15 @@ def _convert(path: str, tp: Any, value: Any, meta: dict[str, Any]) -> Any:
                 return None
             raise ProfileError(f"{path}: null is not allowed")
         inner = [a for a in args if a is not type(None)]
-        return _convert(path, inner[0], value, meta)
+        if len(inner) == 1:
+            return _convert(path, inner[0], value, meta)
+        errors = []
+        for alt in inner:  # a union of several shapes (a list or a keyword): the first that fits
+            try:
+                return _convert(path, alt, value, meta)
+            except ProfileError as exc:
+                errors.append(str(exc).removeprefix(f"{path}: "))
+        raise ProfileError(f"{path}: {value!r} fits none of: " + "; ".join(errors))
     if origin is Literal:
         choices = typing.get_args(tp)
         if value not in choices:
@@ -274,6 +287,15 @@ def _cross_checks(p: Profile) -> None:
             raise ProfileError("engine.model_path: an SGLang worker needs a checkpoint")
         if p.target == "cpu":
             raise ProfileError("target: SGLang profiles run on a GPU target (sm90 or gfx950), not cpu")
+    if e.tactics != "none":
+        if e.kind != "sglang":
+            raise ProfileError("engine.tactics: only SGLang workers load Netra's plugin; the embedded engine "
+                               "runs every op through dispatch (leave tactics at none)")
+        if not e.tactics:
+            raise ProfileError("engine.tactics: an empty list; write none to leave the plugin out")
+        repeated = sorted({d for d in e.tactics if e.tactics.count(d) > 1})
+        if repeated:
+            raise ProfileError(f"engine.tactics: {repeated} listed more than once")
     if p.target == "cpu" and e.device != "cpu":
         raise ProfileError(f"engine.device: target cpu runs the engine on cpu, not {e.device}")
     if p.target != "cpu" and e.device != "cuda":
@@ -332,8 +354,9 @@ def _schema_of(tp: Any, meta: dict[str, Any]) -> dict[str, Any]:
     origin = typing.get_origin(tp)
     out: dict[str, Any]
     if origin in (typing.Union, types.UnionType):
-        inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        out = {"anyOf": [_schema_of(inner[0], meta), {"type": "null"}]}
+        args = typing.get_args(tp)
+        out = {"anyOf": [_schema_of(a, meta) for a in args if a is not type(None)]
+               + ([{"type": "null"}] if type(None) in args else [])}
     elif origin is Literal:
         out = {"enum": list(typing.get_args(tp))}
     elif origin is tuple:

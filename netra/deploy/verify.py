@@ -1,6 +1,7 @@
 """Verification before anything starts: the profile lock, graph-bucket coverage, kernel code objects,
-images and checkpoint identity. Each problem is one line naming its cause; any problem refuses the
-launch (`LaunchRefused`). Warnings are printed and recorded but do not stop a non-strict launch.
+the SGLang plugin's tactic domains, images and checkpoint identity. Each problem is one line naming
+its cause; any problem refuses the launch (`LaunchRefused`). Warnings are printed and recorded but
+do not stop a non-strict launch.
 
 The profile lock (`launcher/lock.json`) holds each committed profile's canonical sha256, so a profile
 edited after it was locked is refused until someone re-locks it on purpose:
@@ -151,6 +152,18 @@ def check_kernel_lock(profile: Profile, v: Verification, *, strict: bool, lock_p
                                "name": str(e.get("name"))})
 
 
+def check_tactics(profile: Profile, v: Verification) -> None:
+    """Every tactic domain the profile enables has a contract the plugin can load on its target."""
+    from netra.plugins import sglang as plugin
+
+    for name in plugin.enabled(profile.engine.tactics):
+        if not plugin.selectable(name, profile.target):
+            op = plugin.DOMAINS[name].op
+            v.problems.append(f"engine.tactics enables {name}, but no {profile.target} contract for op {op} can be "
+                              f"selected (kernels/{profile.target}: none built and accepted); the plugin would "
+                              f"have nothing to load (set engine.tactics without {name}, or none)")
+
+
 def check_images(profile: Profile, v: Verification, *, strict: bool) -> None:
     if profile.image is None and profile.engine.kind != "sglang":
         return
@@ -194,6 +207,7 @@ def verify(profile: Profile, *, base: Profile | None = None, strict: bool | None
     check_profile_lock(base if base is not None else profile, v, strict=s, path=profile_lock)
     check_graph_buckets(profile, v)
     check_kernel_lock(profile, v, strict=s, lock_path=kernel_lock, build_dir=build_dir)
+    check_tactics(profile, v)
     check_images(profile, v, strict=s)
     check_checkpoint(profile, v, strict=s)
     return v

@@ -5,6 +5,10 @@
       env STANDIN_DROP=a,b: leave options a and b out of /server_info (a wrapper that drops options)
       env STANDIN_SLOW=S: /generate takes S seconds (a request in flight when the engine is killed)
       env STANDIN_FAIL_MARKER=F: exit with 3 at startup while file F exists (a worker that cannot restart)
+      env NETRA_PLUGIN_EVIDENCE=D (rendered for a profile with engine.tactics): write the evidence Netra's
+      SGLang plugin writes, with every domain of NETRA_SGLANG_TACTICS hooked and applied and the code
+      objects of env STANDIN_PLUGIN_TACTICS (JSON list) loaded; STANDIN_PLUGIN=absent: a worker whose
+      environment lacks the plugin (nothing written)
   python standin.py serve --upstream URL --host H --port N [...]
       /health is 200 only when the upstream's /health is; POST /v1/completions forwards to /generate
       and answers {"worker": PORT, ...}; 503 when the upstream is unreachable, 502 when it fails.
@@ -150,6 +154,23 @@ def standin_plan(plan: Any) -> Any:
     return dataclasses.replace(plan, workers=workers)
 
 
+def write_plugin_evidence() -> None:
+    """What netra.plugins.sglang's register() and prepare() leave in a worker that loaded the plugin."""
+    where = os.environ.get("NETRA_PLUGIN_EVIDENCE")
+    if not where or os.environ.get("STANDIN_PLUGIN") == "absent":
+        return
+    from netra.plugins import evidence, sglang
+
+    domains = sglang.parse_domains(os.environ.get("NETRA_SGLANG_TACTICS"))
+    rec = evidence.Recorder(domains, None)
+    for d in domains:
+        rec.hook(d, target=sglang.DOMAINS[d].target, type="around", op=sglang.DOMAINS[d].op, registered=True,
+                 applied=True)
+    snap = rec.snapshot()
+    snap["tactics"] = json.loads(os.environ.get("STANDIN_PLUGIN_TACTICS", "[]"))
+    evidence.write(Path(where), snap)
+
+
 def main() -> int:
     role, argv = sys.argv[1], sys.argv[2:]
     if role == "launch":
@@ -160,6 +181,8 @@ def main() -> int:
     if role == "engine" and marker and Path(marker).exists():
         print("standin engine: refusing to start (marker file present)", flush=True)
         return 3
+    if role == "engine":
+        write_plugin_evidence()
     server = ThreadingHTTPServer((Handler.opts["host"], int(Handler.opts["port"])), Handler)
     server.daemon_threads = True
     server.serve_forever()

@@ -374,3 +374,66 @@ def _pgid(stat: Path) -> int | None:
         return None
     fields = text[text.rindex(")") + 2:].split()
     return None if fields[0] == "Z" else int(fields[2])
+
+
+# --- Netra's SGLang plugin: the audit reads what each worker reports from inside ---------------------
+
+LOCKED = {"path": "/opt/netra/build/sm90/moe/moe_layer_t1.cubin", "sha256": "a" * 64, "family": "moe",
+          "name": "moe_layer_t1"}
+LOADED = {"name": "moe_layer_t1", "family": "moe", "op": "moe_fp8_routed", "sha256": "a" * 64, "device": 0}
+
+
+def plugin_plan(run_dir: Path, *extra: dict[str, str]) -> Plan:
+    """Stand-in SGLang workers whose profile enables the moe domain; ``extra[i]``: worker i's env additions."""
+    from netra.plugins import sglang as plugin
+
+    plan = standin_plan(run_dir)
+    workers = []
+    for w, more in zip(plan.workers, extra, strict=True):
+        where = str(run_dir / f"worker{w.index}.plugin")
+        env = {**w.engine_env, **plugin.worker_env(("moe",), where), "STANDIN_PLUGIN_TACTICS": json.dumps([LOADED]),
+               **more}
+        workers.append(dataclasses.replace(w, engine_env=env, tactics=("moe",), plugin_evidence=where))
+    return dataclasses.replace(plan, engine_kind="sglang", workers=tuple(workers))
+
+
+def test_plugin_evidence_admits_workers_that_loaded_the_locked_code_objects(tmp_path: Path) -> None:
+    launch = Launch(plugin_plan(tmp_path, {}, {}), Verification(code_objects=[LOCKED]), log=lambda m: None)
+    try:
+        launch.start()
+        assert launch.state == "serving"
+        assert [ws.audit for ws in launch.workers] == [[], []]
+        assert [ws.warnings for ws in launch.workers] == [[], []]
+        assert httpx.get(launch.plan.front.url + "/health", timeout=5).status_code == 200
+    finally:
+        launch.stop()
+
+
+def test_refuses_a_worker_that_did_not_load_the_plugin(tmp_path: Path) -> None:
+    # An earlier run's evidence (a process that is gone) does not count for the new worker 1.
+    stale = tmp_path / "worker1.plugin"
+    stale.mkdir()
+    (stale / "999999.json").write_text(json.dumps({"version": 1, "plugin": "netra", "pid": 999999, "ticks": 1,
+                                                   "hooks": {"moe": {"registered": True, "applied": True}},
+                                                   "tactics": [LOADED]}))
+    plan = plugin_plan(tmp_path, {}, {"STANDIN_PLUGIN": "absent"})
+    launch = Launch(plan, Verification(code_objects=[LOCKED]), log=lambda m: None)
+    assert launch.run() == 2
+    rec = read_record(tmp_path)
+    assert rec["state"] == "refused" and rec["front"]["process"] is None  # the front never opened
+    assert "worker 1 (pid" in rec["message"]
+    assert "enables tactics moe but did not load the SGLang plugin netra" in rec["message"]
+    assert str(stale) in rec["message"]
+    assert "worker 0" not in rec["message"]
+
+
+def test_refuses_a_worker_that_loaded_a_tampered_code_object(tmp_path: Path) -> None:
+    tampered = json.dumps([{**LOADED, "sha256": "b" * 64}])
+    plan = plugin_plan(tmp_path, {"STANDIN_PLUGIN_TACTICS": tampered}, {})
+    launch = Launch(plan, Verification(code_objects=[LOCKED]), log=lambda m: None)
+    assert launch.run() == 2
+    rec = read_record(tmp_path)
+    assert rec["state"] == "refused" and rec["front"]["process"] is None
+    assert (f"worker 0 (pid {rec['workers'][0]['engine']['pid']}) loaded code object {LOCKED['path']} "
+            f"(moe/moe_layer_t1) with sha256 {'b' * 16}..., the kernel lock says {'a' * 16}...") in rec["message"]
+    assert "worker 1" not in rec["message"]

@@ -129,3 +129,33 @@ def test_replace_revalidates() -> None:
         p.replace("engine.stream_interval", 0)
     with pytest.raises(ProfileError, match="unknown key 'nope'"):
         p.replace("engine.nope", 1)
+
+
+def test_tactics_key_names_the_plugin_domains() -> None:
+    import typing
+
+    from netra.deploy.profile import Domain
+    from netra.plugins.sglang import DOMAINS
+
+    assert typing.get_args(Domain) == tuple(DOMAINS)  # one registry: netra.plugins.sglang.DOMAINS
+    assert load_profile("dp8-h200-throughput128").engine.tactics == ("moe", "argmax")
+    assert load_profile("dp8-throughput128").engine.tactics == "none"  # gfx950: no validated code objects
+    assert all(load_profile(n).engine.tactics == "none" for n in ("local", "dp1-h200", "dp2-h200"))
+
+
+@pytest.mark.parametrize("value,message", [
+    ("moe", "fits none of: expected a list, got str; 'moe' is not one of ['none']"),
+    (["gdn"], "engine.tactics[0]: 'gdn' is not one of ['moe', 'argmax']"),
+    ([], "an empty list; write none"),
+    (["argmax", "argmax"], "['argmax'] listed more than once"),
+    (None, "null is not allowed"),
+])
+def test_bad_tactics_are_refused_naming_the_key(value: object, message: str) -> None:
+    with pytest.raises(ProfileError, match=r"engine\.tactics") as info:
+        load_profile("dp8-h200-throughput128").replace("engine.tactics", value)
+    assert message in str(info.value)
+
+
+def test_tactics_are_for_sglang_workers_only() -> None:
+    with pytest.raises(ProfileError, match="only SGLang workers load Netra's plugin"):
+        load_profile("dp1-h200").replace("engine.tactics", ["moe"])

@@ -193,13 +193,50 @@ def test_profile_without_graphs_or_optional_flags(parsed: None) -> None:
 def test_worker_env() -> None:
     h200 = load_profile("dp8-h200-throughput128")
     mi350 = load_profile("dp8-throughput128")
-    assert sg.worker_env(h200, [3]) == {"CUDA_VISIBLE_DEVICES": "3"}
-    assert sg.worker_env(mi350, [6]) == {"HIP_VISIBLE_DEVICES": "6"}
-    assert sg.worker_env(h200, [0, 1]) == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    plugin = {"SGLANG_PLUGINS": "netra", "NETRA_SGLANG_TACTICS": "moe,argmax", "NETRA_PLUGIN_EVIDENCE": "/r/w3.plugin"}
+    assert sg.worker_env(h200, [3], evidence_dir="/r/w3.plugin") == {"CUDA_VISIBLE_DEVICES": "3", **plugin}
+    # gfx950 enables no tactic domain: the plugin is left out through SGLang's whitelist.
+    assert sg.worker_env(mi350, [6]) == {"HIP_VISIBLE_DEVICES": "6", "SGLANG_PLUGINS": "none"}
+    assert sg.worker_env(h200.replace("engine.tactics", "none"), [0, 1]) == {
+        "CUDA_VISIBLE_DEVICES": "0,1", "SGLANG_PLUGINS": "none"}
+    with pytest.raises(ValueError, match="needs an evidence directory"):
+        sg.worker_env(h200, [3])
     with pytest.raises(ValueError, match="at least one GPU"):
         sg.worker_env(h200, [])
     with pytest.raises(ValueError, match="non-negative"):
         sg.worker_env(h200, [-1])
+
+
+def test_tactics_reach_every_worker_and_the_plan_shows_them(parsed: None, capsys: pytest.CaptureFixture[str]) -> None:
+    from netra import cli
+
+    h200 = make_plan(load_profile("dp8-h200-throughput128"), FIXTURE_BY_TARGET["sm90"])
+    mi350 = make_plan(load_profile("dp8-throughput128"), FIXTURE_BY_TARGET["gfx950"])
+    for w in h200.workers:
+        assert w.tactics == ("moe", "argmax")
+        assert w.plugin_evidence == f"{h200.run_dir}/worker{w.index}.plugin"
+        assert w.engine_env["NETRA_PLUGIN_EVIDENCE"] == w.plugin_evidence
+        assert (w.engine_env["SGLANG_PLUGINS"], w.engine_env["NETRA_SGLANG_TACTICS"]) == ("netra", "moe,argmax")
+        # The hooked MoE path is the one SGLang runs: its parser resolves the rendered runner backend.
+        assert sg.check_argv(w.engine_argv).moe_runner_backend == "triton"
+        assert w.engine_expect["moe_runner_backend"] == "triton"
+    for w in mi350.workers:
+        assert (w.tactics, w.plugin_evidence, w.engine_env["SGLANG_PLUGINS"]) == ((), None, "none")
+        assert "NETRA_SGLANG_TACTICS" not in w.engine_env
+        assert sg.check_argv(w.engine_argv).moe_runner_backend == "auto"
+    assert cli.main(["plan", "--profile", "dp8-h200-throughput128", "--topology", str(FIXTURE_BY_TARGET["sm90"]),
+                     "--table"]) == 0
+    out = capsys.readouterr().out
+    for i in range(8):
+        assert f"worker {i} plugin: netra (SGLANG_PLUGINS=netra), tactics moe, argmax, evidence " in out
+        assert (f"worker {i}   tactic moe: op moe_fp8_routed at "
+                "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe.fused_experts (") in out
+        assert (f"worker {i}   tactic argmax: op argmax at sglang.srt.layers.sampler.Sampler.forward "
+                "(argmax_bf16_v248320, argmax_f32_v248320)") in out
+    assert cli.main(["plan", "--profile", "dp8-throughput128", "--topology", str(FIXTURE_BY_TARGET["gfx950"]),
+                     "--table"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"worker {i} plugin: none (SGLANG_PLUGINS=none): stock SGLang" in out for i in range(8))
 
 
 def test_render_refuses_non_sglang_profiles() -> None:

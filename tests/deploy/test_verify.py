@@ -223,3 +223,14 @@ def test_cli_refuses_an_edited_profile_and_names_every_cause(tmp_path: Path) -> 
     assert out.returncode == 2
     assert "launch refused" in out.stderr and "profile 'local' was edited after its lock" in out.stderr
     assert not (tmp_path / "run" / "launch.json").exists()
+
+
+def test_tactics_without_a_selectable_contract_refuse(tmp_path: Path) -> None:
+    prof = load_profile("dp8-throughput128").replace("engine.tactics", ["argmax"])
+    v = verify(prof, profile_lock=locked(tmp_path, prof), kernel_lock=kernel_lock(tmp_path, []),
+               build_dir=tmp_path)
+    assert ("engine.tactics enables argmax, but no gfx950 contract for op argmax can be selected "
+            "(kernels/gfx950: none built and accepted)") in "\n".join(v.problems)
+    sm90 = load_profile("dp8-h200-throughput128").replace("engine.tactics", ["argmax"])
+    v = verify(sm90, profile_lock=locked(tmp_path, sm90), kernel_lock=kernel_lock(tmp_path, []), build_dir=tmp_path)
+    assert not [p for p in v.problems if "engine.tactics" in p]
