@@ -7,8 +7,9 @@ detokenizer processes) keeps one `Recorder` and, when ``NETRA_PLUGIN_EVIDENCE`` 
 * ``hooks``: per enabled domain, its SGLang target, ``registered`` (the plugin asked SGLang's
   ``HookRegistry`` for an AROUND hook) and ``applied`` (the target attribute in this process now
   wraps Netra's hook, seen by walking its ``__wrapped__`` chain);
-* ``tactics``: every code object loaded in this process (contract name, family, sha256 of the bytes
-  loaded, device), from `netra.runtime.loaded_tactics`;
+* ``tactics``: every code object loaded in this process (its name in the kernel lock, family, the op
+  of the contract that loaded it, sha256 of the bytes loaded, device), from
+  `netra.runtime.loaded_tactics`;
 * ``counts``: per domain, hits and misses with the reason of each miss. A hook runs in Python, so it
   counts eager calls and CUDA-graph captures; a graph replay runs no Python and is not counted;
 * ``error``: why the plugin could not do what the profile asked (a bad domain name, a prepare that
@@ -57,9 +58,9 @@ def _loaded_tactics() -> list[dict[str, Any]]:
     if runtime is None:
         return []
     out = []
-    for (name, device), t in sorted(runtime.loaded_tactics().items()):
-        c = t.contract
-        out.append({"name": name, "family": c.family, "op": c.op, "sha256": t.sha256, "device": device})
+    for (name, device), t in sorted(runtime.loaded_tactics().items()):  # one entry per code object
+        family = t.obj.family if getattr(t, "obj", None) is not None else t.contract.family
+        out.append({"name": name, "family": family, "op": t.contract.op, "sha256": t.sha256, "device": device})
     return out
 
 

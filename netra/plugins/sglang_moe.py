@@ -144,7 +144,8 @@ def select(t: dict[str, Any]) -> Any:
 
         d = dispatch.dispatcher()
         pure = dispatch.plan(sig, d.catalog, d.min_maturity, d.disabled)
-        if pure.contract is not None and (pure.contract.name, sig.device) not in runtime.loaded_tactics():
+        loaded = runtime.loaded_tactics()
+        if pure.contract is not None and any((o.name, sig.device) not in loaded for o in pure.contract.objects):
             return f"tactic {pure.contract.name} was not loaded before this CUDA graph capture"
     return dispatch.select(sig)
 
