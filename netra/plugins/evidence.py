@@ -152,7 +152,7 @@ class Recorder:
 def write(directory: Path, record: dict[str, Any]) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{record['pid']}.json"
-    tmp = directory / f".{record['pid']}.json.tmp"
+    tmp = directory / f".{record['pid']}.{threading.get_ident()}.json.tmp"  # the watcher thread writes too
     tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     tmp.replace(path)
     return path

@@ -105,24 +105,9 @@ def stage(dest: Path) -> list[Path]:
 
 
 # --- the stubs: everything the real files import that is not one of them ---------------------------
-
-
-class _Flag:
-    def get(self) -> Any:
-        return False
-
-
-class _Envs:
-    def __getattr__(self, name: str) -> _Flag:
-        return _Flag()
-
-
-class _Platform:
-    is_cuda = True
-    is_sm90 = True
-
-    def __getattr__(self, name: str) -> bool:
-        return False
+# The generic ones are the bench peer's (env flags at their defaults, an sm90 CUDA platform, custom-op
+# registration as the identity); what this script adds: the sampler's and the plugin framework's.
+from netra.bench.peers.sglang_moe import _Envs, _Platform, _register_custom_op, _sm90  # noqa: E402
 
 
 class _LazyImport:
@@ -131,18 +116,6 @@ class _LazyImport:
 
     def __call__(self, *a: Any, **k: Any) -> Any:
         raise NotImplementedError(f"stub LazyImport {self.where} called (not on the paths this script runs)")
-
-
-def _register_custom_op(*args: Any, **kwargs: Any) -> Any:
-    if args and callable(args[0]) and not kwargs:
-        return args[0]
-    return lambda f: f
-
-
-def _sm90() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9)
 
 
 def _exec() -> Any:
