@@ -130,7 +130,7 @@ def _signature(x: Any, w13: Any, w2: Any, topk_ids: Any, topk_w: Any) -> Any:
     """The op's signature, as `netra.ops.moe` builds it for the embedded engine (one definition)."""
     from netra.ops import moe as moe_op
 
-    return moe_op.routed_signature(x, w13, w2, topk_ids, topk_w)  # type: ignore[attr-defined]
+    return moe_op.routed_signature(x, w13, w2, topk_ids, topk_w)
 
 
 def select(t: dict[str, Any]) -> Any:

@@ -12,7 +12,9 @@ On the H200 (one call, ~1-2 minutes; carry build/ for the code objects):
 
     python3 scripts/gpu/plugin_h200.py --sglang-root .sglang_plugin [RECORD.json]
 
-The record goes to $OUT/plugin_h200.json when $OUT is set, else to RECORD.json (default
+Dispatch selects contracts at NETRA_TACTIC_MIN_MATURITY or above (default accepted; the routed MoE
+contracts are ``experiment`` until their record promotes them: run with
+NETRA_TACTIC_MIN_MATURITY=experiment before that). The record goes to $OUT/plugin_h200.json when $OUT is set, else to RECORD.json (default
 plugin_h200.json). The table prints last. Exit status 0 when every check passes.
 
 What runs (each section on its own: a failing one is recorded and the others still run):
@@ -500,6 +502,7 @@ def run(root: Path) -> dict[str, Any]:
         "command": "python3 scripts/gpu/plugin_h200.py --sglang-root .sglang_plugin",
         "git_sha": _git_sha(),
         "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+        "min_maturity": os.environ.get("NETRA_TACTIC_MIN_MATURITY", "accepted"),
         "sglang_files": (root / "VERSION").read_text().strip() if (root / "VERSION").is_file() else "unknown",
         "checks": [], "timing": [], "errors": {}}
     import triton

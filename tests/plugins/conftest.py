@@ -23,7 +23,6 @@ from netra.catalog import Catalog
 from netra.contract import Signature, parse_contract
 from netra.dispatch import Decision, Dispatcher, plan
 from netra.ops import _common
-from netra.ops import moe as moe_op
 from netra.plugins import sglang as plugin
 from netra.plugins import sglang_moe, sglang_sampler
 from netra.settings import REPO_ROOT
@@ -48,15 +47,6 @@ FIXTURE = {
     "numerics": {"policy": "bitwise", "oracle": "netra.ops.moe:moe_ref"},
     "evidence": ["results/sm90/argmax_h200_2026-11-30.json"],
 }
-
-
-def fixture_routed_signature(x: Any, w13: Any, w2: Any, topk_ids: Any, topk_w: Any) -> Signature:
-    """The routed op's signature as issue 18 specifies it (used until netra.ops.moe provides it)."""
-    return Signature.of(op="moe_fp8_routed", tensors={"x": x, "w13": w13, "w2": w2, "topk_ids": topk_ids,
-                                                       "topk_w": topk_w},
-                        params={"tokens": int(x.shape[0]), "hidden": int(x.shape[1]), "experts": int(w13.shape[0]),
-                                "top_k": int(topk_ids.shape[1]), "inter": int(w2.shape[2])},
-                        quant="fp8_e4m3_block128")
 
 
 @dataclasses.dataclass
@@ -95,8 +85,8 @@ def cpu_as_sm90(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     fixture = parse_contract(FIXTURE, Path(REPO_ROOT / "kernels/sm90/moe/fixture.contract.json"))
     d = CpuAsSm90(catalog=Catalog((*real.contracts, fixture), real.root), min_maturity="accepted", disabled=False)
     dispatch.reset(d)
-    if not hasattr(moe_op, "routed_signature"):  # TRANSITIONAL: issue 18 adds it to netra.ops.moe
-        monkeypatch.setattr(moe_op, "routed_signature", fixture_routed_signature, raising=False)
+    import netra.ops.moe  # noqa: F401  (its import binds the real launcher; the fake replaces it here)
+
     moe_launch = FakeMoeLauncher()
     monkeypatch.setitem(_common._launchers, "moe_fp8_routed", moe_launch)
     argmax_calls: list[Any] = []
