@@ -9,11 +9,12 @@ output rounded once to the activation dtype.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from netra.ops import fp8
-from netra.ops._common import acc_dtype, route
+from netra.ops._common import acc_dtype, bind, route
 
 
 @dataclass
@@ -109,12 +110,32 @@ def linear_group_ref(x: torch.Tensor, weights: list[Weight], out_dtype: torch.dt
 def linear_group(x: torch.Tensor, weights: list[Weight], out_dtype: torch.dtype | None = None
                  ) -> list[torch.Tensor]:
     """Projections sharing an input through dispatch (op ``linear_group``); fallback `linear_group_ref`."""
-    tensors = {"x": x}
-    tensors.update({f"w{i}": w.data for i, w in enumerate(weights)})
+    fp8 = all(w.is_fp8 for w in weights)
+    tensors = {"x": x, "w": weights[0].data}
+    # one signature per (rows, K, total N, parts): the tactic stacks the weights once; a mixed-dtype group (or
+    # weights of different K) is outside every contract by its dtype / quant
+    same = all(w.in_features == x.shape[-1] and w.data.dtype == weights[0].data.dtype for w in weights)
     hit = route("linear_group", tensors, {"m": x.numel() // max(1, x.shape[-1]), "k": x.shape[-1],
-                                          **{f"n{i}": w.out_features for i, w in enumerate(weights)}},
-                quant="fp8_e4m3_block128" if weights[0].is_fp8 else "none")
+                                          "n": sum(w.out_features for w in weights), "parts": len(weights)},
+                quant="fp8_e4m3_block128" if fp8 and same else ("none" if same else "mixed"))
     if hit is not None:
         out: list[torch.Tensor] = hit[0](hit[1], x=x, weights=weights, out_dtype=out_dtype or x.dtype)
         return out
     return linear_group_ref(x, weights, out_dtype)
+
+
+def _launch_linear(decision: Any, *, x: torch.Tensor, weight: Weight, out_dtype: torch.dtype) -> torch.Tensor:
+    out: torch.Tensor = decision.tactic.entry(decision.contract.launch, x=x, weight=weight, out_dtype=out_dtype)
+    return out
+
+
+def _launch_group(decision: Any, *, x: torch.Tensor, weights: list[Weight], out_dtype: torch.dtype
+                  ) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = decision.tactic.entry(decision.contract.launch, x=x, weights=weights,
+                                                    out_dtype=out_dtype)
+    return out
+
+
+bind("linear_fp8_block", _launch_linear)
+bind("linear_bf16", _launch_linear)
+bind("linear_group", _launch_group)
