@@ -6,9 +6,11 @@ FLA gated norm (``norm_before_gate``) do. Shapes: normalisation over the last di
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from netra.ops._common import route
+from netra.ops._common import bind, route
 
 _offset_weights: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -72,3 +74,12 @@ def gated_rmsnorm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: f
     if hit is not None:
         return hit[0](hit[1], x=x, z=z, weight=weight, eps=eps, out_dtype=out_dtype)
     return gated_rmsnorm_ref(x, z, weight, eps, out_dtype)
+
+
+def _entry(decision: Any, **kw: Any) -> Any:
+    return decision.tactic.entry(decision.contract.launch, **kw)
+
+
+bind("rmsnorm_gemma", _entry)
+bind("add_rmsnorm_gemma", _entry)
+bind("gated_rmsnorm", _entry)

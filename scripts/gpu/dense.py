@@ -1,6 +1,7 @@
-"""H200: the dense-projection tactics (kernels/sm90/linear) against their oracles, then timed beside the peers.
+"""H200: the dense-projection and norm tactics (kernels/sm90/linear, kernels/sm90/norm) against their oracles,
+then timed beside the peers.
 
-    python scripts/gpu/linear.py --out $OUT/linear        (NETRA_TACTIC_MIN_MATURITY=experiment)
+    python scripts/gpu/dense.py --out $OUT/dense        (NETRA_TACTIC_MIN_MATURITY=experiment)
 
 Checks per contract and shape: fresh random inputs (large outlier groups in x), outputs poisoned, the contract's
 own policy (netra.validate.oracle), eager == CUDA-graph replay bitwise. Timing (netra.bench.timing, graph replay,
@@ -21,7 +22,7 @@ import torch
 from netra import dispatch
 from netra.bench.timing import Provider, copy_bandwidth, interleave, row
 from netra.catalog import Catalog
-from netra.ops import fp8
+from netra.ops import fp8, norm
 from netra.ops.linear import Weight, linear, linear_group, linear_group_ref, linear_ref
 from netra.validate.oracle import judge, poison_next
 
@@ -29,6 +30,22 @@ SHAPES = {"linear_fp8_block_decode": [(2048, 4096)], "linear_group_fp8_decode": 
                                                                                   ((8192, 4096), 2048)],
           "linear_bf16_decode": [(248320, 2048)]}
 ROWS = (1, 8, 64, 128)
+
+
+NORMS = [("rmsnorm_gemma_rows", lambda x, r, z, w: norm.rmsnorm(x, w, 1e-6), lambda x, r, z, w: norm.rmsnorm_ref(x, w, 1e-6),
+          [(1, 2048), (8, 2048), (128, 2048)]),
+         ("add_rmsnorm_gemma_rows", lambda x, r, z, w: norm.add_rmsnorm(x, r, w, 1e-6),
+          lambda x, r, z, w: norm.add_rmsnorm_ref(x, r, w, 1e-6), [(1, 2048), (8, 2048), (128, 2048)]),
+         ("gated_rmsnorm_rows", lambda x, r, z, w: norm.gated_rmsnorm(x, z, w, 1e-6),
+          lambda x, r, z, w: norm.gated_rmsnorm_ref(x, z, w, 1e-6), [(32, 128), (256, 128), (4096, 128)])]
+
+
+def norm_inputs(name: str, rws: int, width: int, seed: int = 0) -> tuple[Any, ...]:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def t(scale: float) -> Any:
+        return (torch.randn(rws, width, generator=g, device="cuda") * scale).to(torch.bfloat16)
+    return t(3.0), t(5.0), t(2.0), (torch.randn(width, generator=g, device="cuda") * 0.1).to(torch.bfloat16)
 
 
 def weight(n: int, k: int, fp: bool, seed: int) -> Weight:
@@ -124,14 +141,40 @@ def main() -> int:
             except Exception:
                 checks.append({"contract": name, "shape": str(shape), "ok": False, "error": traceback.format_exc()[-800:]})
                 print(checks[-1]["error"], flush=True)
-    rec = {"kind": "kernel", "family": "linear", "target": "sm90", "device": torch.cuda.get_device_name(),
+    for name, fn, ref, shapes in NORMS:
+        c = cat.by_name(name)
+        for rws, width in shapes:
+            try:
+                args_ = norm_inputs(name, rws, width)
+                got, r = fn(*args_), ref(*args_)
+                g, rep = graph_of(lambda a=args_, fn=fn: fn(*a))
+                g.replay()
+                torch.cuda.synchronize()
+                gl, rl, pl = (list(got), list(r), list(rep)) if isinstance(got, tuple) else ([got], [r], [rep])
+                verdicts = [judge(c, a, b) for a, b in zip(gl, rl, strict=True)]
+                checks.append({"contract": name, "rows": rws, "width": width, "ok": all(v["ok"] for v in verdicts),
+                               "rel_l2": max(v["rel_l2"] for v in verdicts),
+                               "eager_equals_replay": all(torch.equal(a, b) for a, b in zip(gl, pl, strict=True))})
+                sets = [norm_inputs(name, rws, width, seed=10 + i) for i in range(4)]
+                st = interleave([Provider("netra", lambda i, s=sets, fn=fn: fn(*s[i]), 4, hold=sets),
+                                 Provider("torch_ref", lambda i, s=sets, ref=ref: ref(*s[i]), 4, hold=sets)],
+                                samples=30, deadline_s=4.0)
+                nb = sum(t.numel() * t.element_size() for t in args_ if isinstance(t, torch.Tensor)) * 2
+                for prov, s_ in st.items():
+                    rows.append(row(name, {"rows": rws, "width": width}, "bf16", prov, s_, nb, copy_bps))
+                print(f"{name} rows={rws}: " + "  ".join(f"{k2} {v['median_us']:.2f} us" for k2, v in st.items())
+                      + f"  rel {checks[-1]['rel_l2']:.2e} ok={checks[-1]['ok']}", flush=True)
+            except Exception:
+                checks.append({"contract": name, "rows": rws, "ok": False, "error": traceback.format_exc()[-800:]})
+                print(checks[-1]["error"], flush=True)
+    rec = {"kind": "kernel", "family": "dense", "target": "sm90", "device": torch.cuda.get_device_name(),
            "git_sha": "", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "command": "python scripts/gpu/linear.py --out <dir>", "status": "measured",
+           "command": "python scripts/gpu/dense.py --out <dir>", "status": "measured",
            "copy_bandwidth_gbps": round(copy_bps / 1e9, 1), "rows": rows,
            "checks": {"cases": checks, "mismatches": sum(not c["ok"] for c in checks),
                       "eager_equals_replay": all(c.get("eager_equals_replay", False) for c in checks)},
            "verdict": "info"}
-    (args.out / "linear.json").write_text(json.dumps(rec, indent=1, default=str) + "\n")
+    (args.out / "dense.json").write_text(json.dumps(rec, indent=1, default=str) + "\n")
     for r in rows:
         print(f"{r['op']:24s} {json.dumps(r['shape']):40s} {r['provider']:12s} {r['median_us']:9.2f} us  "
               f"floor {r.get('floor_fraction', 0):.3f}")

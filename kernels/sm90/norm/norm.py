@@ -1,0 +1,82 @@
+"""RMSNorm family on sm90, in Triton: Gemma RMSNorm, residual add + Gemma RMSNorm, and GDN's gated RMSNorm.
+
+Contracts: ``rmsnorm_gemma_rows``, ``add_rmsnorm_gemma_rows``, ``gated_rmsnorm_rows`` (netra/ops/norm.py holds the
+references). One program normalises ROWS rows of one width (<= 4096) in registers: every input read once and every
+output written once, so each op runs at its byte floor's launch-bound limit at decode sizes (a few KB per call);
+the residual add writes the new residual (rounded to BF16, as torch's BF16 add) and normalises that rounded value,
+as the reference does. FP32 inside; the row's mean of squares is a tree reduction (the reference's order differs,
+so the contracts declare a relative-L2 tolerance at BF16 resolution).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _norm_kernel(x_ptr, r_ptr, z_ptr, w_ptr, out_ptr, res_out_ptr, n_rows, width, eps,
+                 MODE: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, OUT_F32: tl.constexpr):
+    # MODE 0: rmsnorm (1 + w); 1: residual add + rmsnorm (1 + w); 2: gated (w * silu(z))
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    rmask = rows < n_rows
+    cmask = cols < width
+    mask = rmask[:, None] & cmask[None, :]
+    offs = rows[:, None] * width + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    if MODE == 1:
+        r = tl.load(r_ptr + offs, mask=mask, other=0.0)
+        s = (x.to(tl.float32) + r.to(tl.float32)).to(tl.bfloat16)
+        tl.store(res_out_ptr + offs, s, mask=mask)
+        xf = s.to(tl.float32)
+    else:
+        xf = x.to(tl.float32)
+    var = tl.sum(xf * xf, axis=1) / width
+    inv = 1.0 / tl.sqrt_rn(var + eps)
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    if MODE == 2:
+        z = tl.load(z_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        y = xf * inv[:, None] * w[None, :] * (z / (1.0 + tl.exp(-z)))
+    else:
+        y = xf * inv[:, None] * (1.0 + w[None, :])
+    if OUT_F32:
+        tl.store(out_ptr + offs, y, mask=mask)
+    else:
+        tl.store(out_ptr + offs, y.to(tl.bfloat16), mask=mask)
+
+
+def _run(launch: dict[str, Any], mode: int, x: torch.Tensor, r: torch.Tensor | None, z: torch.Tensor | None,
+         w: torch.Tensor, eps: float, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    from netra.runtime import grid_size
+
+    width = x.shape[-1]
+    n_rows = x.numel() // width
+    rows = int(launch["meta"]["ROWS"])
+    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    res = torch.empty_like(x) if mode == 1 else None
+    (gx,) = grid_size(launch["grid"], {"rows": n_rows, "ROWS": rows})
+    _norm_kernel[(gx,)](x, r if r is not None else x, z if z is not None else x, w, out,
+                        res if res is not None else out, n_rows, width, eps, MODE=mode,
+                        BLOCK=triton.next_power_of_2(width), ROWS=rows, OUT_F32=out_dtype == torch.float32,
+                        num_warps=launch["block"] // 32)
+    return out, res
+
+
+def rmsnorm(launch: dict[str, Any], *, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return _run(launch, 0, x, None, None, weight, eps, x.dtype)[0]
+
+
+def add_rmsnorm(launch: dict[str, Any], *, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    out, res = _run(launch, 1, x, residual, None, weight, eps, x.dtype)
+    assert res is not None
+    return out, res
+
+
+def gated_rmsnorm(launch: dict[str, Any], *, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float,
+                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    return _run(launch, 2, x, None, z.contiguous(), weight, eps, out_dtype or z.dtype)[0]
