@@ -89,7 +89,7 @@ def test_real_stub_and_ref_modules(tmp_path: Path) -> None:
     r = _run(tmp_path, f"""
         import importlib, sys
         from netra.bench.peers import sglang_loader as L
-        L.install({str(root)!r}, peers=("demo_manifest",))
+        L.install({str(root)!r}, manifest_list=[__import__("demo_manifest").MANIFEST])
         demo = importlib.import_module("sglang.kernels.ops.demo")
         assert demo.__file__.startswith({str(root)!r}), demo.__file__
         assert demo.CUDA is True                       # explicit stub value
@@ -106,7 +106,7 @@ def test_real_stub_and_ref_modules(tmp_path: Path) -> None:
         assert any(n.startswith("stub sglang.srt.utils.get_device_name") for n in L.NOTES), L.NOTES
         assert type(sys.modules["sglang.srt.layers_stub_pkg"]).__name__ == "_StubModule"
         try:
-            L.install("/elsewhere", peers=("demo_manifest",))
+            L.install("/elsewhere", manifest_list=[])
         except RuntimeError as e:
             assert "already installed" in str(e)
         else:
@@ -130,7 +130,7 @@ def test_prebuilt_jit_lookup(tmp_path: Path) -> None:
         fake.load_module = lambda path: ("loaded", path)
         sys.modules["tvm_ffi"] = fake
         from netra.bench.peers import sglang_loader as L
-        L.install({str(root)!r}, peers=("demo_manifest",))
+        L.install({str(root)!r}, manifest_list=[__import__("demo_manifest").MANIFEST])
         uj = importlib.import_module("sglang.kernels.ops.uses_jit")
         tag, path = uj.module()
         assert tag == "loaded" and path.endswith("jit/sgl_kernel_jit_demo_bf16_t_true.so"), path
@@ -152,7 +152,7 @@ def test_missing_files_and_conflicts_are_errors(tmp_path: Path) -> None:
     r = _run(tmp_path, f"""
         from netra.bench.peers import sglang_loader as L
         try:
-            L.install({str(root)!r}, peers=("demo_manifest",))
+            L.install({str(root)!r}, manifest_list=[__import__("demo_manifest").MANIFEST])
         except FileNotFoundError as e:
             assert "sglang.kernels.ops.slow" in str(e)
             print("ok")

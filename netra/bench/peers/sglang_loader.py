@@ -16,7 +16,9 @@ it is not (the server needs CUDA-only dependencies). A peer therefore declares a
   here (``JitBuild``: a module's own getter and its arguments); ``wheels``: Python packages the GPU
   host lacks (pip requirement -> import name), carried as cp312 wheels.
 
-``PEERS`` lists the modules holding a ``MANIFEST`` (a peer adds one line); ``stage`` produces the
+``PEERS`` lists the modules holding a ``MANIFEST`` (a peer adds one line); ``sglang_common.COMMON``
+(SGLang's JIT loader, its kernel registry, the platform stubs of a TP1 CUDA sm90 process, the wheels)
+comes with every peer. ``stage`` produces the
 folder the H200 run carries (default ``.sglang_peer/``, git-ignored; ``make sglang-peer``):
 
     <dest>/sglang/...             the manifests' files, copied from the installed wheel
@@ -54,7 +56,7 @@ from typing import Any
 SGLANG_VERSION = "0.5.23"
 DEFAULT_ROOT = Path(".sglang_peer")
 # The modules that hold a MANIFEST; a new peer (GDN, conv, attention, GEMM) adds its module here.
-PEERS: tuple[str, ...] = ()
+PEERS: tuple[str, ...] = ("netra.bench.peers.sglang_moe",)
 # The GPU host: CPython 3.12 on x86-64 (its torch, triton and CUDA come with the image).
 WHEEL_PLATFORM = ("--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
                   "--platform", "manylinux_2_27_x86_64", "--platform", "manylinux_2_24_x86_64",
@@ -86,7 +88,8 @@ class Manifest:
 
 
 def manifests(peers: tuple[str, ...] = PEERS) -> list[Manifest]:
-    return [importlib.import_module(p).MANIFEST for p in peers]
+    """``sglang_common.COMMON`` (shared by every peer), then each peer's ``MANIFEST``."""
+    return [importlib.import_module(p).MANIFEST for p in ("netra.bench.peers.sglang_common", *peers)]
 
 
 def module_file(root: Path, name: str) -> Path:
@@ -282,11 +285,12 @@ class _JitRecorder:
     """Build mode: SGLang's load_jit compiles; the library path is returned instead of a module."""
 
     def __init__(self, real: Callable[..., Any]) -> None:
-        self.real = real
+        self.real, self.compile = real, True
         self.built: dict[str, dict[str, Any]] = {}
 
     def __call__(self, *args: Any, **kw: Any) -> Any:
-        lib = self.real(*args, **kw)
+        # compile=False records the request only (tests: the manifest without nvcc)
+        lib = self.real(*args, **kw) if self.compile else Path(f"{_module_name(args)}.so")
         self.built[_module_name(args)] = {"request": jit_request(args, kw), "path": str(lib), "target": _arch_tag()}
         return lib
 
@@ -339,7 +343,7 @@ _INSTALLED: Installed | None = None
 
 def ensure_wheels(root: Path, wheels: Mapping[str, str]) -> None:
     """Make the carried wheels importable (pip --no-index into a temporary site folder)."""
-    missing = [imp for imp in wheels.values() if importlib.util.find_spec(imp) is None]
+    missing = [imp for imp in wheels.values() if imp not in sys.modules and importlib.util.find_spec(imp) is None]
     if not missing:
         return
     files = sorted((root / "wheels").glob("*.whl"))
@@ -352,6 +356,19 @@ def ensure_wheels(root: Path, wheels: Mapping[str, str]) -> None:
     sys.path.insert(0, str(site))
     importlib.invalidate_caches()
     NOTES.append(f"installed carried wheels {[f.name for f in files]} into {site}")
+
+
+def _logger_once_methods() -> None:
+    """SGLang calls ``logger.warning_once`` / ``info_once``: methods that transformers (imported by
+    every SGLang server process) adds to ``logging.Logger``. Add the same here when they are absent."""
+    import functools
+    import logging
+
+    for level in ("warning", "info"):
+        name = f"{level}_once"
+        if not hasattr(logging.Logger, name):
+            method = getattr(logging.Logger, level)
+            setattr(logging.Logger, name, functools.lru_cache(None)(lambda self, *a, _m=method, **k: _m(self, *a, **k)))
 
 
 def install(root: Path = DEFAULT_ROOT, *, mode: str = "run", peers: tuple[str, ...] = PEERS,
@@ -383,6 +400,7 @@ def install(root: Path = DEFAULT_ROOT, *, mode: str = "run", peers: tuple[str, .
         # fallback passes torch's current stream just the same (only eager host cost differs).
         os.environ.setdefault("TVM_FFI_DISABLE_TORCH_C_DLPACK", "1")
         ensure_wheels(root, plan.wheels)
+    _logger_once_methods()
     hooks, recorder = _jit_hooks(mode, root / "jit")
     sys.meta_path.insert(0, _Finder(root, plan, hooks))
     _INSTALLED = Installed(root, mode, plan, recorder)
@@ -395,21 +413,23 @@ def _dtype_args(values: tuple[Any, ...]) -> list[Any]:
     return [getattr(torch, v[6:]) if isinstance(v, str) and v.startswith("torch.") else v for v in values]
 
 
-def build_jit(jit_dir: Path, jit: list[JitBuild]) -> dict[str, Any]:
+def build_jit(jit_dir: Path, jit: list[JitBuild], compile: bool = True) -> dict[str, Any]:
     """Build mode (after ``install(..., mode="build")``): run each getter under sm_90a, copy the
-    libraries into ``jit_dir`` and write its MANIFEST.json."""
+    libraries into ``jit_dir`` and write its MANIFEST.json (``compile=False``: the requests only)."""
     assert _INSTALLED is not None and _INSTALLED.mode == "build"
     from sglang.kernels.jit.utils import override_jit_cuda_arch  # type: ignore[import-not-found]
 
     jit_dir.mkdir(parents=True, exist_ok=True)
+    rec = _INSTALLED.recorder[0]
+    rec.compile = compile
     with override_jit_cuda_arch(*JIT_TARGET):
         for jb in jit:
             fn = getattr(importlib.import_module(jb.module), jb.getter)
             fn(*_dtype_args(jb.args), **jb.kwargs)
-    rec = _INSTALLED.recorder[0]
     table = {}
     for name, entry in sorted(rec.built.items()):
-        shutil.copyfile(entry["path"], jit_dir / f"{name}.so")
+        if compile:
+            shutil.copyfile(entry["path"], jit_dir / f"{name}.so")
         table[name] = {"file": f"{name}.so", "request": entry["request"], "target": entry["target"]}
     doc = {"sglang": SGLANG_VERSION, "built_with": "sglang.kernels.jit.utils.load_jit + nvcc", "modules": table}
     (jit_dir / "MANIFEST.json").write_text(json.dumps(doc, indent=1) + "\n")
@@ -449,7 +469,8 @@ def download_wheels(dest: Path, wheels: Mapping[str, str]) -> list[str]:
     return sorted(p.name for p in (dest / "wheels").glob("*.whl"))
 
 
-def stage(dest: Path = DEFAULT_ROOT, peers: tuple[str, ...] = PEERS, wheels: bool = True) -> dict[str, Any]:
+def stage(dest: Path = DEFAULT_ROOT, peers: tuple[str, ...] = PEERS, wheels: bool = True,
+          compile: bool = True) -> dict[str, Any]:
     """Everything the H200 run carries, in ``dest`` (run in a fresh process: it imports sglang)."""
     dest = Path(dest)
     plan = merge(manifests(peers))
@@ -464,7 +485,7 @@ def stage(dest: Path = DEFAULT_ROOT, peers: tuple[str, ...] = PEERS, wheels: boo
                 os.environ["CUDA_HOME"] = str(home)
                 break
     install(src, mode="build", peers=peers)
-    jit = build_jit(dest / "jit", plan.jit)
+    jit = build_jit(dest / "jit", plan.jit, compile)
     whl = download_wheels(dest, plan.wheels) if wheels else []
     size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
     doc = {"sglang": SGLANG_VERSION, "peers": list(peers), "files": files, "jit": sorted(jit["modules"]),
@@ -480,8 +501,9 @@ def main(argv: list[str] | None = None) -> int:
                                              "H200 peer runs (git-ignored folder; carry it to the GPU host)")
     ap.add_argument("dest", type=Path, nargs="?", default=DEFAULT_ROOT)
     ap.add_argument("--no-wheels", action="store_true", help="skip downloading the cp312 wheels")
+    ap.add_argument("--no-compile", action="store_true", help="record the JIT requests without building (tests)")
     a = ap.parse_args(argv)
-    doc = stage(a.dest, wheels=not a.no_wheels)
+    doc = stage(a.dest, wheels=not a.no_wheels, compile=not a.no_compile)
     print(f"staged {len(doc['files'])} files, {len(doc['jit'])} JIT modules, {len(doc['wheels'])} wheels into "
           f"{a.dest} ({doc['bytes'] / 1e6:.1f} MB)")
     for name in doc["jit"]:
