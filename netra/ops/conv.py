@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from netra.ops._common import route
+from netra.ops._common import bind, route
+from netra.ops._triton import launch_tactic
+
+PAD_SLOT = 0  # decode rows on this slot are bucket padding (netra/engine/cache.py never hands it out)
 
 
 def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor
@@ -28,7 +31,10 @@ def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor
 
 def causal_conv1d_update_ref(x: torch.Tensor, weight: torch.Tensor, state_pool: torch.Tensor,
                              slots: torch.Tensor) -> torch.Tensor:
-    """One step for a batch: ``x [B, C]``; reads and writes ``state_pool[slots]`` in place."""
+    """One step for a batch: ``x [B, C]``; reads and writes ``state_pool[slots]`` in place.
+
+    Rows on ``PAD_SLOT`` (bucket padding) output zeros and leave the pool as it was: they write
+    back slot 0's own old value (no data-dependent shapes, so the step stays graph-capturable)."""
     k = weight.shape[1]
     st = state_pool.index_select(0, slots)  # [B, C, K-1]
     window = torch.cat([st.float(), x.float()[:, :, None]], dim=-1)  # [B, C, K]
@@ -36,8 +42,9 @@ def causal_conv1d_update_ref(x: torch.Tensor, weight: torch.Tensor, state_pool: 
     y = window[..., 0] * w[:, 0]
     for j in range(1, k):
         y = y + window[..., j] * w[:, j]
-    state_pool.index_copy_(0, slots, window[..., 1:].to(state_pool.dtype))
-    return torch.nn.functional.silu(y).to(x.dtype)
+    pad = (slots == PAD_SLOT)[:, None]
+    state_pool.index_copy_(0, slots, torch.where(pad[:, :, None], st, window[..., 1:].to(state_pool.dtype)))
+    return torch.where(pad, 0.0, torch.nn.functional.silu(y)).to(x.dtype)
 
 
 def causal_conv1d_prefill_ref(x: torch.Tensor, weight: torch.Tensor, state_pool: torch.Tensor,
@@ -69,3 +76,6 @@ def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, state_pool: torc
     if hit is not None:
         return hit[0](hit[1], x=x, weight=weight, state_pool=state_pool, slots=slots)
     return causal_conv1d_update_ref(x, weight, state_pool, slots)
+
+
+bind("causal_conv1d_update", launch_tactic)

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import torch
 
-from netra.ops._common import route
+from netra.ops._common import bind, route
+from netra.ops._triton import launch_tactic
 
 L2_EPS = 1e-6
+PAD_SLOT = 0  # decode rows on this slot are bucket padding (netra/engine/cache.py never hands it out)
 
 
 def gdn_gating_ref(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
@@ -116,6 +118,25 @@ def gdn_decode_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     return o.to(v.dtype)
 
 
+def gdn_decode_fused_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                         a_log: torch.Tensor, dt_bias: torch.Tensor, state_pool: torch.Tensor,
+                         slots: torch.Tensor) -> torch.Tensor:
+    """Gating + decode step in one op (the fused tactic's oracle): `gdn_gating_ref` then
+    `gdn_decode_ref`, except that rows on ``PAD_SLOT`` output zeros and leave the pool as it was
+    (graph-capturable: no data-dependent shapes; pad rows write back slot 0's own old value)."""
+    g, beta = gdn_gating_ref(a, b, a_log, dt_bias)
+    qf, kf = _prep(q, k, v.shape[1])
+    old = state_pool.index_select(0, slots)
+    s = old.float() * torch.exp(g)[:, :, None, None]
+    kv = (s * kf[:, :, :, None]).sum(-2)
+    delta = (v.float() - kv) * beta[:, :, None]
+    s = s + kf[:, :, :, None] * delta[:, :, None, :]
+    o = (s * qf[:, :, :, None]).sum(-2)
+    pad = (slots == PAD_SLOT)
+    state_pool.index_copy_(0, slots, torch.where(pad[:, None, None, None], old, s.to(state_pool.dtype)))
+    return torch.where(pad[:, None, None], 0.0, o).to(v.dtype)
+
+
 def gdn_gating(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
     hit = route("gdn_gating", {"a": a, "b": b, "a_log": a_log}, {"tokens": a.shape[0], "v_heads": a.shape[1]})
@@ -145,3 +166,22 @@ def gdn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
     if hit is not None:
         return hit[0](hit[1], q=q, k=k, v=v, g=g, beta=beta, state_pool=state_pool, slots=slots)
     return gdn_decode_ref(q, k, v, g, beta, state_pool, slots)
+
+
+def gdn_decode_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                     a_log: torch.Tensor, dt_bias: torch.Tensor, state_pool: torch.Tensor,
+                     slots: torch.Tensor) -> torch.Tensor:
+    """One decode step of every GDN head: gating from ``a, b`` + L2-normalised q/k + delta rule on
+    ``state_pool[slots]`` in place + output ``[B, Hv, dv]`` (in v's dtype). ``q, k [B, Hk, dk]`` and
+    ``v [B, Hv, dv]`` may be strided views of the convolution output; pad rows (slot 0) give zeros."""
+    hit = route("gdn_decode_fused", {"q": q, "k": k, "v": v, "a": a, "b": b, "a_log": a_log, "dt_bias": dt_bias,
+                                     "state": state_pool, "slots": slots},
+                {"batch": q.shape[0], "k_heads": q.shape[1], "v_heads": v.shape[1], "k_dim": q.shape[2],
+                 "v_dim": v.shape[2]})
+    if hit is not None:
+        return hit[0](hit[1], q=q, k=k, v=v, a=a, b=b, a_log=a_log, dt_bias=dt_bias, state_pool=state_pool,
+                      slots=slots)
+    return gdn_decode_fused_ref(q, k, v, a, b, a_log, dt_bias, state_pool, slots)
+
+
+bind("gdn_decode_fused", launch_tactic)

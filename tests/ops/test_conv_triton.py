@@ -1,0 +1,96 @@
+"""The causal conv1d update tactic (kernels/sm90/conv/conv1d_update.py) under Triton's CPU
+interpreter, against `causal_conv1d_update_ref` per the contract: output within the declared
+tolerance, the state pool bitwise equal, pad rows inert."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from netra.ops import conv
+from netra.ops._triton import tolerance_report
+
+pytestmark = pytest.mark.triton_interp
+
+CONTRACT = "kernels/sm90/conv/conv1d_update_c8192_w4.contract.json"
+
+
+def make(bsz: int, channels: int, seed: int, n_slots: int = 9) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x as the engine makes it (a strided view of the qkv|z projection), weight [C, 4], pool [slots, C, 3]."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(bsz, channels + 96, generator=g).bfloat16()[:, :channels]
+    w = (torch.randn(channels, 4, generator=g) * 0.5).bfloat16()
+    pool = torch.randn(n_slots, channels, 3, generator=g).bfloat16()
+    return x, w, pool
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (NaN payloads included), where torch.equal says NaN != NaN."""
+    return a.dtype == b.dtype and torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def check(entry, doc, x: torch.Tensor, w: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor,
+          launch: dict | None = None) -> None:
+    mine, ref = pool.clone(), pool.clone()
+    y = entry(launch or doc["launch"], x=x, weight=w, state_pool=mine, slots=slots)
+    y_ref = conv.causal_conv1d_update_ref(x, w, ref, slots)
+    rep = tolerance_report(y, y_ref, doc["numerics"]["rtol"], doc["numerics"]["atol"])
+    assert rep["ok"], rep
+    assert bits_equal(mine, ref), "state pool differs from the reference's (the shift must be exact)"
+    pad = slots == conv.PAD_SLOT
+    assert torch.equal(y[pad], torch.zeros_like(y[pad]))
+    assert torch.equal(mine[conv.PAD_SLOT], pool[conv.PAD_SLOT])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fresh_random_with_pad_rows(interp_entry, seed: int) -> None:
+    entry, doc = interp_entry(CONTRACT)
+    x, w, pool = make(11, 8192, seed)  # 11 rows: a partial row block
+    slots = torch.tensor([3, 0, 5, 8, 1, 0, 2, 4, 6, 7, 0])
+    check(entry, doc, x, w, pool, slots)
+
+
+def test_channels_not_a_multiple_of_the_block(interp_entry) -> None:
+    entry, doc = interp_entry(CONTRACT)
+    x, w, pool = make(3, 600, seed=2)
+    check(entry, doc, x, w, pool, torch.tensor([2, 1, 0]))
+
+
+@pytest.mark.parametrize("case", ["huge", "tiny", "nan_inf", "zero_weight"])
+def test_adversarial(interp_entry, case: str) -> None:
+    entry, doc = interp_entry(CONTRACT)
+    x, w, pool = make(4, 8192, seed=3)
+    if case == "huge":  # SiLU's exp overflows for large negative sums, saturates for large positive ones
+        x[0].fill_(1e30)
+        x[1].fill_(-1e30)
+        pool[5].mul_(1e20)
+    elif case == "tiny":
+        x.mul_(1e-35)
+        pool.mul_(1e-35)
+    elif case == "nan_inf":
+        x[0, :7] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 3e38, -3e38]).bfloat16()
+    elif case == "zero_weight":
+        w.zero_()
+    check(entry, doc, x, w, pool, torch.tensor([2, 5, 7, 0]))
+
+
+def test_consecutive_steps_are_the_reference(interp_entry) -> None:
+    """Four steps: the state after each is bitwise the reference's, so the window slides exactly."""
+    entry, doc = interp_entry(CONTRACT)
+    _, w, pool = make(2, 8192, seed=4)
+    mine, ref = pool.clone(), pool.clone()
+    slots = torch.tensor([4, 1])
+    for step in range(4):
+        x, _, _ = make(2, 8192, seed=10 + step)
+        y = entry(doc["launch"], x=x, weight=w, state_pool=mine, slots=slots)
+        y_ref = conv.causal_conv1d_update_ref(x, w, ref, slots)
+        assert tolerance_report(y, y_ref, doc["numerics"]["rtol"], doc["numerics"]["atol"])["ok"], step
+        assert bits_equal(mine, ref), step
+
+
+def test_reference_pad_rows_leave_the_pool_alone() -> None:
+    x, w, pool = make(3, 64, seed=5)
+    before = pool.clone()
+    y = conv.causal_conv1d_update_ref(x, w, pool, torch.tensor([0, 2, 0]))
+    assert torch.equal(pool[0], before[0]) and not torch.equal(pool[2], before[2])
+    assert torch.equal(y[0], torch.zeros_like(y[0])) and torch.equal(y[2], torch.zeros_like(y[2]))
