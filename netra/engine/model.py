@@ -131,10 +131,10 @@ class Model:
         q = qkv[:, :kd].reshape(t, hk, dk)
         k = qkv[:, kd:2 * kd].reshape(t, hk, dk)
         v = qkv[:, 2 * kd:].reshape(t, hv, dv)
-        g, beta = gdn.gdn_gating(a, b, w.a_log, w.dt_bias)
-        if fb.decode:
-            o = gdn.gdn_decode(q, k, v, g, beta, ssm_pool, fb.slots)
+        if fb.decode:  # gating + L2 norm + delta rule + output, one op (pad rows: zeros, pool untouched)
+            o = gdn.gdn_decode_fused(q, k, v, a, b, w.a_log, w.dt_bias, ssm_pool, fb.slots)
         else:
+            g, beta = gdn.gdn_gating(a, b, w.a_log, w.dt_bias)
             o = gdn.gdn_prefill(q, k, v, g, beta, ssm_pool, fb.seq_slots, fb.q_lens)
         o = norm.gated_rmsnorm(o, z, w.norm, cfg.rms_norm_eps)
         return linear(o.reshape(t, hv * dv), w.out_proj)

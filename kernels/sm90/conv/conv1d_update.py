@@ -26,10 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-try:  # the runtime's evaluator, once it exists; the op helpers' copy until then
-    from netra.runtime import grid_size  # type: ignore[attr-defined]
-except ImportError:
-    from netra.ops._triton import grid_size
+from netra.runtime import grid_size
 
 PAD_SLOT = 0
 
