@@ -29,4 +29,5 @@ OPS: dict[str, str] = {
     "gdn_gating": "netra.ops.gdn",
     "gdn_prefill": "netra.ops.gdn",
     "gdn_decode": "netra.ops.gdn",
+    "gdn_decode_fused": "netra.ops.gdn",
 }
