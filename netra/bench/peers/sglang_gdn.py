@@ -10,7 +10,7 @@ the peers, called as SGLang calls them.
 
 The files are imported through `netra.bench.peers.sglang_moe`'s stub finder (every other
 ``sglang.*`` module is a stub); this module adds its files and the few values SGLang reads at import.
-``stage`` copies them into the folder the H200 run carries (``.sglang_peer/``).
+``stage`` copies them (with the MoE peer's) into the folder the H200 run carries (``.sglang_peer/``).
 """
 
 from __future__ import annotations
@@ -56,21 +56,12 @@ def load(root: Path) -> dict[str, Any]:
 
 
 def stage(dest: Path) -> list[Path]:
-    """Copy the peer's files out of the installed ``sglang`` distribution into ``dest``."""
-    from importlib.metadata import distribution
+    """Copy the peer's files (and the MoE peer's, one carried folder) out of the installed ``sglang``
+    distribution into ``dest``, through the MoE peer's staging."""
+    from netra.bench.peers import sglang_moe
 
-    dist = distribution("sglang")
-    root = Path(str(dist.locate_file("")))
-    copied = []
-    for rel in FILES:
-        src = root / rel
-        if not src.is_file():
-            raise FileNotFoundError(f"{src} not in the installed sglang {dist.version}")
-        out = dest / rel
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(src.read_bytes())
-        copied.append(out)
-    return copied
+    sglang_moe.PEER_FILES.extend(f for f in FILES if f not in sglang_moe.PEER_FILES)
+    return sglang_moe.stage(dest)
 
 
 if __name__ == "__main__":
