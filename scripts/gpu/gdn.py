@@ -203,6 +203,46 @@ def conv_case(entry: Any, doc: dict[str, Any], b: int) -> dict[str, Any]:
     return check_conv_case(entry, doc, xz[:, :C], w, pool, slots_for(b, b + 3, pad_every=8 if b >= 8 else 0))
 
 
+def dispatch_case(entries: dict[str, Any], docs: dict[str, Any]) -> dict[str, Any]:
+    """The ops through dispatch (minimum maturity ``experiment``): each selects its contract, and the
+    bound launcher gives bitwise what the contract's entry gives called directly."""
+    from netra import dispatch
+    from netra.ops import _common
+
+    dispatch.reset(dispatch.Dispatcher(min_maturity="experiment"))
+    _common.reset_decisions()
+    res: dict[str, Any] = {}
+    try:
+        for name, doc in docs.items():
+            b = 8
+            if doc["family"] == "gdn":
+                t = gdn_inputs(b, getattr(torch, doc["match"]["dtypes"]["state"][0]), b + 3, seed=7)
+                args = {k: t[k] for k in ("q", "k", "v", "a", "b", "a_log", "dt_bias")}
+                slots = slots_for(b, b + 3, pad_every=8)
+                p1, p2 = t["pool"].clone(), t["pool"].clone()
+                o1 = gdn.gdn_decode_fused(**args, state_pool=p1, slots=slots)
+                o2 = entries[name](doc["launch"], **args, state_pool=p2, slots=slots)
+                chosen = _common.decisions().get("gdn_decode_fused", [])
+            else:
+                x = torch.randn(b, C + ZW, device=DEV[0]).bfloat16()[:, :C]
+                w = torch.randn(C, W, device=DEV[0]).bfloat16()
+                pool = torch.randn(b + 3, C, W - 1, device=DEV[0]).bfloat16()
+                slots = slots_for(b, b + 3, pad_every=8)
+                p1, p2 = pool.clone(), pool.clone()
+                o1 = conv.causal_conv1d_update(x, w, p1, slots)
+                o2 = entries[name](doc["launch"], x=x, weight=w, state_pool=p2, slots=slots)
+                chosen = _common.decisions().get("causal_conv1d_update", [])
+            sync()
+            res[name] = {"selected": chosen, "chose_it": name in chosen,
+                         "bitwise": bool(torch.equal(_bits(o1), _bits(o2)) and torch.equal(_bits(p1), _bits(p2)))}
+    finally:
+        dispatch.reset()
+        _common.reset_decisions()
+    res["ok"] = all(v["bitwise"] and v["chose_it"] for v in res.values())
+    res["eager_equals_replay"] = None
+    return res
+
+
 def run_checks(batches: list[int], entries: dict[str, Any], docs: dict[str, Any], failures: dict[str, str]
                ) -> dict[str, Any]:
     checks: dict[str, Any] = {}
@@ -218,6 +258,8 @@ def run_checks(batches: list[int], entries: dict[str, Any], docs: dict[str, Any]
         else:
             for b in batches:
                 checks[f"{name}/random_b{b}"] = attempt(f"check {name} b{b}", failures, conv_case, entry, doc, b)
+    if DEV[0] == "cuda" and all(entries.get(n) is not None for n in docs):
+        checks["dispatch_path"] = attempt("check dispatch path", failures, dispatch_case, entries, docs)
     return checks
 
 
