@@ -326,7 +326,7 @@ def time_gdn(b: int, doc: dict[str, Any], entry: Any, peers: dict[str, Any], sam
     for p in providers:
         p.hold = hold
     ok = warm(providers, f"gdn b{b} {sdt}", failures)
-    stats = interleave(ok, samples=samples, deadline_s=6.0)
+    stats = interleave(ok, samples=samples, deadline_s=4.0)
     floor = gdn_floor_bytes(b, sbytes)
     dtype = f"state {str(sdt).removeprefix('torch.')}"
     return [row("gdn_decode", {"batch": b, "v_heads": HV, "k_dim": DK, "v_dim": DV}, dtype, name, st,
