@@ -1,6 +1,22 @@
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
+
+# Triton picks its interpreter when kernels are decorated, its own standard library (tl.sum, ...)
+# included, at `import triton`: TRITON_INTERPRET must be set before anything imports triton, so here,
+# in the first conftest. Only on machines without CUDA, so that GPU runs keep compiled Triton. The
+# `triton_interp` tests (tests/ops/conftest.py) skip, saying so, when it was not set in time.
+if "triton" not in sys.modules:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ.setdefault("TRITON_INTERPRET", "1")
+    except ImportError:
+        pass
 
 
 def _cuda_available() -> bool:

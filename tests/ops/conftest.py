@@ -1,23 +1,9 @@
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-
-# Triton picks the interpreter when its kernels are decorated, including its own standard library
-# (tl.sum, ...) at `import triton`: the variable must be set before triton is first imported. Only on
-# machines without CUDA, so that GPU runs of the suite keep compiled Triton.
-if "triton" not in sys.modules:
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            os.environ.setdefault("TRITON_INTERPRET", "1")
-    except ImportError:
-        pass
 
 
 @pytest.fixture

@@ -51,7 +51,7 @@ def _gdn_decode_fused_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, o_ptr,
     sq_b, sq_h, sq_d, sk_b, sk_h, sk_d, sv_b, sv_h, sv_d, sa_b, sa_h, sb_b, sb_h,
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-    PAD: tl.constexpr, EPS: tl.constexpr,
+    PAD: tl.constexpr, EPS: tl.constexpr, SCALE: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
@@ -86,7 +86,7 @@ def _gdn_decode_fused_kernel(
     decay = tl.exp(-tl.exp(a_log) * softplus)
     beta = 1.0 / (1.0 + tl.exp(-b))
 
-    q = q * (tl.rsqrt(tl.sum(q * q, axis=0) + EPS) * (1.0 / tl.sqrt(DK * 1.0)))
+    q = q * (tl.rsqrt(tl.sum(q * q, axis=0) + EPS) * SCALE)
     k = k * tl.rsqrt(tl.sum(k * k, axis=0) + EPS)
 
     sk = tl.sum(s * k[:, None], axis=0)  # [BV]  (Sᵀk̂ of the loaded state)
@@ -119,7 +119,7 @@ def gdn_decode_fused(launch: dict[str, Any], *, q: torch.Tensor, k: torch.Tensor
         q, k, v, a, b, a_log, dt_bias, state_pool, slots, out,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-        HV=hv, HK=hk, DK=dk, DV=dv, BV=meta["BV"], PAD=PAD_SLOT, EPS=L2_EPS,
+        HV=hv, HK=hk, DK=dk, DV=dv, BV=meta["BV"], PAD=PAD_SLOT, EPS=L2_EPS, SCALE=dk ** -0.5,
         num_warps=int(launch["block"]) // 32, num_stages=num_stages,
     )
     return out
