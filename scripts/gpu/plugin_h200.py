@@ -109,7 +109,7 @@ def stage(dest: Path) -> list[Path]:
 # --- the stubs: everything the real files import that is not one of them ---------------------------
 # The generic ones are the bench peer's (env flags at their defaults, an sm90 CUDA platform, custom-op
 # registration as the identity); what this script adds: the sampler's and the plugin framework's.
-from netra.bench.peers.sglang_moe import _Envs, _Platform, _register_custom_op, _sm90  # noqa: E402
+from netra.bench.peers.sglang_common import _Envs, _Platform, _register_custom_op, _sm90  # noqa: E402
 
 
 class _LazyImport:

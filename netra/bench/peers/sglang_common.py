@@ -23,6 +23,19 @@ MODULES = (*JIT_UTILS, "sglang.srt.environ", "sglang.kernels.registry", "sglang.
            "sglang.kernels.spec", "sglang.kernels.kernel_api_logging")
 
 
+class _Flag:
+    """An ``envs.X`` flag answering False / None. The peers load the real ``sglang.srt.environ`` (real
+    defaults); this stands in for it in scripts that stub that module (scripts/gpu/plugin_h200.py)."""
+
+    def get(self) -> Any:
+        return False
+
+
+class _Envs:
+    def __getattr__(self, name: str) -> _Flag:
+        return _Flag()
+
+
 class _Platform:
     """``get_platform()``: a CUDA sm90 (Hopper) device; every other probe answers False."""
 

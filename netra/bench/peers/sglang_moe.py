@@ -224,19 +224,7 @@ def path_notes(m: int) -> list[str]:
             "fused_moe_kernel down (TMA A and B descriptors)", total]
 
 
-# Transitional: the issue-7 harness (netra/bench/kernels_moe.py and its tests at c78ce29) still uses
-# the Triton-stand-in peer by these names; they go with that harness.
-from netra.bench.peers.sglang_moe_legacy import (  # noqa: E402
-    PEER_NOTES,
-    SglangRouted,
-    SglangSharedMlp,
-    align_block_ref,
-    load,
-    stage,
-)
-
-__all__ = ["MANIFEST", "PEER_NOTES", "RUN_NOTES", "SglangMoePeer", "SglangRouted", "SglangSharedMlp",
-           "align_block_ref", "load", "path_notes", "stage"]
+__all__ = ["MANIFEST", "RUN_NOTES", "SglangMoePeer", "path_notes"]
 
 if __name__ == "__main__":
     from netra.bench.peers.sglang_loader import main
