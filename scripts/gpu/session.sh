@@ -2,7 +2,7 @@
 # One device call for a whole session's kernel work: runs the per-family GPU scripts in sequence,
 # each under its own time limit and into its own folder under $OUT, so that one family's failure or
 # hang cannot cost the others their results.
-#   usage (device): bash scripts/gpu/session.sh <git sha> [argmax|moe-tests|moe|step]...   (default: moe-tests moe step)
+#   usage (device): bash scripts/gpu/session.sh <git sha> [argmax|moe-tests|moe|step|plugin|dense|gdn|attention]...   (default: moe-tests moe step)
 # Carry build/ (code objects from `netra kernels build`) and .sglang_peer/ (the MoE peer).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,6 +33,10 @@ for part in "${PARTS[@]}"; do
     moe) step moe "${MOE_LIMIT:-300}" python3 -m netra.bench.kernels_moe --out "$OUT/moe" --git-sha "$SHA" ;;
     step) step step "${STEP_LIMIT:-300}" python3 -m netra.bench.step --batches "${STEP_BATCHES:-1,8,64}" \
             --out "$OUT/step" --git-sha "$SHA" ;;
+    plugin) step plugin "${PLUGIN_LIMIT:-150}" python3 scripts/gpu/plugin_h200.py --sglang-root .sglang_plugin ;;
+    dense) step dense "${DENSE_LIMIT:-200}" python3 scripts/gpu/dense.py --out "$OUT/dense" ;;
+    gdn) step gdn "${GDN_LIMIT:-240}" python3 scripts/gpu/gdn.py --out "$OUT/gdn" ;;
+    attention) step attention "${ATTN_LIMIT:-240}" python3 scripts/gpu/attention.py --out "$OUT/attention" ;;
     *) echo "unknown part $part" | tee -a "$summary" ;;
   esac
 done
