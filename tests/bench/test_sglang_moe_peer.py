@@ -5,6 +5,7 @@ sequence is the one the production path takes for Qwen3.6 at 1 and 64 tokens."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -30,8 +31,10 @@ def test_peer_kernel_sequence_on_cpu(tmp_path: Path) -> None:
     except Exception as exc:
         pytest.skip(f"the pinned sglang wheel is not installed: {exc}")
     root = tmp_path / "peer"
+    # compiled-Triton semantics: the dry run records launches instead of running Triton's interpreter
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     stage = subprocess.run([sys.executable, "-m", "netra.bench.peers.sglang_loader", str(root), "--no-wheels",
-                            "--no-compile"], capture_output=True, text=True, timeout=300, cwd=REPO)
+                            "--no-compile"], capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
     assert stage.returncode == 0, stage.stderr[-3000:]
     # tvm-ffi is only needed on the GPU host; the dry run replaces its load_module either way
     code = textwrap.dedent(f"""
@@ -43,7 +46,7 @@ def test_peer_kernel_sequence_on_cpu(tmp_path: Path) -> None:
         sys.argv = ["moe_peer.py", "--dry-run", "--root", {str(root)!r}, "--tokens", "1,64"]
         runpy.run_path({str(REPO / "scripts/gpu/moe_peer.py")!r}, run_name="__main__")
     """)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(r.stdout.strip().splitlines()[-1])
     one, many = doc["dry_run"]["1"], doc["dry_run"]["64"]
