@@ -16,6 +16,9 @@
 // copy. Tokens are processed in passes of 32 (x_q of a pass is 64 KB of shared memory); a pass after the first re-reads
 // the CTA's weights from L2.
 //
+// Launched with programmatic dependent launch and NOT as a cooperative grid: a cooperative launch waits for the GPU
+// to drain (measured: no overlap at all), while the 4-CTA barrier below needs no guarantee: a CTA that cannot be
+// resident yet runs once the routed layer (which never waits on this kernel) leaves its SM.
 // Warps 0..15 compute (warp w: row tile w of a 256-row stage, every 8-token tile of the pass, MMA core and K order of
 // moe_common.cuh, the FP32 chain over K blocks in order per element); warp 16 lane 0 is the bulk-copy producer.
 // Numerics follow the shared route of netra/ops/moe.py moe_ref: x quantized per token in groups of 128 (as the routed
