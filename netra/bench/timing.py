@@ -52,6 +52,21 @@ def copy_bandwidth(nbytes: int = 2 << 30, samples: int = 20) -> float:
     return 2 * nbytes / (med * 1e-3)
 
 
+def capture(fn: Callable[[], Any]) -> tuple[Any, Any]:
+    """``fn`` run once eagerly on a side stream (PyTorch's advice before capture), then captured:
+    (the CUDA graph, the output tensor its replays write)."""
+    torch = _torch()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    return g, out
+
+
 def quantile(xs: Sequence[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]

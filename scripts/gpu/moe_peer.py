@@ -255,6 +255,7 @@ def make_peers(w: dict[str, Any], root: Path) -> list[Any]:
 def check(run: Run, peers: list[Any], w: dict[str, Any], m: int) -> None:
     import torch
 
+    from netra.bench.timing import capture
     from netra.ops.moe_fp8 import moe_routed_ref
 
     x, ids, wts = make_routing(m, seed=7 + m)
@@ -275,14 +276,7 @@ def check(run: Run, peers: list[Any], w: dict[str, Any], m: int) -> None:
     # graph replay == eager, outputs poisoned first
     for name, fn in (("routed", lambda: p.routed(x, ids, wts)), ("block", lambda: p.block(x))):
         eager = fn()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            y = fn()
+        g, y = capture(fn)
         y.fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()

@@ -23,6 +23,18 @@ MODULES = (*JIT_UTILS, "sglang.srt.environ", "sglang.kernels.registry", "sglang.
            "sglang.kernels.spec", "sglang.kernels.kernel_api_logging")
 
 
+def _torch_release() -> tuple[int, ...]:
+    """``sglang.srt.utils.common.torch_release``: the installed torch's (major, minor, patch), read
+    from its metadata (torch itself is not imported here)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        text = version("torch")
+    except PackageNotFoundError:
+        return (0, 0, 0)
+    return tuple(int(p) for p in text.split("+")[0].split(".")[:3] if p.isdigit())
+
+
 class _Flag:
     """An ``envs.X`` flag answering False / None. The peers load the real ``sglang.srt.environ`` (real
     defaults); this stands in for it in scripts that stub that module (scripts/gpu/plugin_h200.py)."""
@@ -120,7 +132,7 @@ SRT_UTILS = {
 STUBS: dict[str, dict[str, Any]] = {
     "sglang.srt.utils": SRT_UTILS,
     "sglang.srt.utils.common": {"is_cuda": lambda: True, "print_warning_once": lambda msg: None,
-                                "torch_release": (2, 11)},
+                                "torch_release": _torch_release()},
     "sglang.srt.utils.custom_op": {"register_custom_op": _register_custom_op},
     "sglang.srt.utils.patch_torch": {"register_fake_if_exists": lambda *a, **k: (lambda f: f)},
     "sglang.srt.runtime_context": {"get_platform": _Platform, "get_exec": _exec_config, "get_parallel": _parallel},
