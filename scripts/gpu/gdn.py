@@ -1,7 +1,7 @@
 """GDN decode + causal conv1d update on the H200: oracle checks and side-by-side timing (issue 19).
 
 Run from the repo root with the carried peers (``.sglang_peer/`` from
-``python -m netra.bench.peers.sglang_gdn``; fla-core + einops wheels installed from ``.whl/``):
+``make sglang-peer``; fla-core + einops wheels installed from ``.whl/``):
 
     timeout 240 python scripts/gpu/gdn.py --out $OUT/gdn
 
