@@ -35,7 +35,7 @@ for part in "${PARTS[@]}"; do
             --out "$OUT/step" --git-sha "$SHA" ;;
     plugin) step plugin "${PLUGIN_LIMIT:-150}" python3 scripts/gpu/plugin_h200.py --sglang-root .sglang_plugin ;;
     dense) step dense "${DENSE_LIMIT:-200}" python3 scripts/gpu/dense.py --out "$OUT/dense" ;;
-    gdn) step gdn "${GDN_LIMIT:-240}" python3 scripts/gpu/gdn.py --out "$OUT/gdn" ;;
+    gdn) step gdn "${GDN_LIMIT:-240}" python3 scripts/gpu/gdn.py --out "$OUT/gdn" ${GDN_ARGS:-} ;;
     attention) step attention "${ATTN_LIMIT:-240}" python3 scripts/gpu/attention.py --out "$OUT/attention" ;;
     *) echo "unknown part $part" | tee -a "$summary" ;;
   esac
