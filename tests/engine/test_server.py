@@ -205,3 +205,36 @@ def test_greedy_identical_across_processes(engine_url: str) -> None:
 
     with engine_process("--preset", "tiny", "--max-running-requests", "3", "--context-length", "512") as other:
         assert asyncio.run(burst(other)) == first
+
+
+def _events(raw: bytes) -> list[dict[str, Any]]:
+    return [orjson.loads(b[6:]) for b in raw.split(b"\n\n") if b.startswith(b"data: {")]
+
+
+def test_logprobs_grammar_and_penalty_fields_at_the_worker(engine_url: str, incremental_url: str) -> None:
+    body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True},
+            "return_logprob": True, "top_logprobs_num": 3, "return_text_in_logprobs": True}
+    with httpx.Client(timeout=60) as h:
+        whole = h.post(engine_url + "/generate", json=body).json()
+        meta = whole["meta_info"]
+        assert [e[1] for e in meta["output_token_logprobs"]] == whole["output_ids"]
+        assert all(len(top) == 3 and top[0][0] >= top[1][0] >= top[2][0] for top in meta["output_top_logprobs"])
+        assert all(e[2] == bytes([e[1]]).decode("utf-8", "replace") for e in meta["output_token_logprobs"]
+                   if e[1] < 256)
+        # streamed: cumulative lists in every event, only the new entries in incremental streaming
+        cum = _events(h.post(engine_url + "/generate", json={**body, "stream": True}).content)
+        assert cum[-1]["meta_info"]["output_token_logprobs"] == meta["output_token_logprobs"]
+        inc = _events(h.post(incremental_url + "/generate", json={**body, "stream": True}).content)
+        assert [e for ev in inc for e in ev["meta_info"]["output_token_logprobs"]] == meta["output_token_logprobs"]
+        # a regex holds the output; an invalid grammar and out-of-range penalties are refused by name
+        r = h.post(engine_url + "/generate", json={"input_ids": [1], "sampling_params": {
+            "max_new_tokens": 20, "regex": "(ab|cd){2}", "temperature": 1.0, "frequency_penalty": 0.5}}).json()
+        assert bytes(r["output_ids"]).decode() in {a + b for a in ("ab", "cd") for b in ("ab", "cd")}
+        assert r["meta_info"]["finish_reason"]["type"] == "stop"
+        for sp, word in (({"json_schema": "{bad"}, "json_schema"), ({"regex": "(", "ebnf": "start: x"}, "at most one"),
+                         ({"presence_penalty": 3}, "presence_penalty"), ({"logit_bias": {"999": 1}}, "logit_bias"),
+                         ({"min_new_tokens": 9, "max_new_tokens": 4}, "min_new_tokens")):
+            bad = h.post(engine_url + "/generate", json={"input_ids": [1], "sampling_params": sp})
+            assert bad.status_code == 400 and word in bad.json()["error"]["message"], (sp, bad.text)
+        bad = h.post(engine_url + "/generate", json={"input_ids": [1], "return_logprob": True, "logprob_start_len": 0})
+        assert bad.status_code == 400 and "logprob_start_len" in bad.text
