@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -84,6 +84,21 @@ async def until_disconnect(request: Request, work: Awaitable[T], on_disconnect: 
     return work_task.result()
 
 
+async def all_or_abort(request: Request, works: list[Coroutine[Any, Any, T]], abort: Callable[[], None]) -> list[T]:
+    """Run ``works`` together; the first error is raised as itself, and a client that leaves first
+    has them cancelled and ``abort`` called (`until_disconnect`)."""
+
+    async def run_all() -> list[T]:
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(w) for w in works]
+        return [t.result() for t in tasks]
+
+    try:
+        return await until_disconnect(request, run_all(), abort)
+    except* OpenAIError as group:
+        raise group.exceptions[0] from None
+
+
 class Endpoint:
     """Shared plumbing of one OpenAI request: choices, streaming, usage and metrics."""
 
@@ -121,20 +136,12 @@ class Endpoint:
                     render: Callable[[list[tuple[str, Delta]], Usage], dict[str, Any]]) -> Response:
         upstream = self.state.upstream
 
-        async def run_all() -> list[tuple[str, Delta]]:
-            async with asyncio.TaskGroup() as tg:
-                tasks = [tg.create_task(c.run_whole(upstream)) for c in choices]
-            return [t.result() for t in tasks]
-
         def abort_all() -> None:
             for c in choices:
                 self.state.metrics.aborts.labels("client_disconnect").inc()
                 upstream.abort_soon(c.rid)
 
-        try:
-            results = await until_disconnect(request, run_all(), abort_all)
-        except* OpenAIError as group:
-            raise group.exceptions[0] from None
+        results = await all_or_abort(request, [c.run_whole(upstream) for c in choices], abort_all)
         usage = self.usage(choices, n)
         self.count(200, usage)
         return json_response(render(results, usage))
@@ -523,20 +530,15 @@ async def _generate_batch(state: ServeState, request: Request, req: GenerateRequ
         b.setdefault("rid", f"gen-{uuid.uuid4().hex}")
     upstream = state.upstream
 
-    async def run_all() -> list[dict[str, Any]]:
-        async with asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(upstream.generate(b)) for b in bodies]
-        return [t.result() for t in tasks]
-
     def abort_all() -> None:
         for b in bodies:
             upstream.abort_soon(str(b["rid"]))
 
     try:
-        results = await until_disconnect(request, run_all(), abort_all)
-    except* OpenAIError as group:
-        abort_all()
-        raise group.exceptions[0] from None
+        results = await all_or_abort(request, [upstream.generate(b) for b in bodies], abort_all)
+    except OpenAIError:
+        abort_all()  # one prompt failed: the others are not wanted either
+        raise
     for r in results:
         meta = r.get("meta_info") if isinstance(r, dict) else None
         state.metrics.requests.labels("generate", "200").inc()

@@ -13,7 +13,6 @@ log-softmax, the penalty formula and the seeded pick are then computed here, in 
 from __future__ import annotations
 
 import json
-import math
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
@@ -30,6 +29,7 @@ from netra.engine.tokenizer import BYTE_SPECIALS, ByteTokenizer
 from netra.ops import sampling
 from netra.serve.tokenizer import ChatTemplate
 from tests.deploy.conftest import MODEL, Local, needs_nginx, netra
+from tests.reference import penalized
 
 pytestmark = [needs_nginx, pytest.mark.timeout(600)]
 EOS = 257
@@ -108,21 +108,6 @@ def test_logprobs_agree_with_a_reference_log_softmax_of_each_steps_logits(local:
     assert rc.choices[0].logprobs.token_logprobs == [e.logprob for e in content]
 
 
-def _formula(row: list[float], history: list[int], p: SamplingParams) -> list[float]:
-    out = []
-    bias = dict(p.logit_bias)
-    stops = {EOS, *p.stop_token_ids}
-    for t, x in enumerate(row):
-        n = history.count(t)
-        x = x - p.frequency_penalty * n - p.presence_penalty * (1 if n else 0)
-        if len(history) < p.min_new_tokens and t in stops:
-            x = -math.inf
-        if n:
-            x = x * p.repetition_penalty if x < 0 else x / p.repetition_penalty
-        out.append(x + bias.get(t, 0.0))
-    return out
-
-
 def test_penalties_change_the_sampled_tokens_exactly_as_the_formula_says(local: Local, reference: Engine) -> None:
     c = local.client()
     kw: dict[str, Any] = dict(model=MODEL, messages=MESSAGES, max_tokens=40, temperature=0.8, seed=11,
@@ -137,14 +122,14 @@ def test_penalties_change_the_sampled_tokens_exactly_as_the_formula_says(local: 
     logits, _ = steps(reference, chat_prompt(MESSAGES), params, 11)
     history: list[int] = []
     for i, row in enumerate(logits[:len(got)]):
-        processed = torch.tensor(_formula(row.tolist(), history, params), dtype=torch.float32)
+        processed = torch.tensor(penalized(row.tolist(), history, params, EOS), dtype=torch.float32)
         want = int(sampling.sample_ref(processed[None], torch.tensor([0.8]), torch.tensor([-1]), torch.tensor([1.0]),
                                        torch.tensor([0.0]), torch.tensor([11]), torch.tensor([i]))[0])
         assert got[i] == want, f"step {i}: served {got[i]}, formula {want}"
         history.append(want)
     assert 32 not in got and len(got) >= 6
     if r.choices[0].finish_reason == "stop":  # the EOS that ended it was sampled from the formula too
-        processed = torch.tensor(_formula(logits[len(got)].tolist(), history, params), dtype=torch.float32)
+        processed = torch.tensor(penalized(logits[len(got)].tolist(), history, params, EOS), dtype=torch.float32)
         assert int(sampling.sample_ref(processed[None], torch.tensor([0.8]), torch.tensor([-1]), torch.tensor([1.0]),
                                        torch.tensor([0.0]), torch.tensor([11]), torch.tensor([len(got)]))[0]) == EOS
     plain = c.chat.completions.create(**kw)

@@ -4,7 +4,6 @@ formulas written out here, padded rows inert, and the greedy path untouched."""
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import replace
 
 import pytest
@@ -16,24 +15,10 @@ from netra.engine.sampler import TOP_LOGPROBS_MAX, SlotSampler, StepVariant
 from netra.engine.scheduler import SamplingParams
 from netra.engine.tokenizer import ByteTokenizer
 from netra.ops import sampling
+from tests.reference import penalized
 
 V = 264
 EOS = 257
-
-
-def _formula(logits: list[float], history: list[int], p: SamplingParams, stop_ids: set[int]) -> list[float]:
-    """SGLang 0.5.23's order, one token at a time in plain Python floats."""
-    out = []
-    for t, x in enumerate(logits):
-        c = history.count(t)
-        x = x - p.frequency_penalty * c - p.presence_penalty * (1 if c else 0)
-        if len(history) < p.min_new_tokens and t in stop_ids:
-            x = -math.inf
-        if c:
-            x = x * p.repetition_penalty if x < 0 else x / p.repetition_penalty
-        x += dict(p.logit_bias).get(t, 0.0)
-        out.append(x)
-    return out
 
 
 def _sampler(slots: int = 4) -> SlotSampler:
@@ -58,7 +43,7 @@ def test_penalties_follow_the_formula_step_by_step_and_pad_rows_stay_inert() -> 
         logits[:, EOS] += 6 if step < 4 else 0
         res = s.step(logits, slots, variant)
         for row, slot, p in ((0, 1, p1), (1, 3, p2)):
-            ref = _formula(logits[row].tolist(), history[slot], p, {EOS, *p.stop_token_ids})
+            ref = penalized(logits[row].tolist(), history[slot], p, EOS)
             ref_t = torch.tensor(ref, dtype=torch.float32)
             if p.temperature == 0:
                 want = int(torch.argmax(ref_t))
