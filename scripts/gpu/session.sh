@@ -11,7 +11,7 @@ SHA=${1:-unknown}
 shift || true
 PARTS=("$@")
 [[ ${#PARTS[@]} -eq 0 ]] && PARTS=(moe-tests moe step)
-export PYTHONPATH=. PYTHONUNBUFFERED=1
+export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1  # /tmp/site: wheels carried in .whl (install them first)
 # New contracts are measured before their promotion: let dispatch select them.
 export NETRA_TACTIC_MIN_MATURITY=${NETRA_TACTIC_MIN_MATURITY:-experiment}
 summary="$OUT/summary.txt"
