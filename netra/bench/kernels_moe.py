@@ -99,25 +99,13 @@ def floor_bytes(ids: Any, m: int, shared: bool) -> int:
     return n * EXPERT_BYTES + (EXPERT_BYTES + ROUTER_BYTES if shared else 0) + 2 * m * 2048 * 2
 
 
-def _graph(fn: Any) -> Any:
-    torch = _torch()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn()
-    return g, out
-
-
 CHECK_TOKENS = (1, 2, 3, 5, 8, 16, 33, 64, 127, 128)  # odd counts too: half-filled warps, passes and chunks
 ADVERSARIAL_AT = (1, 8, 128)  # every adversarial input kind at these counts, fresh random inputs at all
 
 
 def check_contract(contract: Any, w: Any, ties: Any, tokens: tuple[int, ...] = CHECK_TOKENS) -> dict[str, Any]:
     """Every token count of the contract's domain we record, plus adversarial inputs, per its own policy."""
+    from netra.bench.timing import capture
     from netra.ops.linear import linear_ref
     from netra.ops.moe import moe, moe_routed, routing_agreement
     from netra.validate.oracle import judge, oracle, poison_next
@@ -147,7 +135,7 @@ def check_contract(contract: Any, w: Any, ties: Any, tokens: tuple[int, ...] = C
             poison_next((m, 2048), torch.bfloat16, x.device)
             got = run()
             again = run()
-            g, replay_out = _graph(run)
+            g, replay_out = capture(run)
             g.replay()
             torch.cuda.synchronize()
             verdict = judge(contract, got, ref)

@@ -111,19 +111,6 @@ def floor_bytes(engine: Any, b: int, lens: list[int]) -> dict[str, float]:
             "kv_cache": kv, "total": total}
 
 
-def capture(engine: Any, fb: Any) -> tuple[Any, Any]:
-    torch = _torch()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        engine.model.forward(fb)
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = engine.model.forward(fb)
-    return g, out
-
-
 def breakdown(graph: Any) -> dict[str, float]:
     """µs per kernel family in one replay, from the profiler's kernel records."""
     torch = _torch()
@@ -206,7 +193,7 @@ def perturbed_reference(engine: Any, fb: Any, base_logits: Any) -> dict[str, flo
 def measure(engine: Any, b: int, context: int, replays: int, eager_off_steps: int, copy_bps: float,
             log: Any, shadow: bool = False) -> dict[str, Any]:
     from netra import dispatch
-    from netra.bench.timing import event_ms, quantile
+    from netra.bench.timing import capture, event_ms, quantile
     from netra.ops import _common
 
     torch = _torch()
@@ -221,7 +208,7 @@ def measure(engine: Any, b: int, context: int, replays: int, eager_off_steps: in
     torch.cuda.synchronize()
     row["eager_on_ms"] = round((time.perf_counter() - t0) * 1e3, 2)
     restore(engine, b, snap)
-    graph, out = capture(engine, fb)
+    graph, out = capture(lambda: engine.model.forward(fb))
     restore(engine, b, snap)
     graph.replay()
     torch.cuda.synchronize()

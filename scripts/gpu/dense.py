@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from netra import dispatch
-from netra.bench.timing import Provider, copy_bandwidth, interleave, row
+from netra.bench.timing import Provider, capture, copy_bandwidth, interleave, row
 from netra.catalog import Catalog
 from netra.ops import fp8, norm
 from netra.ops.linear import Weight, linear, linear_group, linear_group_ref, linear_ref
@@ -59,18 +59,6 @@ def x_of(m: int, k: int, seed: int) -> Any:
     x = torch.randn(m, k, generator=g, device="cuda")
     x[:, 128:256] *= 50.0  # an outlier group
     return x.to(torch.bfloat16)
-
-
-def graph_of(fn: Any) -> tuple[Any, Any]:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn()
-    return g, out
 
 
 def main() -> int:
@@ -116,7 +104,7 @@ def main() -> int:
                     poison_next((m, nbytes // k), torch.float32, x.device)
                     got = fn(x)
                     r = ref(x)
-                    g, rep = graph_of(lambda x=x: fn(x))
+                    g, rep = capture(lambda x=x: fn(x))
                     g.replay()
                     torch.cuda.synchronize()
                     gl, rl, pl = (got, r, rep) if isinstance(got, list) else ([got], [r], [rep])
@@ -147,7 +135,7 @@ def main() -> int:
             try:
                 args_ = norm_inputs(name, rws, width)
                 got, r = fn(*args_), ref(*args_)
-                g, rep = graph_of(lambda a=args_, fn=fn: fn(*a))
+                g, rep = capture(lambda a=args_, fn=fn: fn(*a))
                 g.replay()
                 torch.cuda.synchronize()
                 gl, rl, pl = (list(got), list(r), list(rep)) if isinstance(got, tuple) else ([got], [r], [rep])
