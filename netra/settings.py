@@ -56,6 +56,7 @@ SETTINGS: dict[str, Setting] = {
                 "launch records, logs, benchmark work dirs and their records (default: run/ of the "
                 "checkout, or $XDG_STATE_HOME/netra/run)"),
         Setting("NETRA_LOG_LEVEL", str, "INFO", "logging level of netra processes"),
+        Setting("NETRA_LOG_FORMAT", str, "text", "log lines as text or json (one object per line)"),
         Setting("NETRA_DISABLE_TACTICS", bool, False, "force every op onto its fallback (A/B control arm)"),
         Setting("NETRA_TACTIC_MIN_MATURITY", str, "accepted", "lowest contract maturity dispatch selects (experiment|verified|accepted)"),
         Setting("NETRA_SGLANG_TACTICS", str, "", "tactic domains Netra's SGLang plugin hooks in this worker (comma list of moe, argmax; empty: none)"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import subprocess
 import sys
 import time
@@ -74,6 +75,12 @@ def print_plan(plan: Any) -> None:
                   f"worker_connections {f.worker_connections}, keepalive {f.keepalive}, "
                   f"worker_rlimit_nofile {f.worker_rlimit_nofile}, max_fails {f.max_fails} / fail_timeout "
                   f"{f.fail_timeout_s}s, read timeout {f.read_timeout_s}s", markup=False)
+    from netra.deploy.metrics import targets
+
+    console.print(f"metrics: {f.url}/metrics has every worker's series (`netra launch`); per-worker scrape "
+                  "targets (each series labelled worker, model_name):", markup=False)
+    for target in targets(plan):
+        console.print(f"  worker {target.worker} {target.process}: {target.url}", markup=False)
     console.print(f"topology: {plan.topology}", markup=False, soft_wrap=True)
     for note in plan.notes:
         console.print(f"note: {note}", markup=False)
@@ -206,6 +213,9 @@ def _launch(args: argparse.Namespace) -> int:
     except (ProfileError, LaunchRefused) as exc:
         print(f"launch refused: {exc}", file=sys.stderr)
         return 2
+    key_env = prof.serve.api_key_env
+    if key_env and not os.environ.get(key_env):
+        v.problems.append(f"serve.api_key_env: the profile requires an API key, but ${key_env} is not set")
     try:
         plan = make_plan(prof, None, ov)
     except (PlanError, PlacementError) as exc:

@@ -23,6 +23,8 @@ from typing import Any
 
 from netra.deploy import nginx
 from netra.deploy.audit import audit_code_objects, audit_options, audit_plugin, audit_process
+from netra.deploy.metrics import SOCKET_NAME, MetricsProxy
+from netra.deploy.metrics import targets as metrics_targets
 from netra.deploy.plan import Plan
 from netra.deploy.record import RECORD_VERSION, is_alive, now_utc, proc_start_ticks, read_record, record_path
 from netra.deploy.record import RecordError as RecordError
@@ -68,6 +70,7 @@ class Launch:
         self.state = "starting"
         self.message = ""
         self.nginx_proc: Proc | None = None
+        self.metrics_proxy: MetricsProxy | None = None
         self.nginx_restarts: list[dict[str, Any]] = []
         self.workers = [
             WorkerState(
@@ -202,7 +205,9 @@ class Launch:
             problems += ws.audit
         if problems:
             raise LaunchRefused(problems)
-        self.log("every worker is healthy and audited; starting nginx")
+        self.log("every worker is healthy and audited; starting the metrics aggregator and nginx")
+        self.metrics_proxy = MetricsProxy(self.run_dir / SOCKET_NAME, metrics_targets(p))
+        self.metrics_proxy.start()
         nginx.write(p)
         nginx.validate(p)
         self.nginx_proc = Proc("nginx", None, nginx.start_argv(p), {}, Path(p.run_dir) / "nginx.stdout.log")
@@ -260,6 +265,9 @@ class Launch:
                 proc.send(signal.SIGTERM)
             for proc in group:
                 proc.stop(10)
+        if self.metrics_proxy is not None:
+            self.metrics_proxy.stop()
+            self.metrics_proxy = None
 
     def run(self) -> int:
         """Start, serve until SIGINT/SIGTERM, stop. 0 = clean stop, 1 = failed, 2 = refused."""

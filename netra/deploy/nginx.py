@@ -17,6 +17,7 @@ import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
+from netra.deploy.metrics import SOCKET_NAME
 from netra.deploy.plan import Plan
 from netra.resources import DATA_ROOT
 
@@ -46,8 +47,21 @@ def fill(template: str, values: dict[str, str]) -> str:
     return _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
 
 
-def render(plan: Plan, down: Iterable[int] = (), template: str | None = None) -> str:
-    """The nginx config for a plan; workers whose index is in `down` are marked down."""
+def metrics_location(socket: Path | None) -> str:
+    """The body of `location = /metrics`: the aggregator's unix socket, or a 404 that says where to scrape."""
+    if socket is not None:
+        return f"            proxy_pass http://unix:{socket}:/metrics;"
+    message = ("this front has no metrics aggregator: scrape the /metrics of every response layer and "
+               "engine (netra plan lists them)")
+    return ("            default_type application/json;\n"
+            f"            return 404 '{{\"error\": {{\"message\": \"{message}\", \"type\": \"not_found_error\", "
+            "\"param\": null, \"code\": 404}}';")
+
+
+def render(plan: Plan, down: Iterable[int] = (), template: str | None = None,
+           metrics_socket: Path | None = None) -> str:
+    """The nginx config for a plan; workers whose index is in `down` are marked down; `/metrics` goes
+    to the aggregator at `metrics_socket` (a process launch) or answers 404 (compose)."""
     f = plan.front
     down_set = set(down)
     servers = []
@@ -73,6 +87,7 @@ def render(plan: Plan, down: Iterable[int] = (), template: str | None = None) ->
         "servers": "\n".join(servers), "keepalive": str(f.keepalive), "listen": f"{host}:{f.port}",
         "connect_timeout_s": str(f.connect_timeout_s), "read_timeout_s": str(f.read_timeout_s),
         "next_upstream_tries": str(min(len(plan.workers), 3)),
+        "metrics_location": metrics_location(metrics_socket),
     }
     return fill(template if template is not None else TEMPLATE.read_text(), values)
 
@@ -83,7 +98,7 @@ def write(plan: Plan, down: Iterable[int] = ()) -> Path:
         (run_dir / "nginx-temp" / sub).mkdir(parents=True, exist_ok=True)
     conf = Path(plan.front.conf_path)
     tmp = conf.with_suffix(".tmp")
-    tmp.write_text(render(plan, down))
+    tmp.write_text(render(plan, down, metrics_socket=run_dir / SOCKET_NAME))
     tmp.replace(conf)  # atomic: a reload never reads a half-written file
     return conf
 

@@ -136,7 +136,7 @@ def default_run_dir(profile: Profile) -> Path:
     return Path(settings.get("NETRA_RUN_DIR")) / profile.name
 
 
-def _netra_engine_argv(profile: Profile, port: int) -> tuple[list[str], dict[str, Any]]:
+def _netra_engine_argv(profile: Profile, port: int, index: int) -> tuple[list[str], dict[str, Any]]:
     """`netra engine` flags, spelled as SGLang spells them where SGLang has them."""
     e = profile.engine
     assert e.preset is not None  # profile cross-checks
@@ -154,11 +154,15 @@ def _netra_engine_argv(profile: Profile, port: int) -> tuple[list[str], dict[str
     argv += ["--device", e.device, "--seed", str(e.seed)]
     if e.model_path is not None:
         argv += ["--model-path", e.model_path]
+    argv += ["--served-model-name", profile.serve.model_name, "--worker-id", str(index)]
+    if e.enable_metrics:
+        argv.append("--enable-metrics")
     expect: dict[str, Any] = {
         "preset": e.preset, "port": port, "max_running_requests": e.max_running_requests,
         "context_length": e.context_length, "chunked_prefill_size": e.chunked_prefill_size,
         "stream_interval": e.stream_interval, "incremental_streaming_output": e.incremental_streaming_output,
         "kv_cache_dtype": e.kv_cache_dtype, "device": e.device, "seed": e.seed,
+        "enable_metrics": e.enable_metrics, "served_model_name": profile.serve.model_name,
     }
     if e.cuda_graph_bs:
         expect["cuda_graph_bs"] = list(e.cuda_graph_bs)
@@ -200,7 +204,7 @@ def _sglang_module() -> Any:
     return sglang
 
 
-def _engine(profile: Profile, place_: Placement, port: int, evidence: str | None,
+def _engine(profile: Profile, place_: Placement, port: int, index: int, evidence: str | None,
             ) -> tuple[list[str], dict[str, str], dict[str, Any]]:
     env: dict[str, str] = {"OMP_NUM_THREADS": str(max(1, place_.physical_cores))}
     gpus = [place_.gpu.index] if place_.gpu is not None else []
@@ -210,7 +214,7 @@ def _engine(profile: Profile, place_: Placement, port: int, evidence: str | None
         env.update({str(k): str(v) for k, v in sg.worker_env(profile, gpus, evidence_dir=evidence).items()})
         expect = _sglang_expect(profile, port)
     else:
-        argv, expect = _netra_engine_argv(profile, port)
+        argv, expect = _netra_engine_argv(profile, port, index)
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
     if profile.gpu_vendor == "nvidia":
@@ -242,11 +246,14 @@ def make_plan(profile: Profile, topology_dir: str | Path | None = None, override
             engine_port, serve_port = profile.ports.engine_base + i, profile.ports.serve_base + i
         tactics = enabled(profile.engine.tactics)
         evidence = str(run_dir / f"worker{i}.plugin") if tactics else None
-        argv, env, expect = _engine(profile, pl, engine_port, evidence)
+        argv, env, expect = _engine(profile, pl, engine_port, i, evidence)
         serve_argv = ["netra", "serve", "--upstream", f"http://{LOOPBACK}:{engine_port}", "--host", LOOPBACK,
                       "--port", str(serve_port), "--stream-interval", str(profile.engine.stream_interval),
                       "--model-name", profile.serve.model_name,
-                      "--engine", "sglang" if profile.engine.kind == "sglang" else "embedded"]
+                      "--engine", "sglang" if profile.engine.kind == "sglang" else "embedded", "--worker-id", str(i)]
+        if profile.serve.api_key_env:
+            # The key's name, never its value: plans and launch records are written to disk.
+            serve_argv += ["--api-key-env", profile.serve.api_key_env]
         workers.append(WorkerPlan(
             index=i, gpu=pl.gpu.index if pl.gpu else None, gpu_pci=pl.gpu.pci if pl.gpu else None,
             numa_node=pl.numa_node, cpus=pl.cpus, physical_cores=pl.physical_cores, mem_node=pl.mem_node,

@@ -90,6 +90,9 @@ class Engine:
 @dataclass(frozen=True)
 class Serve:
     model_name: str = field(metadata=_meta("model name served at /v1/models", pattern=r"^[A-Za-z0-9._/:-]+$"))
+    api_key_env: str | None = field(default=None, metadata=_meta(
+        "environment variable holding the API key every request must carry (Authorization: Bearer KEY, as "
+        "SGLang's and vLLM's --api-key); null: no key", pattern=r"^[A-Z_][A-Z0-9_]*$"))
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import argparse
 from dataclasses import fields
 from typing import Any
 
+from netra import logs
 from netra.engine.config import PRESETS
 from netra.engine.options import EngineOptions, OptionsError
 
@@ -52,6 +53,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch intra-op threads of this process (workers share a few cores)")
     p.add_argument("--disable-cuda-graph", action="store_true",
                    help="on a CUDA device, run decode eagerly instead of replaying per-bucket graphs")
+    p.add_argument("--enable-metrics", action="store_true",
+                   help="serve GET /metrics (Prometheus, SGLang's metric names where the meaning is the same)")
+    p.add_argument("--served-model-name", default=None,
+                   help="model_name label of the metrics (default: netra-PRESET, or the checkpoint's name)")
+    p.add_argument("--worker-id", default=_D["worker_id"],
+                   help="worker label of the metrics and log lines (the launcher passes the worker index)")
+    p.add_argument("--load-log-interval", dest="load_log_interval_s", type=float,
+                   default=_D["load_log_interval_s"],
+                   help="seconds between the 'running / queued / throughput' log lines while busy (0: off)")
+    logs.add_arguments(p)
     p.add_argument("--max-new-tokens-limit", type=int, default=None,
                    help="reject larger max_new_tokens (default: the context length)")
 
@@ -66,7 +77,6 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
 
 
 def main(args: argparse.Namespace) -> int:
-    import logging
     import sys
 
     try:
@@ -74,7 +84,7 @@ def main(args: argparse.Namespace) -> int:
     except (OptionsError, argparse.ArgumentTypeError) as exc:
         print(f"netra engine: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logs.configure(args.log_level, args.log_format)
     from netra.engine.server import serve
 
     return serve(options)

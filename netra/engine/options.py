@@ -31,6 +31,10 @@ class EngineOptions:
     torch_threads: int = 1  # several workers share a few cores; raise it on a machine of your own
     disable_cuda_graph: bool = False  # on a CUDA device, decode buckets replay captured graphs unless set
     max_new_tokens_limit: int | None = None  # None: the context length
+    enable_metrics: bool = False  # GET /metrics (SGLang's metric names where the meaning is the same)
+    served_model_name: str | None = None  # the model_name label of the metrics (None: netra-PRESET)
+    worker_id: str = "0"  # the worker label of the metrics (the launcher passes the index)
+    load_log_interval_s: float = 10.0  # the periodic running / queued / throughput line (0: off)
 
     def __post_init__(self) -> None:
         positive = ("max_running_requests", "context_length", "chunked_prefill_size", "stream_interval",
@@ -51,6 +55,8 @@ class EngineOptions:
             raise OptionsError(f"--mamba-ssm-dtype {self.mamba_ssm_dtype!r}: expected float32 or bfloat16")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise OptionsError(f"--device {self.device!r}: expected cpu, cuda or cuda:N")
+        if self.load_log_interval_s < 0:
+            raise OptionsError(f"--load-log-interval {self.load_log_interval_s}: expected seconds >= 0")
         if self.context_length < 2:
             raise OptionsError("--context-length must be at least 2")
 

@@ -85,6 +85,7 @@ class Request:
     emitted: int = 0  # output tokens already sent to the sink
     trimmed: bool = False  # last output token is a stop token kept out of the visible output
     finish_reason: dict[str, Any] | None = None
+    admitted: float | None = None  # perf_counter when it got a slot
     grammar: Grammar | None = None  # structured output: the request's matcher (host side)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     top_logprobs: list[list[TokenLogprob]] = field(default_factory=list)
@@ -271,6 +272,7 @@ class Scheduler:
         while self.waiting and self.pools.free_slots:
             req = self.waiting.popleft()
             req.slot = self.pools.alloc()
+            req.admitted = time.perf_counter()  # queue time ends here (sglang:queue_time_seconds)
             self.sampler.admit(req.slot, req.params, req.seed, req.grammar)
             self.prefilling.append(req)
         if self.prefilling:

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Any
 
 import orjson
@@ -29,11 +30,13 @@ from fastapi.responses import Response, StreamingResponse
 import netra
 from netra.engine.engine import Engine, build_engine
 from netra.engine.grammar import Grammar, GrammarError, grammar_tokenizer
+from netra.engine.metrics import EngineMetrics
 from netra.engine.options import EngineOptions
 from netra.engine.protocol import RequestError, check_request, parse_generate, parse_json
 from netra.engine.scheduler import Output, SamplingParams
 from netra.engine.scheduler import Request as EngineRequest
 from netra.engine.tokenizer import IncrementalDecoder
+from netra.serve.metrics import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 
 log = logging.getLogger("netra.engine")
 
@@ -61,6 +64,8 @@ class _Pending:
     logprob_text: bool = False  # return_text_in_logprobs
     logprobs: list[list[Any]] = field(default_factory=list)  # SGLang's [logprob, token_id, text|None]
     top_logprobs: list[list[list[Any]]] = field(default_factory=list)
+    request: EngineRequest | None = None  # the scheduler's object (its admission time)
+    first_token: float | None = None  # perf_counter of the first output token
 
 
 class Server:
@@ -72,6 +77,9 @@ class Server:
         self.inflight: dict[str, _Pending] = {}
         self._seeds = random.Random(engine.options.seed)
         self.limit = self.opt.max_new_tokens_limit or self.opt.context_length
+        name = self.opt.served_model_name or (PurePath(self.opt.checkpoint).name if self.opt.checkpoint
+                                              else f"netra-{self.opt.preset}")
+        self.metrics = EngineMetrics(self.sched, self.opt.worker_id, name)
         self.app = self._build_app()
 
     # ---- requests --------------------------------------------------------------------------------
@@ -87,8 +95,13 @@ class Server:
         def sink(out: Output) -> None:  # scheduler thread -> this request's queue on the event loop
             loop.call_soon_threadsafe(q.put_nowait, out)
 
-        self.sched.submit(EngineRequest(rid, prompt, params, sink=sink, stream=stream, seed=seed, grammar=grammar))
+        pending.request = EngineRequest(rid, prompt, params, sink=sink, stream=stream, seed=seed, grammar=grammar)
+        self.sched.submit(pending.request)
         return pending
+
+    def _finished(self, p: _Pending, reason: str) -> None:
+        admitted = p.request.admitted if p.request is not None else None
+        self.metrics.finish(p.started, p.first_token, admitted, p.prompt_tokens, p.completion_tokens, reason)
 
     def _entry(self, p: _Pending, lp: float, tok: int) -> list[Any]:
         return [lp, tok, self.tok.decode([tok], skip_special_tokens=False) if p.logprob_text else None]
@@ -97,8 +110,12 @@ class Server:
         """One event (or the whole response): tokens and text since the last event, or cumulative.
         Text is decoded incrementally (linear in the output for the byte tokenizer)."""
         p.ids.extend(out.new_ids)
+        if out.completion_tokens and p.first_token is None:  # a trimmed stop token is a first token too
+            p.first_token = time.perf_counter()
         p.completion_tokens = out.completion_tokens
         p.finish_reason = out.finish_reason
+        if out.finish_reason is not None:
+            self._finished(p, str(out.finish_reason.get("type", "unknown")))
         new_text = p.decoder.push(out.new_ids, final=out.finish_reason is not None)
         meta: dict[str, Any] = {"id": p.rid, "finish_reason": out.finish_reason, "prompt_tokens": p.prompt_tokens,
                                 "completion_tokens": out.completion_tokens, "cached_tokens": 0,
@@ -130,6 +147,7 @@ class Server:
             self.inflight.pop(p.rid, None)
             if p.finish_reason is None:  # the client went away (or the server stops): free the slot
                 self.sched.abort(p.rid, "client disconnected")
+                self._finished(p, "abort")
 
     async def _wait(self, p: _Pending, request: Request) -> Response:
         try:
@@ -149,6 +167,7 @@ class Server:
             self.inflight.pop(p.rid, None)
             if p.finish_reason is None:
                 self.sched.abort(p.rid, "client disconnected")
+                self._finished(p, "abort")
 
     async def generate(self, request: Request) -> Response:
         body = await request.body()
@@ -223,11 +242,22 @@ class Server:
                 "startup_s": self.engine.startup_s, "state_pool_bytes": self.engine.pools.nbytes(),
                 "load": self.sched.load(), "code_objects": code_objects, "dispatch": decisions()}
 
+    async def _load_lines(self) -> None:
+        """Every interval: update sglang:gen_throughput and, while busy, log the load line."""
+        while True:
+            await asyncio.sleep(self.opt.load_log_interval_s)
+            line = self.metrics.tick()
+            if line is not None:
+                log.info("worker %s %s", self.opt.worker_id, line)
+
     def _build_app(self) -> FastAPI:
         @contextlib.asynccontextmanager
         async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             self.sched.start()
+            ticker = asyncio.ensure_future(self._load_lines()) if self.opt.load_log_interval_s > 0 else None
             yield
+            if ticker is not None:
+                ticker.cancel()
             self.sched.stop()
 
         app = FastAPI(title="netra engine", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -269,6 +299,11 @@ class Server:
         app.add_api_route("/get_server_info", server_info, methods=["GET"])
         app.add_api_route("/engine_stats", engine_stats, methods=["GET"])
         app.add_api_route("/flush_cache", flush_cache, methods=["POST", "GET"])
+        if self.opt.enable_metrics:
+            async def metrics() -> Response:
+                return Response(self.metrics.render(), media_type=PROMETHEUS_CONTENT_TYPE)
+
+            app.add_api_route("/metrics", metrics, methods=["GET"])
         return app
 
 

@@ -19,11 +19,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from netra.serve import openai_api
+from netra.serve import openai_api, requestlog
 from netra.serve.config import ServeConfig
 from netra.serve.errors import OpenAIError
 from netra.serve.metrics import CONTENT_TYPE, Metrics
 from netra.serve.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from netra.serve.requestlog import ApiKeyMiddleware, RequestIdMiddleware
 from netra.serve.tokenizer import ModelText, load_for_worker
 from netra.serve.upstream import Upstream
 
@@ -38,7 +39,7 @@ class ServeState:
 
     def __init__(self, config: ServeConfig, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.config = config
-        self.metrics = Metrics()
+        self.metrics = Metrics(lambda: {"worker": config.worker_id, "model_name": self.model_name_now()})
         self.upstream = Upstream(config.upstream_base, config.upstream_timeout, config.max_connections,
                                  transport=transport)
         self.started = int(time.time())
@@ -138,23 +139,31 @@ def create_app(config: ServeConfig, transport: httpx.AsyncBaseTransport | None =
     app = FastAPI(title="netra serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.serve = state
 
+    if config.api_key:
+        app.add_middleware(ApiKeyMiddleware, key=config.api_key)
+    app.add_middleware(RequestIdMiddleware, worker=config.worker_id)  # outermost: a 401 has its id and line
+
+    def failed(request: Request, exc: OpenAIError) -> Response:
+        requestlog.note(request, error=exc.message)
+        return _error_response(exc)
+
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, exc: OpenAIError) -> Response:
-        return _error_response(exc)
+        return failed(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
         msg, param = _validation_message(exc)
-        return _error_response(OpenAIError(400, msg, param=param))
+        return failed(request, OpenAIError(400, msg, param=param))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
-        return _error_response(OpenAIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}"))
+        return failed(request, OpenAIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}"))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
         log.exception("unexpected error on %s", request.url.path)
-        return _error_response(OpenAIError(500, f"internal error: {type(exc).__name__}: {exc}"))
+        return failed(request, OpenAIError(500, f"internal error: {type(exc).__name__}: {exc}"))
 
     async def guarded(endpoint: str, run: Callable[[], Awaitable[Response]]) -> Response:
         """Count requests that fail before a response exists (streams count themselves)."""
@@ -217,9 +226,16 @@ def create_app(config: ServeConfig, transport: httpx.AsyncBaseTransport | None =
     @app.get("/health")
     async def health() -> Response:
         ok, why = await state.upstream.health()
-        if ok:
-            return Response(b"", status_code=200)
-        return _error_response(OpenAIError(503, why))
+        if not ok:
+            return _error_response(OpenAIError(503, why))
+        try:
+            # Healthy means able to serve text: a worker whose tokenizer this process cannot load
+            # (no cache mount, no tokenizer path) would answer every chat request 503.
+            await state.model_text()
+        except OpenAIError as exc:
+            return _error_response(OpenAIError(503, f"the worker is up but its tokenizer cannot be loaded here: "
+                                                    f"{exc.message}"))
+        return Response(b"", status_code=200)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import logging
+import os
 from typing import Any
 
+from netra import logs
 from netra.serve.config import ENGINES, ServeConfig
 
 _D = ServeConfig()
@@ -24,13 +25,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds to connect, and the longest silence allowed between upstream events")
     p.add_argument("--max-connections", type=int, default=_D.max_connections,
                    help="upstream connection pool size")
-    p.add_argument("--log-level", default=None, help="logging level (default: NETRA_LOG_LEVEL)")
+    p.add_argument("--worker-id", default=_D.worker_id,
+                   help="the worker label of this process's metrics and logs (the launcher passes the index)")
+    p.add_argument("--api-key", default=None,
+                   help="require this key (Authorization: Bearer KEY) on every request but /health and /metrics")
+    p.add_argument("--api-key-env", default=None, metavar="NAME",
+                   help="as --api-key, the key read from this environment variable (kept out of the command line)")
+    logs.add_arguments(p)
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
+    key = args.api_key
+    if args.api_key_env:
+        key = os.environ.get(args.api_key_env)
+        if not key:
+            raise ValueError(f"--api-key-env {args.api_key_env}: the variable is not set (or empty)")
     return ServeConfig(upstream=args.upstream, host=args.host, port=args.port,
                        stream_interval=args.stream_interval, model_name=args.model_name, engine=args.engine,
-                       upstream_timeout=args.upstream_timeout, max_connections=args.max_connections)
+                       upstream_timeout=args.upstream_timeout, max_connections=args.max_connections,
+                       worker_id=args.worker_id, api_key=key)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -45,7 +58,7 @@ def main(args: argparse.Namespace) -> int:
     from netra.serve.app import create_app
 
     level = (args.log_level or settings.get("NETRA_LOG_LEVEL")).upper()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(level, args.log_format)
     app = create_app(config)
     # One event loop per process by design; access logs off: at thousands of events/s they cost CPU.
     # Keep-alive outlasts nginx's upstream keepalive_timeout (60 s) so nginx closes idle connections

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 ENGINES = ("embedded", "sglang")
 
@@ -22,6 +22,10 @@ class ServeConfig:
     upstream_timeout: float = 600.0
     # Upstream connection pool size: one in-flight request holds one connection while it streams.
     max_connections: int = 4096
+    # The `worker` label of every metric this process exposes (the launcher passes the worker index).
+    worker_id: str = "0"
+    # Every request but /health and /metrics must carry it (Authorization: Bearer KEY); None: open.
+    api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.upstream.startswith(("http://", "https://")):

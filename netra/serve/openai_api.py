@@ -13,6 +13,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from netra.serve import requestlog
 from netra.serve.errors import OpenAIError
 from netra.serve.generation import Choice, Delta, Usage
 from netra.serve.logprobs import TokenText, chat_logprobs, completion_logprobs
@@ -110,11 +111,27 @@ class Endpoint:
         self.t0 = time.monotonic()
         self.created = int(time.time())
         self.id = f"{'chatcmpl' if name == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+        self.request: Request | None = None
+        self.request_id = uuid.uuid4().hex
+        self.finish_reasons: list[str | None] = []
+
+    def attach(self, request: Request) -> None:
+        """Take the request's X-Request-Id (netra/serve/requestlog.py): the worker runs it under that id."""
+        self.request = request
+        record = requestlog.current(request)
+        if record is not None:
+            self.request_id = record.id
+
+    def name_choices(self, choices: list[Choice]) -> list[Choice]:
+        """A single choice runs at the worker under the request id itself; choice i of several under ID-i."""
+        if len(choices) == 1:
+            choices[0].body["rid"] = self.request_id
+        return choices
 
     def choice(self, index: int, prompt: str | list[int], params: dict[str, Any], stream: bool,
                req: CompletionRequest | ChatCompletionRequest, model_text: Any) -> Choice:
         key = "text" if isinstance(prompt, str) else "input_ids"
-        body = {key: prompt, "sampling_params": params, "stream": stream, "rid": f"{self.id}-{index}"}
+        body = {key: prompt, "sampling_params": params, "stream": stream, "rid": f"{self.request_id}-{index}"}
         return Choice(index=index, body=body, tokenizer=model_text.tokenizer, stops=req.stop_strings(),
                       keep_stop=req.no_stop_trim, skip_special_tokens=req.skip_special_tokens,
                       endpoint=self.name, metrics=self.state.metrics, t0=self.t0, timed=stream)
@@ -131,6 +148,10 @@ class Endpoint:
         if usage is not None:
             m.prompt_tokens.labels(self.name).inc(usage.prompt_tokens)
             m.completion_tokens.labels(self.name).inc(usage.completion_tokens)
+        if self.request is not None:
+            requestlog.note(self.request, status=status, finish_reasons=self.finish_reasons,
+                            prompt_tokens=usage.prompt_tokens if usage is not None else None,
+                            completion_tokens=usage.completion_tokens if usage is not None else None)
 
     async def whole(self, request: Request, choices: list[Choice], n: int,
                     render: Callable[[list[tuple[str, Delta]], Usage], dict[str, Any]]) -> Response:
@@ -143,6 +164,7 @@ class Endpoint:
 
         results = await all_or_abort(request, [c.run_whole(upstream) for c in choices], abort_all)
         usage = self.usage(choices, n)
+        self.finish_reasons = [d.finish_reason for _, d in results]
         self.count(200, usage)
         return json_response(render(results, usage))
 
@@ -174,6 +196,8 @@ class Endpoint:
             try:
                 try:
                     async for delta in merge(choices, upstream, interval):
+                        if delta.finish_reason is not None:
+                            self.finish_reasons.append(delta.finish_reason)
                         obj = chunk(delta)
                         if obj is None:  # nothing to say yet (e.g. inside a tool call being parsed)
                             continue
@@ -271,12 +295,13 @@ def _logprob_fields(body: dict[str, Any], top: int | None) -> None:
 async def completions(state: ServeState, request: Request, req: CompletionRequest) -> Response:
     req.refuse_unsupported()
     ep = Endpoint(state, "completions", "text_completion", "text_completion")
+    ep.attach(request)
     model_text = await state.model_text()
     model = await state.model_name()
     params = req.sampling_params(req.max_tokens)
     prompts = req.prompts()
-    choices = [ep.choice(p * req.n + j, prompt, _seeded(params, j), req.stream, req, model_text)
-               for p, prompt in enumerate(prompts) for j in range(req.n)]
+    choices = ep.name_choices([ep.choice(p * req.n + j, prompt, _seeded(params, j), req.stream, req, model_text)
+                               for p, prompt in enumerate(prompts) for j in range(req.n)])
     if req.logprobs is not None:
         for c in choices:
             _logprob_fields(c.body, req.logprobs)
@@ -347,6 +372,7 @@ def _messages(req: ChatCompletionRequest, plain: bool) -> list[dict[str, Any]]:
 async def chat_completions(state: ServeState, request: Request, req: ChatCompletionRequest) -> Response:
     req.refuse_unsupported()
     ep = Endpoint(state, "chat", "chat.completion", "chat.completion.chunk")
+    ep.attach(request)
     model_text = await state.model_text()
     model = await state.model_name()
     template = model_text.chat_template
@@ -367,7 +393,8 @@ async def chat_completions(state: ServeState, request: Request, req: ChatComplet
     params = req.sampling_params(max_new)
     if req.tool_choice == "required" or req.named_tool() is not None:
         params["ebnf"] = required_grammar(tool_dicts(req.tools or []), req.named_tool(), req.parallel_tool_calls)
-    choices = [ep.choice(j, prompt_ids, _seeded(params, j), req.stream, req, model_text) for j in range(req.n)]
+    choices = ep.name_choices([ep.choice(j, prompt_ids, _seeded(params, j), req.stream, req, model_text)
+                               for j in range(req.n)])
     if req.logprobs:
         for c in choices:
             _logprob_fields(c.body, req.top_logprobs)
@@ -438,7 +465,8 @@ async def generate(state: ServeState, request: Request, req: GenerateRequest) ->
     if req.is_batch():
         return await _generate_batch(state, request, req)
     body = req.model_dump(exclude_none=True)
-    body.setdefault("rid", f"gen-{uuid.uuid4().hex}")
+    record = requestlog.current(request)
+    body.setdefault("rid", record.id if record is not None else f"gen-{uuid.uuid4().hex}")
     rid = str(body["rid"])
     upstream = state.upstream
     metrics = state.metrics
@@ -449,6 +477,12 @@ async def generate(state: ServeState, request: Request, req: GenerateRequest) ->
         if meta is not None:
             metrics.prompt_tokens.labels("generate").inc(int(meta.get("prompt_tokens", 0) or 0))
             metrics.completion_tokens.labels("generate").inc(int(meta.get("completion_tokens", 0) or 0))
+            finish = meta.get("finish_reason")
+            requestlog.note(request, status=status, prompt_tokens=int(meta.get("prompt_tokens", 0) or 0),
+                            completion_tokens=int(meta.get("completion_tokens", 0) or 0),
+                            finish_reasons=[finish.get("type") if isinstance(finish, dict) else None])
+        else:
+            requestlog.note(request, status=status)
 
     if not req.stream:
         def aborted() -> None:

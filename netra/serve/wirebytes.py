@@ -118,10 +118,10 @@ def fake_worker(incremental: bool, step_delay: float = 0.0) -> Iterator[str]:
 
 
 def _upstream_counter(client: httpx.Client) -> float:
-    for line in client.get("/metrics").text.splitlines():
-        if line.startswith("netra_serve_upstream_stream_bytes_total "):
-            return float(line.split()[1])
-    return 0.0
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for fam in text_string_to_metric_families(client.get("/metrics").text)
+               for s in fam.samples if s.name == "netra_serve_upstream_stream_bytes_total")
 
 
 def _body(endpoint: str, n: int, stream: bool) -> tuple[str, dict[str, Any]]:

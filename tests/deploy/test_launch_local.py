@@ -10,6 +10,8 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
+from pathlib import Path
 
 import httpx
 import openai
@@ -167,3 +169,61 @@ def test_killed_engine_streams_end_with_an_error_then_100_requests_complete(loca
         c.completions.create(model=MODEL, prompt="hi", max_tokens=1)
     after = served_per_worker(local)
     assert after[1] - before[1] >= 2
+
+
+def test_front_metrics_has_every_worker_and_its_counters_only_grow(local: Local) -> None:
+    """Six scrapes of the front's /metrics with requests in between: both workers' series every time
+    (response layer and engine, labelled worker + model_name), each worker's counter never decreasing."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    seen: list[dict[str, float]] = []
+    for i in range(6):
+        r = httpx.post(local.url + "/v1/completions", timeout=120,
+                       json={"model": MODEL, "prompt": f"scrape {i}", "max_tokens": 2, "temperature": 0})
+        assert r.status_code == 200, r.text
+        text = httpx.get(local.url + "/metrics", timeout=30).text
+        fams = {f.name: f.samples for f in text_string_to_metric_families(text)}
+        per_worker: dict[str, float] = {}
+        for s in fams["netra_serve_requests"]:
+            if s.name == "netra_serve_requests_total":
+                assert s.labels["model_name"] == MODEL
+                per_worker[s.labels["worker"]] = per_worker.get(s.labels["worker"], 0.0) + s.value
+        seen.append(per_worker)
+        assert {s.labels["worker"] for s in fams["sglang:num_running_reqs"]} == {"0", "1"}
+        assert {(s.labels["worker"], s.labels["process"], s.value) for s in fams["netra_scrape_up"]} == {
+            ("0", "serve", 1.0), ("0", "engine", 1.0), ("1", "serve", 1.0), ("1", "engine", 1.0)}
+    assert all(set(s) == {"0", "1"} for s in seen), seen
+    for before, after in pairwise(seen):
+        assert all(after[w] >= before[w] for w in before), seen
+    assert sum(seen[-1].values()) - sum(seen[0].values()) == 5, seen
+
+
+def test_request_id_is_logged_once_reaches_the_engine_and_is_echoed(local: Local) -> None:
+    rid = f"abc-{os.getpid()}"
+    r = httpx.post(local.url + "/v1/chat/completions", headers={"X-Request-Id": rid}, timeout=120,
+                   json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                         "temperature": 0})
+    assert r.status_code == 200 and r.headers["x-request-id"] == rid
+    # The native API shows the id the engine ran the request under (meta_info.id).
+    native = httpx.post(local.url + "/generate", headers={"X-Request-Id": rid + "-native"}, timeout=120,
+                        json={"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
+    assert native.status_code == 200 and native.json()["meta_info"]["id"] == rid + "-native"
+    # A refused request has its line too, and an id nginx made up when the client sent none.
+    bad = httpx.post(local.url + "/v1/chat/completions", json={"model": MODEL, "messages": []}, timeout=60)
+    assert bad.status_code == 400 and re.fullmatch(r"[0-9a-f]{32}", bad.headers["x-request-id"])
+    time.sleep(0.5)
+    logs = "".join(Path(w["serve"]["log"]).read_text() for w in local.record()["workers"])
+    lines = [line for line in logs.splitlines() if f"request id={rid} " in line]
+    assert len(lines) == 1, lines
+    line = lines[0]
+    for field in ("endpoint=/v1/chat/completions", "status=200", "prompt_tokens=", "completion_tokens=3",
+                  "finish_reason=length", "e2e_s="):
+        assert field in line, line
+    bad_lines = [ln for ln in logs.splitlines() if f"request id={bad.headers['x-request-id']} " in ln]
+    assert len(bad_lines) == 1 and "status=400" in bad_lines[0] and "error=" in bad_lines[0], bad_lines
+    assert "HTTP Request:" not in logs  # httpx's per-call INFO lines are silenced
+    access = Path(local.record()["front"]["conf"]).with_name("nginx.access.log")
+    deadline = time.monotonic() + 5  # nginx flushes its access log buffer every second
+    while f"rid={rid} " not in access.read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert f"rid={rid} " in access.read_text()

@@ -29,7 +29,10 @@ def test_local_plan_commands_ports_and_paths(tmp_path: Path) -> None:
         assert "--incremental-streaming-output" in argv and argv[argv.index("--device") + 1] == "cpu"
         assert list(w.serve_argv) == ["netra", "serve", "--upstream", f"http://127.0.0.1:{w.engine_port}",
                                       "--host", "127.0.0.1", "--port", str(w.serve_port), "--stream-interval",
-                                      "1", "--model-name", "netra-tiny", "--engine", "embedded"]
+                                      "1", "--model-name", "netra-tiny", "--engine", "embedded", "--worker-id",
+                                      str(i)]
+        assert argv[argv.index("--worker-id") + 1] == str(i) and "--enable-metrics" in argv
+        assert argv[argv.index("--served-model-name") + 1] == "netra-tiny"
         assert w.engine_env["OMP_NUM_THREADS"] == str(w.physical_cores)
         assert w.engine_expect["port"] == w.engine_port and w.engine_expect["preset"] == "tiny"
     assert plan.front.upstreams == ("127.0.0.1:41001", "127.0.0.1:41003")
@@ -74,7 +77,7 @@ def test_sglang_plan_uses_the_rendered_command() -> None:
     for w in plan.workers:
         assert list(w.engine_argv) == sglang.render_argv(prof, host="127.0.0.1", port=w.engine_port)
         assert w.engine_env["HIP_VISIBLE_DEVICES"] == str(w.gpu)
-        assert w.serve_argv[-2:] == ("--engine", "sglang")
+        assert w.serve_argv[-4:] == ("--engine", "sglang", "--worker-id", str(w.index))
         assert w.engine_expect["max_running_requests"] == 128 and w.engine_expect["stream_interval"] == 2
 
 

@@ -14,6 +14,15 @@ from netra.serve.fakeworker import FakeConfig, FakeState, create_fake_worker, wr
 from netra.serve.localserver import ServerThread
 
 
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples called ``name`` with these labels (others, such as worker and
+    model_name, are ignored) in a /metrics text; 0.0 when there is none."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
 @dataclass
 class Stack:
     upstream: str

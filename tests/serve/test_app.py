@@ -14,7 +14,7 @@ import pytest
 
 from netra.serve.fakeworker import EOS, IM_END, IM_START, FakeConfig, reference_output
 
-from .conftest import Stack, make_stack
+from .conftest import Stack, make_stack, metric_value
 
 
 def sse_events(raw: bytes) -> list[Any]:
@@ -256,10 +256,8 @@ def test_models_health_and_metrics(stack: Stack) -> None:
     assert models["data"][0]["id"] == "fake/contract-worker" and models["object"] == "list"
 
     def metric(text: str, name: str, labels: str = "") -> float:
-        for line in text.splitlines():
-            if line.startswith(name + (("{" + labels + "}") if labels else " ")):
-                return float(line.rsplit(" ", 1)[1])
-        return 0.0
+        pairs = dict(kv.split("=", 1) for kv in labels.split(",") if kv)
+        return metric_value(text, name, **{k: v.strip('"') for k, v in pairs.items()})
 
     before = c.get("/metrics").text
     raw = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "m"}], "max_tokens": 33,

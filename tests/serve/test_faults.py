@@ -19,7 +19,7 @@ from netra.serve.config import ServeConfig
 from netra.serve.fakeworker import FakeConfig, FakeState, create_fake_worker
 from netra.serve.localserver import ServerThread
 
-from .conftest import make_stack
+from .conftest import make_stack, metric_value
 
 
 def wait_for(cond: object, timeout: float = 5.0) -> bool:
@@ -56,8 +56,8 @@ def test_stream_disconnect_aborts_upstream(tokenizer_dir: Path, incremental: boo
             assert rid in s.fake.running
         # Leaving the block closed the connection mid-stream (2000 tokens at 10 ms would take 20 s).
         assert wait_for(lambda: _aborted_upstream(s.fake, rid)), (s.fake.running, s.fake.aborted)
-        assert wait_for(lambda: "netra_serve_upstream_aborts_total{reason=\"client_disconnect\"} 1.0"
-                        in httpx.get(s.url + "/metrics").text)
+        assert wait_for(lambda: metric_value(httpx.get(s.url + "/metrics").text, "netra_serve_upstream_aborts_total",
+                                             reason="client_disconnect") == 1.0)
 
 
 def test_nonstream_disconnect_aborts_upstream(tokenizer_dir: Path) -> None:
@@ -83,7 +83,7 @@ def test_upstream_dies_mid_stream_ends_with_error_event(tokenizer_dir: Path, inc
         assert err["code"] in (502, 503) and "worker" in err["message"]
         assert any(b.startswith(b'{"id"') for b in blocks[:-2])  # tokens before the fault got through
         metrics = httpx.get(s.url + "/metrics").text
-        assert 'netra_serve_requests_total{endpoint="chat",status="502"} 1.0' in metrics
+        assert metric_value(metrics, "netra_serve_requests_total", endpoint="chat", status="502") == 1.0
         # Non-streaming: a clean 502 error object.
         r = httpx.post(s.url + "/v1/completions", json={"prompt": "x", "max_tokens": 100, "stop": ["zz"]}, timeout=10)
         assert r.status_code == 502 and "worker" in r.json()["error"]["message"]
@@ -168,9 +168,10 @@ def test_disconnect_with_several_choices_aborts_each_once(tokenizer_dir: Path) -
         assert wait_for(lambda: all(_aborted_upstream(s.fake, rid) for rid in rids))
         time.sleep(0.2)
         metrics = httpx.get(s.url + "/metrics").text
-        assert 'netra_serve_upstream_aborts_total{reason="client_disconnect"} 4.0' in metrics
-        assert 'netra_serve_requests_total{endpoint="completions",status="499"} 1.0' in metrics
-        assert "netra_serve_in_flight 0.0" in metrics
+        assert metric_value(metrics, "netra_serve_upstream_aborts_total", reason="client_disconnect") == 4.0
+        assert metric_value(metrics, "netra_serve_requests_total", endpoint="completions", status="499") == 1.0
+        assert metric_value(metrics, "netra_serve_in_flight") == 0.0
+        assert 'netra_serve_in_flight{model_name="' in metrics  # every series labelled
 
 
 def test_sigterm_with_open_stream_exits_bounded_and_aborts_upstream(tokenizer_dir: Path) -> None:

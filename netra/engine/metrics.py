@@ -1,0 +1,98 @@
+"""The embedded engine's `/metrics` and its periodic load line, under SGLang's names where the
+meaning is the same (so an SGLang dashboard reads a Netra worker unchanged):
+
+| metric | kind | meaning |
+|---|---|---|
+| `sglang:num_running_reqs` | gauge | requests holding a slot (prefilling or decoding) |
+| `sglang:num_queue_reqs` | gauge | requests waiting for a slot |
+| `sglang:token_usage` | gauge | tokens held by running requests / the pools' token capacity (slots x context) |
+| `sglang:gen_throughput` | gauge | output tokens/s over the last load interval |
+| `sglang:time_to_first_token_seconds` | histogram | arrival at the server to the first output token |
+| `sglang:e2e_request_latency_seconds` | histogram | arrival to the finish |
+| `sglang:queue_time_seconds` | histogram | arrival to admission into a slot |
+| `sglang:prompt_tokens_total`, `sglang:generation_tokens_total` | counter | tokens of finished requests |
+| `netra_engine_requests_finished_total{finish_reason}` | counter | finished requests by reason (stop, length, abort) |
+
+Every series carries `worker` and `model_name` labels (netra/serve/metrics.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from netra.serve.metrics import labelled_exposition
+
+log = logging.getLogger("netra.engine")
+
+# SGLang's bucket edges for these histograms (sglang/srt/metrics/collector.py, 0.5.x), trimmed.
+_TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 15.0, 20.0,
+         25.0, 30.0)
+_E2E = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0)
+_QUEUE = (0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class EngineMetrics:
+    def __init__(self, scheduler: Any, worker: str, model_name: str) -> None:
+        self.sched = scheduler
+        self.registry = r = CollectorRegistry()
+        self.render = labelled_exposition(r, lambda: {"worker": worker, "model_name": model_name})
+        Gauge("sglang:num_running_reqs", "requests holding a slot (prefilling or decoding)",
+              registry=r).set_function(lambda: self._load()["running"] + self._load()["prefilling"])
+        Gauge("sglang:num_queue_reqs", "requests waiting for a slot", registry=r).set_function(
+            lambda: self._load()["waiting"])
+        Gauge("sglang:token_usage", "tokens held by running requests over the pools' token capacity",
+              registry=r).set_function(self.token_usage)
+        self.gen_throughput = Gauge("sglang:gen_throughput", "output tokens per second over the last interval",
+                                    registry=r)
+        self.ttft = Histogram("sglang:time_to_first_token_seconds", "arrival to the first output token",
+                              buckets=_TTFT, registry=r)
+        self.e2e = Histogram("sglang:e2e_request_latency_seconds", "arrival to the finish", buckets=_E2E, registry=r)
+        self.queue = Histogram("sglang:queue_time_seconds", "arrival to admission into a slot", buckets=_QUEUE,
+                               registry=r)
+        self.prompt_tokens = Counter("sglang:prompt_tokens", "prompt tokens of finished requests", registry=r)
+        self.generation_tokens = Counter("sglang:generation_tokens", "output tokens of finished requests",
+                                         registry=r)
+        self.finished = Counter("netra_engine_requests_finished", "finished requests by finish reason",
+                                ["finish_reason"], registry=r)
+        self._last: tuple[float, int] = (time.monotonic(), 0)
+
+    def _load(self) -> dict[str, int]:
+        load: dict[str, int] = self.sched.load()
+        return load
+
+    def token_usage(self) -> float:
+        pools = self.sched.pools
+        capacity = max(1, (pools.num_slots - 1) * pools.context_length)  # one slot is the pad row
+        held = sum(r.cached for r in list(self.sched.prefilling) + list(self.sched.decoding))
+        return held / capacity
+
+    def finish(self, started: float, first_token: float | None, admitted: float | None, prompt_tokens: int,
+               completion_tokens: int, reason: str) -> None:
+        now = time.perf_counter()
+        self.e2e.observe(now - started)
+        if first_token is not None:
+            self.ttft.observe(first_token - started)
+        if admitted is not None:
+            self.queue.observe(max(0.0, admitted - started))
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generation_tokens.inc(completion_tokens)
+        self.finished.labels(reason).inc()
+
+    def tick(self) -> str | None:
+        """Update gen_throughput from the scheduler's output counter; the load line to log, when the
+        interval saw work (SGLang logs its decode batches the same way)."""
+        now, tokens = time.monotonic(), int(self.sched.stats.output_tokens)
+        then, before = self._last
+        self._last = (now, tokens)
+        rate = (tokens - before) / max(1e-9, now - then)
+        self.gen_throughput.set(rate)
+        load = self._load()
+        running = load["running"] + load["prefilling"]
+        if not (running or load["waiting"] or tokens > before):
+            return None
+        return (f"load: #running-req {running}, #queue-req {load['waiting']}, token usage "
+                f"{self.token_usage():.3f}, gen throughput (token/s) {rate:.2f}, free slots {load['free_slots']}")
