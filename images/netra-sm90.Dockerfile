@@ -27,7 +27,7 @@ ENV NETRA_BUILD_DIR=/opt/netra/build \
     NETRA_RUN_DIR=/run/netra
 
 RUN pip install --no-cache-dir --no-deps -e . \
- && python3 -c "import netra.cli, netra.engine, netra.serve" \
+ && python3 -c "import netra.serve.app, netra.engine.server, netra.deploy.launch, tokenizers, jinja2, safetensors, cuda.bindings.driver" \
  && netra kernels verify
 
 CMD ["netra", "engine", "--help"]

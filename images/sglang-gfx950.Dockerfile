@@ -34,6 +34,6 @@ ENV NETRA_RUN_DIR=/run/netra \
 # --no-deps: the SGLang ROCm image already holds torch (ROCm), FastAPI, uvicorn, orjson, pydantic and
 # PyYAML; Netra must not move SGLang's pins. The import line fails the build if a module is missing.
 RUN pip install --no-cache-dir --no-deps -e . \
- && python3 -c "import netra.cli, netra.deploy.plan, netra.serve"
+ && python3 -c "import netra.serve.app, netra.deploy.launch, netra.deploy.sglang, sglang.srt.server_args, tokenizers, jinja2"
 
 CMD ["netra", "--help"]

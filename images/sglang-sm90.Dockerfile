@@ -37,7 +37,7 @@ ENV NETRA_BUILD_DIR=/opt/netra/build \
 # netra's `sglang.srt.plugins` entry point (netra/plugins/sglang.py); `netra kernels verify` if a
 # code object differs from the lock.
 RUN pip install --no-cache-dir --no-deps -e . \
- && python3 -c "import netra.cli, netra.deploy.plan, netra.serve" \
+ && python3 -c "import netra.serve.app, netra.deploy.launch, netra.deploy.sglang, sglang.srt.server_args, tokenizers, jinja2" \
  && python3 -m netra.plugins.sglang --check-install \
  && netra kernels verify
 

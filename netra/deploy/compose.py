@@ -44,6 +44,9 @@ HF_CACHE = "/root/.cache/huggingface"
 SHM_SIZE = "32gb"
 HEALTH = {"interval": "10s", "timeout": "5s", "retries": 3}
 SERVE_START_PERIOD_S = 60
+NGINX_USER = "www-data"  # Debian's nginx package user (present in the Debian/Ubuntu-based images)
+# Passed from the environment of `docker compose up` (empty when unset): gated Hugging Face repos.
+HF_TOKEN = "HF_TOKEN"
 
 
 class ComposeError(RuntimeError):
@@ -78,7 +81,9 @@ def _health(base_url: str, start_period_s: float) -> dict[str, Any]:
 
 
 def _nginx_conf(plan: Any) -> str:
-    """The front's config for the plan, with its `user` line fixed for the container (root there).
+    """The front's config for the plan, with its `user` line fixed for the container: the master
+    starts as the container's root (it reads the config and opens the logs), its worker processes,
+    which handle every connection, run as Debian's unprivileged nginx user `www-data`.
 
     `nginx.render` picks the user from the rendering process's uid; a compose file must not depend on
     who rendered it, so the line produced by the template's ``{{user_directive}}`` is replaced."""
@@ -90,7 +95,7 @@ def _nginx_conf(plan: Any) -> str:
     if len(marker) != 1 or "{{" in before:
         raise ComposeError(f"{nginx.TEMPLATE}: expected one '{{{{user_directive}}}}' line after plain text")
     lines = nginx.render(plan).splitlines()
-    lines[marker[0]] = "user root;"
+    lines[marker[0]] = f"user {NGINX_USER};"
     return "\n".join(lines) + "\n"
 
 
@@ -159,6 +164,9 @@ def build(profile: Any, topology_dir: str | Path | None = None) -> tuple[dict[st
         svc.update({
             "command": list(w.serve_argv),
             "ulimits": {"nofile": nofile},
+            # The response layer loads the worker's tokenizer (and chat template) from the same
+            # Hugging Face cache the worker downloaded its checkpoint into.
+            "volumes": [f"hf-cache:{HF_CACHE}"],
             "healthcheck": _health(w.serve_url, SERVE_START_PERIOD_S),
             "depends_on": {f"worker{w.index}": {"condition": "service_healthy"}},
         })
@@ -169,10 +177,14 @@ def build(profile: Any, topology_dir: str | Path | None = None) -> tuple[dict[st
         services[f"serve{w.index}"] = svc
     temp = Path(plan.run_dir) / "nginx-temp"
     mkdir = ["mkdir", "-p", *(str(temp / d) for d in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))]
+    # The unprivileged workers write the temp paths and the access log.
+    own = ["touch", front.access_log]
+    chown = ["chown", "-R", NGINX_USER, str(temp), front.access_log]
     nginx_argv = ["nginx", "-p", plan.run_dir, "-e", front.error_log, "-c", NGINX_CONF, "-g", "daemon off;"]
     services["front"] = {
         **common,
-        "command": ["sh", "-c", f"{shlex.join(mkdir)} && exec {shlex.join(nginx_argv)}"],
+        "command": ["sh", "-c", f"{shlex.join(mkdir)} && {shlex.join(own)} && {shlex.join(chown)} && "
+                                f"exec {shlex.join(nginx_argv)}"],
         "configs": [{"source": "nginx_conf", "target": NGINX_CONF}],
         "ulimits": {"nofile": nofile},
         "volumes": [run_volume],
@@ -192,7 +204,20 @@ def build(profile: Any, topology_dir: str | Path | None = None) -> tuple[dict[st
         "configs": {"nginx_conf": {"content": _nginx_conf(plan)}},
         "volumes": {"run": {}, "hf-cache": {}},
     }
-    return _escape(doc), plan
+    doc = _escape(doc)
+    # Interpolated by Compose on purpose (after escaping): secrets come from `docker compose up`'s
+    # environment, never from the file.
+    passthrough = {HF_TOKEN: f"${{{HF_TOKEN}:-}}"}
+    if profile.serve.api_key_env:
+        name = profile.serve.api_key_env
+        passthrough_serve = {name: f"${{{name}:?set {name} to the API key (profile serve.api_key_env)}}"}
+    else:
+        passthrough_serve = {}
+    for svc_name, svc in doc["services"].items():
+        if svc_name.startswith(("worker", "serve")):
+            extra = passthrough | (passthrough_serve if svc_name.startswith("serve") else {})
+            svc["environment"] = dict(sorted({**svc.get("environment", {}), **extra}.items()))
+    return doc, plan
 
 
 def to_yaml(doc: dict[str, Any]) -> str:

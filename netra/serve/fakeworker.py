@@ -80,6 +80,9 @@ class FakeConfig:
     eos_after: int | None = None  # emit EOS after this many tokens unless ignore_eos
     fail_after: int | None = None  # break the connection mid-stream after this many tokens
     healthy: bool = True
+    # As an SGLang worker started with a Hugging Face id reports it: model_path = tokenizer_path = the id,
+    # which the response layer then looks up in its own Hugging Face cache. None: the local tokenizer dir.
+    hub_id: str | None = None
 
 
 @dataclass
@@ -253,7 +256,8 @@ def create_fake_worker(config: FakeConfig | None = None, tokenizer_dir: Path | N
 
     @app.get("/model_info")
     async def model_info() -> Response:
-        return Response(orjson.dumps({"model_path": "fake/contract-worker", "tokenizer_path": str(tdir),
+        path = cfg.hub_id or str(tdir)
+        return Response(orjson.dumps({"model_path": cfg.hub_id or "fake/contract-worker", "tokenizer_path": path,
                                       "is_generation": True, "preset": None}), media_type="application/json")
 
     @app.get("/v1/models")

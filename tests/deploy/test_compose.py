@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,9 @@ def test_h200_services_follow_the_plan() -> None:
         (dev,) = svc["deploy"]["resources"]["reservations"]["devices"]
         assert (dev["driver"], dev["device_ids"], dev["capabilities"]) == ("nvidia", [str(w.gpu)], ["gpu"])
         # Inside the container the reserved GPU is CUDA device 0; the rest of the env is the plan's.
-        assert svc["environment"] == {**w.engine_env, "CUDA_VISIBLE_DEVICES": "0"}
+        # HF_TOKEN comes from the environment of `docker compose` (resolved here: this test's, usually unset).
+        assert svc["environment"] == {**w.engine_env, "CUDA_VISIBLE_DEVICES": "0",
+                                      "HF_TOKEN": os.environ.get("HF_TOKEN", "")}
         assert "devices" not in svc
         # The GPUs' NUMA nodes: 0-3 on node 0, 4-7 on node 1; memory bound there by numactl.
         assert svc["command"][:3] == ["numactl", f"--membind={0 if w.index < 4 else 1}", "--"]
@@ -167,7 +170,7 @@ def test_nginx_config_reaches_nginx_unaltered(name: str) -> None:
     got = conf.splitlines()
     assert len(got) == len(want)
     diff = [(g, w) for g, w in zip(got, want, strict=True) if g != w]
-    assert all(g == "user root;" for g, _ in diff) and len(diff) <= 1
+    assert all(g == "user www-data;" for g, _ in diff) and len(diff) <= 1
     assert "$remote_addr" in conf and "worker_processes 8;" in conf and "keepalive 1024;" in conf
     for w in plan.workers:
         assert f"server 127.0.0.1:{w.serve_port} " in conf
