@@ -5,7 +5,8 @@ response layer came next (counters then jump between workers' values, which Prom
 resets). Instead nginx passes `/metrics` to this aggregator: the launcher serves it on a unix
 socket in the run dir (`metrics.sock`), and each scrape fetches, concurrently, every worker's
 response-layer and engine `/metrics`, merges them family by family (each series already carries its
-`worker` and `model_name` labels, netra/serve/metrics.py) and adds
+`worker` and `model_name` labels, netra/serve/metrics.py; an SGLang worker's get the target's
+`worker` label here) and adds
 `netra_scrape_up{worker, process}` (1 when that process answered). `netra plan` prints the same
 per-worker targets for a Prometheus that scrapes workers directly (and for compose deployments,
 whose front has no aggregator).
@@ -59,7 +60,10 @@ def aggregate(texts: Iterable[tuple[Target, str | None]]) -> bytes:
             continue
         for fam in text_string_to_metric_families(text):
             merged = families.setdefault(fam.name, Metric(fam.name, fam.documentation, fam.type, fam.unit))
-            merged.samples.extend(fam.samples)
+            # Netra's processes label their series; an SGLang worker's carry no worker label, and two
+            # workers' identical series would collide: the target's worker is added where missing.
+            merged.samples.extend(s if "worker" in s.labels else s._replace(labels={**s.labels, "worker": target.worker})
+                                  for s in fam.samples)
 
     class _Families:
         def collect(self) -> Iterable[Metric]:
