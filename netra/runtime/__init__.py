@@ -322,10 +322,10 @@ def _import_source(obj: CodeObject, source: bytes) -> Any:
     import sys
     import types
 
-    from netra.settings import REPO_ROOT
+    from netra.resources import DATA_ROOT
 
     name = f"netra_tactics.{obj.target}.{obj.family}.{obj.name}"
-    filename = str(REPO_ROOT / obj.kernel["source"])
+    filename = str(DATA_ROOT / obj.kernel["source"])
     text = source.decode()
     # @triton.jit reads each kernel's source through inspect/linecache: serve it the checked bytes
     linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
