@@ -1,8 +1,8 @@
 """GDN decode + causal conv1d update on the H200: oracle checks and side-by-side timing (issue 19).
 
 Run from the repo root with the carried peers (``.sglang_peer/`` from
-``make sglang-peer``, which also carries the fla-core 0.6.0 + einops wheels the GDN manifest names;
-the SGLang peer's load installs them):
+``make sglang-peer``; the fla-core 0.6.0 + einops wheels carried in ``.whl/`` and installed on the
+PYTHONPATH by the device session; without them the fla-core rows are left out):
 
     timeout 240 python scripts/gpu/gdn.py --out $OUT/gdn
 

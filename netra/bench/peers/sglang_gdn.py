@@ -29,9 +29,7 @@ MODULES = {
 FILES = list(MODULES.values())
 
 
-# fla-core's fused_recurrent_gated_delta_rule is the second GDN peer (scripts/gpu/gdn.py): pure-Python
-# wheels, carried and installed with SGLang's (the GPU host has neither).
-MANIFEST = Manifest("gdn", tuple(MODULES), wheels={"fla-core==0.6.0": "fla", "einops==0.8.2": "einops"})
+MANIFEST = Manifest("gdn", tuple(MODULES))
 
 
 def load(root: Path) -> dict[str, Any]:
