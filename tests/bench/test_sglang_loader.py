@@ -192,3 +192,12 @@ def test_peer_manifests_resolve_in_the_pinned_wheel() -> None:
         assert (root / rel).is_file(), rel
     for jb in plan.jit:
         assert f"def {jb.getter}(" in L.module_file(root, jb.module).read_text(), jb
+
+
+def test_a_missing_wheel_is_noted_not_fatal(tmp_path: Path) -> None:
+    """The wheels are every peer's: one a peer does not need and this Python cannot have is a note."""
+    (tmp_path / "wheels").mkdir()
+    before = len(L.NOTES)
+    L.ensure_wheels(tmp_path, {"json-is-there==1": "json", "no-such-peer-pkg==1.0": "no_such_peer_pkg"})
+    assert L.NOTES[before:] == [f"no_such_peer_pkg not importable and no no-such-peer-pkg==1.0 wheel under "
+                                f"{tmp_path / 'wheels'}"]

@@ -342,20 +342,34 @@ _INSTALLED: Installed | None = None
 
 
 def ensure_wheels(root: Path, wheels: Mapping[str, str]) -> None:
-    """Make the carried wheels importable (pip --no-index into a temporary site folder)."""
-    missing = [imp for imp in wheels.values() if imp not in sys.modules and importlib.util.find_spec(imp) is None]
+    """Make the carried wheels importable: each missing package's wheel, pip-installed (--no-index)
+    into a temporary site folder for this Python. Best effort, one package at a time: the wheels are
+    every peer's (cp312 for the GPU host), a peer needs only its own, and a package that stays missing
+    fails where it is imported; each one not installed is noted."""
+    missing = {req: imp for req, imp in wheels.items()
+               if imp not in sys.modules and importlib.util.find_spec(imp) is None}
     if not missing:
         return
-    files = sorted((root / "wheels").glob("*.whl"))
-    if not files:
-        raise FileNotFoundError(f"{missing} not importable and no wheels under {root / 'wheels'}")
     site = Path(tempfile.gettempdir()) / f"netra_sglang_peer_py{sys.version_info[0]}{sys.version_info[1]}"
-    if not all((site / imp).exists() for imp in missing):
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                        "--upgrade", "--target", str(site), *map(str, files)], check=True)
-    sys.path.insert(0, str(site))
-    importlib.invalidate_caches()
-    NOTES.append(f"installed carried wheels {[f.name for f in files]} into {site}")
+    installed = []
+    for req, imp in sorted(missing.items()):
+        prefix = req.split("==")[0].replace("-", "_").lower() + "-"
+        files = [f for f in sorted((root / "wheels").glob("*.whl")) if f.name.lower().startswith(prefix)]
+        if not files:
+            NOTES.append(f"{imp} not importable and no {req} wheel under {root / 'wheels'}")
+            continue
+        if not (site / imp).exists():
+            r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                                "--upgrade", "--target", str(site), *map(str, files)], capture_output=True, text=True)
+            if r.returncode != 0:
+                NOTES.append(f"{imp}: {files[0].name} does not install for this Python: {r.stderr.strip()[-200:]}")
+                continue
+        installed.append(files[0].name)
+    if installed:
+        if str(site) not in sys.path:
+            sys.path.insert(0, str(site))
+        importlib.invalidate_caches()
+        NOTES.append(f"installed carried wheels {installed} into {site}")
 
 
 def _logger_once_methods() -> None:
