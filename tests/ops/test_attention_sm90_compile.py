@@ -59,9 +59,11 @@ SCRIPT = textwrap.dedent("""
                   "BLOCK_N": m["BLOCK_N"], "HAS_GATE": True, "stride_qd": 1, "stride_gd": 1}
         out[f"decode direct={direct}"] = compile_(dk._decode_fp8_kernel, types, consts, free,
                                                   num_warps=launch["block"] // 32, num_stages=m["num_stages"])
-    consts = {"Q_HEADS": 16, "HEAD_DIM": 256, "BLOCK_N": m["BLOCK_N"], "CHUNK": m["MERGE_CHUNK"], "HAS_GATE": True,
-              "stride_gd": 1}
-    out["merge"] = compile_(dk._decode_merge_kernel, types, consts, free, num_warps=m["merge_warps"])
+    for pdl in (False, True):  # the contracts' PDL 0, and the GPU script's PDL exploration
+        consts = {"Q_HEADS": 16, "HEAD_DIM": 256, "BLOCK_N": m["BLOCK_N"], "CHUNK": m["MERGE_CHUNK"], "HAS_GATE": True,
+                  "USE_PDL": pdl, "stride_gd": 1}
+        out[f"merge pdl={pdl}"] = compile_(dk._decode_merge_kernel, types, consts, free, num_warps=m["merge_warps"],
+                                           launch_pdl=pdl)
     pk = load("kernels/sm90/attention/qk_norm_rope_store.py")
     plaunch = contract("qk_norm_rope_store_fp8")["launch"]
     ptypes = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "QW": "*bf16", "KW": "*bf16", "Pos": "*i64",

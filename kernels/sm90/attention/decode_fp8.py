@@ -128,11 +128,13 @@ def _decode_merge_kernel(
     SeqLens, Gate, Out, PartO, PartLse,
     stride_gb, stride_gh, stride_gd, stride_ob, stride_oh, v_scale, ctx_len, splits,
     Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr,
-    HAS_GATE: tl.constexpr,
+    HAS_GATE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """One program per (request, query head): merge the non-empty splits, ``CHUNK`` at a time. The
     non-empty splits are a prefix, ``cdiv(blocks, per_split)`` long, by the main kernel's own rule
     (from ``seq_len``), so stale partials of empty splits are never read."""
+    if USE_PDL:  # launched as a programmatic dependent of the main kernel: its partials are complete here
+        tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     b = pid // Q_HEADS
     h = pid % Q_HEADS
@@ -187,6 +189,8 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if out is None:
         out = torch.empty((b, hq, d), dtype=q.dtype, device=q.device)
     block_n, block_h = int(meta["BLOCK_N"]), int(meta["BLOCK_H"])
+    # PDL: the merge kernel launches while the main kernel drains (its gdc_wait orders the reads)
+    pdl = bool(meta.get("PDL", 0))
     g = gate if gate is not None else q
     if splits > 1:
         part_o = torch.empty((b * hq * splits, d), dtype=torch.float32, device=q.device)
@@ -204,8 +208,8 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         _decode_merge_kernel[(b * hq,)](
             seq_lens, g, out, part_o, part_lse, g.stride(0), g.stride(1), g.stride(2), out.stride(0), out.stride(1),
             float(v_scale), k_cache.shape[1], splits, Q_HEADS=hq, HEAD_DIM=d, BLOCK_N=block_n,
-            CHUNK=int(meta["MERGE_CHUNK"]), HAS_GATE=gate is not None,
-            num_warps=int(meta["merge_warps"]))
+            CHUNK=int(meta["MERGE_CHUNK"]), HAS_GATE=gate is not None, USE_PDL=pdl,
+            num_warps=int(meta["merge_warps"]), **({"launch_pdl": True} if pdl else {}))
     return out
 
 
