@@ -224,6 +224,33 @@ def decode_case(run: Run, name: str, q: torch.Tensor, kc: torch.Tensor, vc: torc
         print(f"  FAIL {case}", flush=True)
 
 
+def pdl_case(run: Run, b: int, ctx: int, gen: torch.Generator) -> None:
+    """The merge kernel launched with PDL (an exploration: the contracts say PDL 0), eager and replayed."""
+    kc, vc = pool(b + 1, ctx)
+    slots = torch.arange(1, b + 1, device=DEV)
+    lens = torch.randint(1, ctx + 1, (b,), device=DEV, generator=gen)
+    q = torch.randn(b, HQ, D, device=DEV, generator=gen).bfloat16()
+    gate = torch.randn(b, HQ, D, device=DEV, generator=gen).bfloat16()
+    hit = attention.decode_route(q, kc, vc, slots, lens, gate)
+    if hit is None:
+        raise RuntimeError("dispatch chose the fallback")
+    mod, launch = hit[1].tactic.module, hit[1].tactic.launch_spec
+    meta = {**launch["meta"], "num_warps": launch["block"] // 32, "PDL": 1}
+    _, splits = grid_size(launch["grid"], {**mod.dims_of(q, kc), **meta})
+    ref = attention.attention_decode_gated_ref(q, gate, kc, vc, slots, lens, ctx, SM)
+    out = torch.full_like(q, float("nan"))
+    poison_allocator()
+    mod.launch_decode(q, kc, vc, slots, lens, SM, 1.0, 1.0, gate, splits, meta, out=out)
+    g, got = graph_of(lambda: mod.launch_decode(q, kc, vc, slots, lens, SM, 1.0, 1.0, gate, splits, meta))
+    g.replay()
+    torch.cuda.synchronize()
+    verdict = oracle.judge(contract(C_GATED), out, ref)
+    case = {"case": f"PDL merge (exploration) B={b} L={ctx}", "contract": C_GATED, "splits": splits,
+            **{k: verdict[k] for k in ("ok", "rel_l2", "max_abs")}, "eager_equals_replay": bool(torch.equal(got, out))}
+    case["pass"] = bool(verdict["ok"] and case["eager_equals_replay"] and splits > 1)
+    run.cases.append(case)
+
+
 def decode_checks(run: Run, shapes: list[tuple[int, int]]) -> None:
     gen = torch.Generator(device=DEV).manual_seed(19)
     for b, ctx in shapes:
@@ -263,6 +290,9 @@ def decode_checks(run: Run, shapes: list[tuple[int, int]]) -> None:
         decode_case(run, f"B={MIXED_B} mixed lengths", q2, kc2, vc2, torch.arange(1, MIXED_B + 1, device=DEV), mixed,
                     None)
         del kc, vc, kc2, vc2
+    with run.step("check decode: merge launched with PDL"):
+        pdl_case(run, 1, LONG_CTX, gen)
+        pdl_case(run, ADV_B, ADV_CTX, gen)
     with run.step("check decode long context: dominant token at the end / at a split edge"):
         kc, vc = pool(2, LONG_CTX, scale=0.25)
         q = torch.zeros(2, HQ, D, device=DEV)
@@ -472,6 +502,8 @@ def bench_decode_shape(run: Run, b: int, ctx: int, copy_bps: float, peer_cls: An
     for s in SPLIT_SWEEP.get(b, []):
         if s != splits:
             provs.append(P(f"netra:splits={s} (exploration)", lambda i, s=s: explore(i, s, meta), n))
+    if splits > 1:  # the merge kernel as a programmatic dependent launch
+        provs.append(P("netra:PDL=1 (exploration)", lambda i: explore(i, splits, {**meta, "PDL": 1}), n))
     if (b, ctx) in TILE_SHAPES:
         for tv in TILE_SWEEP:
             tag = ",".join(f"{k}={v}" for k, v in tv.items())
@@ -481,7 +513,7 @@ def bench_decode_shape(run: Run, b: int, ctx: int, copy_bps: float, peer_cls: An
     for name, st in stats.items():
         run.rows.append(timing.row("attention_decode", {"batch": b, "context": ctx}, "bf16 q, e4m3 kv", name, st,
                                    kv_floor_bytes(b * ctx, b, name == "netra:gated"), copy_bps, n_inputs=n,
-                                   splits=splits if name in ("netra", "netra:gated") or "BLOCK_N" in name else None))
+                                   splits=splits if "splits=" not in name and name.startswith("netra") else None))
     med = {k: float(v["median_us"]) for k, v in stats.items()}
     out: dict[str, Any] = {"netra_us": med["netra"], "splits": splits, "netra_vs_fallback": med["fallback"] / med["netra"]}
     if "sglang_triton" in med:
