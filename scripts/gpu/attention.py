@@ -455,13 +455,18 @@ def kv_floor_bytes(lens_total: int, b: int, gated: bool) -> int:
     return 2 * lens_total * HKV * D + (3 if gated else 2) * b * HQ * D * 2
 
 
-def bench_decode(run: Run, copy_bps: float, peer_root: Path) -> dict[str, Any]:
+def bench_decode(run: Run, state: dict[str, Any], peer_root: Path, save: Any) -> dict[str, Any]:
+    """Every benchmark shape (the record is saved after each); the issue's two shapes first."""
     peer_cls = load_peer(run, peer_root)
-    speedups: dict[str, Any] = {}
-    for b, ctx in BENCH:
+    speedups: dict[str, Any] = state["speedups"].setdefault("attention_decode", {})
+    for b, ctx in sorted(BENCH, key=lambda s: s not in ((128, 4096), (1, 49152))):
+        if run.left() < 15:
+            run.notes.append(f"B={b} L={ctx} not timed: the run's time budget was spent")
+            continue
         with run.step(f"time decode B={b} L={ctx}"):
-            speedups[f"B={b},L={ctx}"] = bench_decode_shape(run, b, ctx, copy_bps, peer_cls, peer_root)
+            speedups[f"B={b},L={ctx}"] = bench_decode_shape(run, b, ctx, state["copy_bps"], peer_cls, peer_root)
         torch.cuda.empty_cache()
+        save()
     return speedups
 
 
@@ -553,7 +558,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--peer-root", type=Path, default=REPO / ".sglang_peer")
-    ap.add_argument("--budget", type=float, default=225.0, help="seconds; later steps shrink to fit")
+    ap.add_argument("--budget", type=float, default=215.0, help="seconds; later steps shrink to fit")
     ap.add_argument("--quick", action="store_true", help="checks at B=1/8 only, no timing (debugging)")
     a = ap.parse_args()
     run = Run(a.out, a.budget)
@@ -561,19 +566,28 @@ def main() -> int:
     torch.backends.cudnn.allow_tf32 = False
     dispatch.reset(Dispatcher(min_maturity="experiment", disabled=False))
     _common.reset_decisions()
-    copy_bps = 0.0
-    speedups: dict[str, Any] = {}
+    state: dict[str, Any] = {"copy_bps": 0.0, "speedups": {}}
     with run.step("copy bandwidth"):
-        copy_bps = timing.copy_bandwidth()
-        print(f"  copy bandwidth {copy_bps / 1e12:.3f} TB/s", flush=True)
+        state["copy_bps"] = timing.copy_bandwidth()
+        print(f"  copy bandwidth {state['copy_bps'] / 1e12:.3f} TB/s", flush=True)
     decode_checks(run, BENCH[:2] if a.quick else BENCH)
     prologue_checks(run)
+    save(run, a, state)  # a record after every phase: a run cut short by its timeout still leaves one
     if not a.quick:
         accuracy(run, a.peer_root)
+        save(run, a, state)
         if run.left() > 40:
-            speedups["attention_decode"] = bench_decode(run, copy_bps, a.peer_root)
+            state["speedups"]["attention_decode"] = bench_decode(run, state, a.peer_root, lambda: save(run, a, state))
         if run.left() > 10:
-            speedups["qk_norm_rope_store"] = bench_prologue(run, copy_bps)
+            state["speedups"]["qk_norm_rope_store"] = bench_prologue(run, state["copy_bps"])
+    checks = save(run, a, state, final=True)
+    print_table(run, state["speedups"], checks)
+    return 0
+
+
+def save(run: Run, a: argparse.Namespace, state: dict[str, Any], final: bool = False) -> dict[str, Any]:
+    """Write the record as it stands (``partial`` until the last phase); returns its checks."""
+    speedups = state["speedups"]
     failed = [c for c in run.cases if not c.get("pass")]
     checks = {"cases": len(run.cases), "failures": len(failed), "failed_cases": [c["case"] for c in failed],
               "eager_equals_replay": all(c.get("eager_equals_replay", True) for c in run.cases),
@@ -585,24 +599,26 @@ def main() -> int:
                  "faster than the fallback at every shape": bool(dec) and all(v["netra_vs_fallback"] > 1 for v in dec.values()),
                  "at least as fast as SGLang's Triton decode at every shape": bool(wins) and all(
                      w is not None and w >= 1 for w in wins.values())}
-    verdict = "inconclusive" if run.errors or not dec else ("accepted" if all(promotion.values()) else "rejected")
+    verdict = "inconclusive" if run.errors or not dec or not final else (
+        "accepted" if all(promotion.values()) else "rejected")
     record = {"kind": "kernel", "family": "attention", "target": "sm90",
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
               "git_sha": git_sha(), "date": utc_now(), "command": " ".join(["python", *sys.argv]),
-              "status": "measured", "rows": run.rows, "checks": checks, "cases": run.cases, "accuracy": run.accuracy,
-              "speedups": speedups, "promotion": promotion, "verdict": verdict, "copy_bandwidth_Bps": copy_bps,
-              "errors": run.errors, "notes": [*run.notes,
-                  "FlashInfer XQA was not run (no wheel carried); issue 19's table gives its H200 numbers: 124 us at "
-                  "B=128 L=4096 (1.00 of the floor), 29.0 us at B=1 L=49152 (0.40). Its numerics (q cast to E4M3) "
-                  "are emulated in `accuracy` as fp8_q: the FP32 oracle on q cast to E4M3 (saturating, scale 1).",
-                  "floor bytes: K and V once (E4M3) + q and o (BF16) (+ the gate for netra:gated); split partials are "
-                  "extra traffic, not in the floor"],
+              "status": "measured", "partial": not final, "rows": run.rows, "checks": checks, "cases": run.cases,
+              "accuracy": run.accuracy, "speedups": speedups, "promotion": promotion, "verdict": verdict,
+              "copy_bandwidth_Bps": state["copy_bps"], "errors": run.errors, "elapsed_s": round(run.budget - run.left(), 1),
+              "notes": [*run.notes,
+                        "FlashInfer XQA was not run (no wheel carried); issue 19's table gives its H200 numbers: 124 us "
+                        "at B=128 L=4096 (1.00 of the floor), 29.0 us at B=1 L=49152 (0.40). Its numerics (q cast to "
+                        "E4M3) are emulated in `accuracy` as fp8_q: the FP32 oracle on q cast to E4M3 (saturating, "
+                        "scale 1).",
+                        "floor bytes: K and V once (E4M3) + q and o (BF16) (+ the gate for netra:gated); split partials "
+                        "are extra traffic, not in the floor"],
               "environment": {"torch": torch.__version__, "triton": __import__("triton").__version__,
                               "cuda": torch.version.cuda}}
     path = write_record(record, a.out, "attention_h200")
-    print(f"record: {path}")
-    print_table(run, speedups, checks)
-    return 0
+    print(f"record ({'final' if final else 'partial'}): {path}", flush=True)
+    return checks
 
 
 def print_table(run: Run, speedups: dict[str, Any], checks: dict[str, Any]) -> None:

@@ -15,7 +15,7 @@ Numerics (why FP16 MMAs while q is BF16):
   ``cvt.rn.f16x2.e4m3x2`` per two elements; E4M3 -> BF16 costs three conversions per two on sm90
   (Triton goes through FP16), and conversions, not MMAs, are the ALU cost of this kernel.
 * q is moved into FP16 exactly: each query row is multiplied by a power of two ``2^(13-e)``
-  (``e`` = the exponent of the row's max |q|), so the row max lands in [2^13, 2^15) and every BF16
+  (``e`` = the exponent of the row's max |q|), so the row max lands in [2^13, 2^14) and every BF16
   value within 2^-27 of the row max keeps all its bits (FP16 has 3 more mantissa bits than BF16);
   the power of two is divided back out of the FP32 scores, with the softmax scale. Smaller
   elements become FP16 subnormals: their absolute error is below 2^-38 of the row max.
