@@ -21,7 +21,7 @@ from netra.ops import attention, conv, gdn, norm
 from netra.ops._common import acc_dtype
 from netra.ops.linear import linear, linear_group
 from netra.ops.moe import moe
-from netra.ops.rope import rope, rope_cache
+from netra.ops.rope import rope_cache
 
 
 @dataclass
@@ -101,17 +101,16 @@ class Model:
         else:
             q, gate = qg.reshape(t, hq, d), None
         k, v = k.reshape(t, hkv, d), v.reshape(t, hkv, d)
-        q = norm.rmsnorm(q, w.q_norm, cfg.rms_norm_eps)
-        k = norm.rmsnorm(k, w.k_norm, cfg.rms_norm_eps)
-        q, k = rope(q, k, fb.positions, self.rope_cache, cfg.rotary_dim)
         kc, vc = self.pools.k[li], self.pools.v[li]
-        attention.kv_store(k, v, kc, vc, fb.token_slots, fb.positions)
-        if fb.decode:
-            o = attention.attention_decode(q, kc, vc, fb.slots, fb.seq_lens, fb.max_len, self.sm_scale)
+        # q/k norms, RoPE and the K/V store (one op: fused on sm90, today's chain of ops as fallback)
+        q = attention.qk_norm_rope_store(q, k, v, w.q_norm, w.k_norm, cfg.rms_norm_eps, fb.positions,
+                                         self.rope_cache, cfg.rotary_dim, kc, vc, fb.token_slots)
+        if fb.decode:  # the output gate rides in the decode op (fused on sm90)
+            o = attention.attention_decode(q, kc, vc, fb.slots, fb.seq_lens, fb.max_len, self.sm_scale, gate=gate)
         else:
             o = attention.attention_prefill(q, kc, vc, fb.seq_slots, fb.seq_starts, fb.q_lens, self.sm_scale)
-        if gate is not None:
-            o = attention.output_gate(o, gate)
+            if gate is not None:
+                o = attention.output_gate(o, gate)
         return linear(o.reshape(t, hq * d), w.o_proj)
 
     def _gdn(self, x: torch.Tensor, w: GDNWeights, fb: ForwardBatch, li: int) -> torch.Tensor:

@@ -23,6 +23,8 @@ OPS: dict[str, str] = {
     "kv_store": "netra.ops.attention",
     "attention_prefill": "netra.ops.attention",
     "attention_decode": "netra.ops.attention",
+    "attention_decode_gated": "netra.ops.attention",
+    "qk_norm_rope_store": "netra.ops.attention",
     "attention_output_gate": "netra.ops.attention",
     "causal_conv1d_prefill": "netra.ops.conv",
     "causal_conv1d_update": "netra.ops.conv",

@@ -8,14 +8,25 @@ in slot s lives at ``[s, t]``. FP8 stores ``k / k_scale`` saturated to ±448 (SG
 References: `attention_prefill_ref` (a list of sequences, each a chunk appended to its cached
 prefix) and `attention_decode_ref` (one query per sequence, batched and masked by length). Both
 accumulate in `acc_dtype` and round the output once to the query dtype.
+
+Decode on sm90 (kernels/sm90/attention/, Triton; contracts ``attention_decode_fp8_*``,
+``qk_norm_rope_store_fp8``): `qk_norm_rope_store` is the prologue in one kernel (q/k Gemma RMSNorm,
+partial RoPE, K/V into the E4M3 cache; reference `qk_norm_rope_store_ref`, the composition of
+`rmsnorm_ref`, `rope_ref` and `kv_store_ref`), and `attention_decode` with ``gate=`` is the
+split-sequence decode with the output gate in its epilogue (op ``attention_decode_gated``;
+reference `attention_decode_gated_ref`). Their fallbacks run today's chain of ops.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from netra.ops import fp8
-from netra.ops._common import acc_dtype, route
+from netra import dispatch
+from netra.ops import fp8, norm, rope
+from netra.ops._common import acc_dtype, bind, route
+from netra.ops._triton import launch_tactic
 
 
 def kv_store_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -86,6 +97,30 @@ def output_gate_ref(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     return (o.float() * torch.sigmoid(gate.float())).to(o.dtype)
 
 
+def attention_decode_gated_ref(q: torch.Tensor, gate: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               slots: torch.Tensor, seq_lens: torch.Tensor, max_len: int, sm_scale: float,
+                               k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+    """`attention_decode_ref` then `output_gate_ref` (the output is rounded before the gate, as unfused)."""
+    o = attention_decode_ref(q, k_cache, v_cache, slots, seq_lens, max_len, sm_scale, k_scale, v_scale)
+    return output_gate_ref(o, gate)
+
+
+def qk_norm_rope_store_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
+                           k_weight: torch.Tensor, eps: float, positions: torch.Tensor, rope_table: torch.Tensor,
+                           rotary_dim: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           token_slots: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+    """The attention prologue: q/k Gemma RMSNorm, partial RoPE at ``positions``, k/v stored in the cache at
+    ``[token_slots, positions]``; returns the normalised, rotated q ``[T, Hq, D]``."""
+    qr, kr = rope.rope_ref(norm.rmsnorm_ref(q, q_weight, eps), norm.rmsnorm_ref(k, k_weight, eps), positions,
+                           rope_table, rotary_dim)
+    kv_store_ref(kr, v, k_cache, v_cache, token_slots, positions, k_scale, v_scale)
+    return qr
+
+
+for _op in ("attention_decode", "attention_decode_gated", "qk_norm_rope_store"):
+    bind(_op, launch_tactic)
+
+
 def output_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     hit = route("attention_output_gate", {"o": o, "gate": gate}, {"tokens": o.shape[0], "width": o[0].numel()})
     if hit is not None:
@@ -119,13 +154,58 @@ def attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                                  v_scale)
 
 
+def qk_norm_rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
+                       k_weight: torch.Tensor, eps: float, positions: torch.Tensor, rope_table: torch.Tensor,
+                       rotary_dim: int, k_cache: torch.Tensor, v_cache: torch.Tensor, token_slots: torch.Tensor,
+                       k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+    """``q [T, Hq, D]``, ``k, v [T, Hkv, D]`` (views with a unit last stride) -> the normalised, rotated q;
+    K/V land in the cache. Fallback: `norm.rmsnorm` twice, `rope.rope`, `kv_store` (each through dispatch)."""
+    hit = route("qk_norm_rope_store",
+                {"q": q, "k": k, "v": v, "q_weight": q_weight, "k_weight": k_weight, "positions": positions,
+                 "rope_table": rope_table, "k_cache": k_cache, "v_cache": v_cache, "token_slots": token_slots},
+                {"tokens": q.shape[0], "q_heads": q.shape[1], "kv_heads": k.shape[1], "head_dim": q.shape[2],
+                 "rotary_dim": rotary_dim})
+    if hit is not None:
+        out: torch.Tensor = hit[0](hit[1], q=q, k=k, v=v, q_weight=q_weight, k_weight=k_weight, eps=eps,
+                                   positions=positions, rope_table=rope_table, rotary_dim=rotary_dim,
+                                   k_cache=k_cache, v_cache=v_cache, token_slots=token_slots, k_scale=k_scale,
+                                   v_scale=v_scale)
+        return out
+    qr, kr = rope.rope(norm.rmsnorm(q, q_weight, eps), norm.rmsnorm(k, k_weight, eps), positions, rope_table,
+                       rotary_dim)
+    kv_store(kr, v, k_cache, v_cache, token_slots, positions, k_scale, v_scale)
+    return qr
+
+
+def decode_route(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                 seq_lens: torch.Tensor, gate: torch.Tensor | None = None) -> tuple[Any, dispatch.Decision] | None:
+    """The dispatch answer for a decode call (op ``attention_decode``, or ``attention_decode_gated`` with a gate)."""
+    dims = {"batch": q.shape[0], "q_heads": q.shape[1], "kv_heads": k_cache.shape[2], "head_dim": q.shape[2],
+            "context": k_cache.shape[1]}
+    tensors = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "slots": slots, "seq_lens": seq_lens}
+    if gate is None:
+        return route("attention_decode", tensors, dims)
+    return route("attention_decode_gated", {**tensors, "gate": gate}, dims)
+
+
 def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                      seq_lens: torch.Tensor, max_len: int, sm_scale: float, k_scale: float = 1.0,
-                     v_scale: float = 1.0) -> torch.Tensor:
-    hit = route("attention_decode", {"q": q, "k_cache": k_cache, "slots": slots, "seq_lens": seq_lens},
-                {"batch": q.shape[0], "q_heads": q.shape[1], "kv_heads": k_cache.shape[2],
-                 "head_dim": q.shape[2]})
+                     v_scale: float = 1.0, gate: torch.Tensor | None = None) -> torch.Tensor:
+    """``q [B, Hq, D]`` over ``cache[slots[b], :seq_lens[b]]``; with ``gate [B, Hq, D]`` the output is
+    ``o · sigmoid(gate)`` (op ``attention_decode_gated``: the gate fused into the tactic's epilogue; the
+    fallback runs `output_gate` after the ungated op). ``max_len`` bounds the reference's span only: the
+    tactics read the lengths on the device."""
+    hit = decode_route(q, k_cache, v_cache, slots, seq_lens, gate)
+    if gate is not None:
+        if hit is not None:
+            gated: torch.Tensor = hit[0](hit[1], q=q, k_cache=k_cache, v_cache=v_cache, slots=slots,
+                                         seq_lens=seq_lens, max_len=max_len, sm_scale=sm_scale, k_scale=k_scale,
+                                         v_scale=v_scale, gate=gate)
+            return gated
+        return output_gate(attention_decode(q, k_cache, v_cache, slots, seq_lens, max_len, sm_scale, k_scale,
+                                            v_scale), gate)
     if hit is not None:
-        return hit[0](hit[1], q=q, k_cache=k_cache, v_cache=v_cache, slots=slots, seq_lens=seq_lens,
-                      max_len=max_len, sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale)
+        out: torch.Tensor = hit[0](hit[1], q=q, k_cache=k_cache, v_cache=v_cache, slots=slots, seq_lens=seq_lens,
+                                   max_len=max_len, sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale)
+        return out
     return attention_decode_ref(q, k_cache, v_cache, slots, seq_lens, max_len, sm_scale, k_scale, v_scale)

@@ -1,15 +1,12 @@
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 
-@pytest.fixture
-def interp_entry() -> Callable[[str], tuple[Any, dict[str, Any]]]:
-    """``interp_entry(contract_path)`` -> (the Triton tactic's entry under Triton's CPU interpreter,
-    the contract's JSON). Skips with the reason when triton is not importable or not interpreting."""
+def _require_interpreter() -> None:
     pytest.importorskip("triton", reason="triton is not installed: the Triton interpreter tests need it")
     import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
@@ -17,6 +14,13 @@ def interp_entry() -> Callable[[str], tuple[Any, dict[str, Any]]]:
     if not isinstance(tl.sum, InterpretedFunction):
         pytest.skip("triton was imported without TRITON_INTERPRET=1 (a CUDA machine, or imported before "
                     "tests/ops/conftest.py): the interpreter tests need it set before triton's import")
+
+
+@pytest.fixture
+def interp_entry() -> Callable[[str], tuple[Any, dict[str, Any]]]:
+    """``interp_entry(contract_path)`` -> (the Triton tactic's entry under Triton's CPU interpreter,
+    the contract's JSON). Skips with the reason when triton is not importable or not interpreting."""
+    _require_interpreter()
     from netra.ops import _triton
 
     def load(path: str) -> tuple[Any, dict[str, Any]]:
@@ -24,3 +28,56 @@ def interp_entry() -> Callable[[str], tuple[Any, dict[str, Any]]]:
         return _triton.entry(doc), doc
 
     return load
+
+
+def interpreter_fixes() -> Callable[[], None]:
+    """Mend two defects of Triton 3.6's interpreter; returns the function that undoes it.
+
+    * A scalar tensor becomes a Python int through ``int(array)`` of a one-element array, which NumPy
+      >= 2.3 refuses ("only 0-dimensional arrays can be converted"): ``for i in range(start, end, step)``
+      over loaded values fails. ``__index__`` takes the one element instead.
+    * FP32 -> BF16 (and -> FP8) narrows by truncating the mantissa where the GPU rounds to nearest even
+      (``cvt.rn``): float conversions between formats torch knows go through torch (round to nearest
+      even, as the hardware does).
+    """
+    import torch
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    patch_tensor, convert = interpreter._patch_lang_tensor, interpreter._convert_float
+
+    def patched(tensor: Any, scope: Any) -> None:
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    formats = {tl.float32: torch.float32, tl.float16: torch.float16, tl.bfloat16: torch.bfloat16,
+               tl.float8e4nv: torch.float8_e4m3fn, tl.float8e5: torch.float8_e5m2}
+    rtne = interpreter._ir.ROUNDING_MODE.RTNE
+
+    def convert_rn(data: Any, src: Any, dst: Any, rounding_mode: Any) -> Any:
+        if src not in formats or dst not in formats or rounding_mode not in (None, rtne):
+            return convert(data, src, dst, rounding_mode)
+        raw = torch.from_numpy(data.copy()).view(formats[src])
+        bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[formats[dst].itemsize]
+        return raw.to(formats[dst]).view(bits).numpy()
+
+    interpreter._patch_lang_tensor, interpreter._convert_float = patched, convert_rn
+
+    def undo() -> None:
+        interpreter._patch_lang_tensor, interpreter._convert_float = patch_tensor, convert
+
+    return undo
+
+
+@pytest.fixture(scope="module")
+def interp_source() -> Iterator[Callable[[str], Any]]:
+    """``interp_source("kernels/.../x.py")`` -> the Triton source module under the interpreter, with
+    `interpreter_fixes` applied for the test module (undone after it)."""
+    _require_interpreter()
+    from netra.ops import _triton
+
+    undo = interpreter_fixes()
+    try:
+        yield _triton.load_source
+    finally:
+        undo()
