@@ -24,7 +24,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "stop": ("netra.deploy.cli", "stop a launch from another shell, from its record"),
     "plan": ("netra.deploy.cli", "resolve a profile into a plan: placement, commands, canonical JSON + sha256"),
     "compose": ("netra.deploy.cli", "render a Compose v2 file for a profile's verified plan"),
-    "images": ("netra.deploy.images", "the image lock: lint Dockerfiles against it, relock, pin digests"),
+    "images": ("netra.deploy.imagebuild", "container images: make the base, build (Docker SDK), lint, relock, pin"),
     "sglang": ("netra.deploy.sglang", "check rendered SGLang worker commands with SGLang's own parser"),
     "serve": ("netra.serve.cli", "OpenAI-compatible response layer in front of one worker"),
     "engine": ("netra.engine.cli", "the embedded engine's worker server (SGLang worker HTTP contract)"),

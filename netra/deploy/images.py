@@ -8,17 +8,24 @@ One entry per image, keyed by the name a profile's ``image:`` uses::
       "digest": "sha256:<64 hex>" | "unresolved",     # that image's registry digest
       "dockerfile": "images/sglang-sm90.Dockerfile",
       "dockerfile_sha256": "<64 hex>",
-      "tag": "netra/sglang-cuda-sm90:0.1.0"           # what the Dockerfile builds (compose runs it)
+      "tag": "netra/sglang-cuda-sm90:0.1.0",          # what the Dockerfile builds (compose runs it)
+      "base": null | "<name in bases>",               # a base image made here (debootstrap) instead
+      "built": null | {"id": "sha256:...", ...}       # the image `netra images build` made and recorded
     }
 
-A digest is only ever written by someone who read it from the registry (`docker buildx imagetools
-inspect REF`); this machine has no Docker engine and no registry access, so it never guesses one:
-an unknown digest stays ``"unresolved"`` and a strict launch refuses it. Once resolved,
-``netra images pin NAME sha256:...`` records it and rewrites the Dockerfile's FROM
-as ``reference@digest`` (and its sha256 in the lock), so the build itself is pinned.
+A base made on this machine (`netra images base`: debootstrap + `docker import`, no registry needed)
+is a ``bases`` entry with its image ID; an image built FROM it names it in ``base``, its
+``reference``/``digest`` are the base's tag and ID, and its Dockerfile spells ``FROM ${NETRA_BASE}``
+(the builder passes the locked ID: a base made by debootstrap differs per machine, the Dockerfile
+does not). An upstream digest is only ever written by someone who read it from the registry
+(`docker buildx imagetools inspect REF`); none is guessed: it stays ``"unresolved"`` and a strict
+launch refuses it. ``netra images pin NAME sha256:...`` records it and rewrites the Dockerfile's FROM as
+``reference@digest``.
 
 `check(profile, strict)` lists the problems of a profile's image; `lint()` checks every entry
 against its Dockerfile (FROM line, sha256) and that every Dockerfile under `images/` is locked.
+The lock read and written is `$NETRA_IMAGE_LOCK` (default `images/lock.json`). Builds:
+`netra/deploy/imagebuild.py`.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -34,15 +42,23 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from netra import settings
 from netra.resources import DATA_ROOT
 
 LOCK_PATH = DATA_ROOT / "images" / "lock.json"
-LOCK_VERSION = 1
+LOCK_VERSION = 2
 UNRESOLVED = "unresolved"
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-TARGETS = ("sm90", "gfx950")
+TARGETS = ("cpu", "sm90", "gfx950")
 ENGINES = ("sglang", "netra")
+# The FROM of a Dockerfile built on a base made here: the builder passes the locked base ID.
+BASE_ARG = "NETRA_BASE"
+BASE_FROM = "${" + BASE_ARG + "}"
+# What `built` records (`netra images build`); `id` is the image ID, the sha256 of the image's
+# config, which names every layer by its content digest (a registry digest needs a push).
+BUILT_KEYS = ("id", "base_id", "dockerfile_sha256", "context_sha256", "wheelhouse_sha256", "engine",
+              "size", "created")
 
 
 class ImageLockError(ValueError):
@@ -59,6 +75,8 @@ class ImageEntry:
     dockerfile: str
     dockerfile_sha256: str
     tag: str
+    base: str | None = None
+    built: dict[str, Any] | None = None
 
     @property
     def resolved(self) -> bool:
@@ -67,37 +85,101 @@ class ImageEntry:
     @property
     def pinned_reference(self) -> str:
         """The upstream reference as the Dockerfile's FROM must spell it."""
+        if self.base is not None:
+            return BASE_FROM
         return f"{self.reference}@{self.digest}" if self.resolved else self.reference
+
+    @property
+    def built_id(self) -> str | None:
+        return str(self.built["id"]) if self.built else None
+
+    @property
+    def compose_image(self) -> str:
+        """What a compose file runs: the recorded image ID once built here, else the tag."""
+        return self.built_id or self.tag
+
+
+@dataclass(frozen=True)
+class BaseEntry:
+    """A base image made on this machine (debootstrap --variant=VARIANT SUITE MIRROR, then imported)."""
+
+    name: str
+    tag: str
+    id: str
+    suite: str
+    variant: str
+    mirror: str
+    created: str
+
+
+@dataclass(frozen=True)
+class Lock:
+    bases: dict[str, BaseEntry]
+    images: dict[str, ImageEntry]
+
+
+def lock_path() -> Path:
+    return Path(settings.get("NETRA_IMAGE_LOCK"))
 
 
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def load_lock(path: Path = LOCK_PATH) -> dict[str, ImageEntry]:
+def _strings(path: Path, where: str, raw: Any, keys: list[str], optional: tuple[str, ...] = ()) -> None:
+    if not isinstance(raw, dict):
+        raise ImageLockError(f"image lock {path}: {where} is not a mapping")
+    unknown = sorted(set(raw) - set(keys) - set(optional))
+    missing = [k for k in keys if k not in raw]
+    if unknown:
+        raise ImageLockError(f"image lock {path}: unknown key {where}.{unknown[0]} (allowed: {keys + list(optional)})")
+    if missing:
+        raise ImageLockError(f"image lock {path}: missing key {where}.{missing[0]}")
+    bad = [k for k in keys if not isinstance(raw[k], str) or not raw[k]]
+    if bad:
+        raise ImageLockError(f"image lock {path}: {where}.{bad[0]} must be a non-empty string")
+
+
+def _base(path: Path, name: str, raw: Any) -> BaseEntry:
+    keys = [f.name for f in fields(BaseEntry) if f.name != "name"]
+    _strings(path, f"bases.{name}", raw, keys)
+    entry = BaseEntry(name=name, **raw)
+    if entry.id != UNRESOLVED and not DIGEST_RE.fullmatch(entry.id):
+        raise ImageLockError(f"image lock {path}: bases.{name}.id {entry.id!r} is neither sha256:<64 hex> nor "
+                             f"{UNRESOLVED!r}")
+    return entry
+
+
+def _built(path: Path, name: str, raw: Any) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or sorted(raw) != sorted(BUILT_KEYS):
+        raise ImageLockError(f"image lock {path}: images.{name}.built must be null or have exactly the keys "
+                             f"{list(BUILT_KEYS)}")
+    for key in ("id", "base_id"):
+        if not DIGEST_RE.fullmatch(str(raw[key])):
+            raise ImageLockError(f"image lock {path}: images.{name}.built.{key} is not sha256:<64 hex>")
+    return dict(raw)
+
+
+def read_lock(path: Path | None = None) -> Lock:
+    path = path or lock_path()
     if not path.is_file():
         raise ImageLockError(f"image lock {path} is missing")
     try:
         data = json.loads(path.read_text())
     except ValueError as exc:
         raise ImageLockError(f"image lock {path}: not JSON: {exc}") from None
-    if not isinstance(data, dict) or data.get("version") != LOCK_VERSION or not isinstance(data.get("images"), dict):
-        raise ImageLockError(f'image lock {path}: expected {{"version": {LOCK_VERSION}, "images": {{...}}}}')
-    keys = [f.name for f in fields(ImageEntry) if f.name != "name"]
+    if (not isinstance(data, dict) or data.get("version") != LOCK_VERSION or not isinstance(data.get("images"), dict)
+            or not isinstance(data.get("bases"), dict)):
+        raise ImageLockError(f'image lock {path}: expected {{"version": {LOCK_VERSION}, "bases": {{...}}, '
+                             f'"images": {{...}}}}')
+    bases = {name: _base(path, name, raw) for name, raw in data["bases"].items()}
+    keys = [f.name for f in fields(ImageEntry) if f.name not in ("name", "base", "built")]
     out: dict[str, ImageEntry] = {}
     for name, raw in data["images"].items():
-        if not isinstance(raw, dict):
-            raise ImageLockError(f"image lock {path}: images.{name} is not a mapping")
-        unknown = sorted(set(raw) - set(keys))
-        missing = [k for k in keys if k not in raw]
-        if unknown:
-            raise ImageLockError(f"image lock {path}: unknown key images.{name}.{unknown[0]} (allowed: {keys})")
-        if missing:
-            raise ImageLockError(f"image lock {path}: missing key images.{name}.{missing[0]}")
-        bad = [k for k in keys if not isinstance(raw[k], str) or not raw[k]]
-        if bad:
-            raise ImageLockError(f"image lock {path}: images.{name}.{bad[0]} must be a non-empty string")
-        entry = ImageEntry(name=name, **raw)
+        _strings(path, f"images.{name}", raw, keys, optional=("base", "built"))
+        entry = ImageEntry(name=name, **{**raw, "built": _built(path, name, raw.get("built"))})
         if entry.target not in TARGETS:
             raise ImageLockError(f"image lock {path}: images.{name}.target {entry.target!r} not in {TARGETS}")
         if entry.engine not in ENGINES:
@@ -110,13 +192,33 @@ def load_lock(path: Path = LOCK_PATH) -> dict[str, ImageEntry]:
                                  f"digest; keep it in images.{name}.digest")
         if not SHA256_RE.fullmatch(entry.dockerfile_sha256):
             raise ImageLockError(f"image lock {path}: images.{name}.dockerfile_sha256 is not 64 hex digits")
+        if entry.base is not None:
+            base = bases.get(entry.base)
+            if base is None:
+                raise ImageLockError(f"image lock {path}: images.{name}.base {entry.base!r} is not in bases")
+            if (entry.reference, entry.digest) != (base.tag, base.id):
+                raise ImageLockError(f"image lock {path}: images.{name} builds on base {base.name}, so its "
+                                     f"reference/digest must be {base.tag} / {base.id}")
         out[name] = entry
-    return out
+    return Lock(bases, out)
 
 
-def write_lock(entries: dict[str, ImageEntry], path: Path = LOCK_PATH) -> None:
+def load_lock(path: Path | None = None) -> dict[str, ImageEntry]:
+    return read_lock(path).images
+
+
+def write_lock(entries: dict[str, ImageEntry], path: Path | None = None,
+               bases: dict[str, BaseEntry] | None = None) -> None:
+    """Write the lock (atomically); `bases` None keeps the bases already in the file."""
+    path = path or lock_path()
+    if bases is None:
+        bases = read_lock(path).bases if path.is_file() else {}
     images = {name: {k: v for k, v in asdict(e).items() if k != "name"} for name, e in sorted(entries.items())}
-    path.write_text(json.dumps({"version": LOCK_VERSION, "images": images}, indent=2, sort_keys=True) + "\n")
+    out = {"version": LOCK_VERSION, "images": images,
+           "bases": {n: {k: v for k, v in asdict(b).items() if k != "name"} for n, b in sorted(bases.items())}}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
 
 
 def from_lines(dockerfile: Path) -> list[str]:
@@ -150,6 +252,8 @@ def lint_entry(entry: ImageEntry, root: Path = DATA_ROOT) -> list[str]:
     if len(refs) != 1:
         problems.append(f"image {entry.name}: {entry.dockerfile} has {len(refs)} FROM lines; the lock pins one")
     for ref in refs:
+        if entry.base is not None and ref == BASE_FROM:
+            continue  # the builder passes the locked base ID as the build argument
         if "$" in ref:
             problems.append(f"image {entry.name}: {entry.dockerfile} FROM {ref} is a build argument, not a pin")
         elif ref != entry.pinned_reference:
@@ -158,8 +262,9 @@ def lint_entry(entry: ImageEntry, root: Path = DATA_ROOT) -> list[str]:
     return problems
 
 
-def lint(path: Path = LOCK_PATH, root: Path = DATA_ROOT) -> list[str]:
+def lint(path: Path | None = None, root: Path = DATA_ROOT) -> list[str]:
     """Every entry against its Dockerfile, every Dockerfile locked, tags unique, digests flagged."""
+    path = path or lock_path()
     try:
         entries = load_lock(path)
     except ImageLockError as exc:
@@ -203,18 +308,19 @@ def hadolint(paths: list[Path]) -> list[str]:
         f"hadolint exited {proc.returncode}"]
 
 
-def unresolved(path: Path = LOCK_PATH) -> list[str]:
+def unresolved(path: Path | None = None) -> list[str]:
     """Entries whose upstream digest is not resolved yet (each refused by a strict launch)."""
     return sorted(n for n, e in load_lock(path).items() if not e.resolved)
 
 
-def check(profile: Any, strict: bool, *, path: Path = LOCK_PATH, root: Path = DATA_ROOT) -> list[str]:
+def check(profile: Any, strict: bool, *, path: Path | None = None, root: Path = DATA_ROOT) -> list[str]:
     """Problems with the profile's image; an unresolved digest is one only when `strict`.
 
     An embedded-engine profile that names no image runs as plain processes and has nothing to check.
     """
     name = profile.image
     kind = profile.engine.kind
+    path = path or lock_path()
     if name is None:
         if kind == "sglang":
             return [f"profile {profile.name!r} runs SGLang workers but names no image (image: in the profile)"]
@@ -235,15 +341,19 @@ def check(profile: Any, strict: bool, *, path: Path = LOCK_PATH, root: Path = DA
         problems.append(f"image {name!r} carries the {entry.engine} engine, profile {profile.name!r} runs "
                         f"{kind} (mismatched reference)")
     problems += lint_entry(entry, root)
-    if strict and not entry.resolved:
+    if strict and not entry.resolved and entry.base is not None:
+        problems.append(f"image {name!r}: its base {entry.base} is not made yet in {path} (`netra images base`, "
+                        f"then `netra images build {name}`)")
+    elif strict and not entry.resolved:
         problems.append(f"image {name!r}: the digest of {entry.reference} is unresolved in {path}; a strict "
                         f"launch needs it pinned by digest (`netra images pin {name} "
                         f"sha256:...` with the digest from the registry)")
     return problems
 
 
-def relock(path: Path = LOCK_PATH, root: Path = DATA_ROOT) -> list[str]:
+def relock(path: Path | None = None, root: Path = DATA_ROOT) -> list[str]:
     """Record each Dockerfile's current sha256; returns the names whose hash changed."""
+    path = path or lock_path()
     entries = load_lock(path)
     changed = []
     for name, e in entries.items():
@@ -255,7 +365,7 @@ def relock(path: Path = LOCK_PATH, root: Path = DATA_ROOT) -> list[str]:
     return changed
 
 
-def pin(name: str, digest: str, path: Path = LOCK_PATH, root: Path = DATA_ROOT, *,
+def pin(name: str, digest: str, path: Path | None = None, root: Path = DATA_ROOT, *,
         reference: str | None = None) -> ImageEntry:
     """Record a registry digest for an image's upstream reference and pin the Dockerfile's FROM to it.
 
@@ -269,6 +379,8 @@ def pin(name: str, digest: str, path: Path = LOCK_PATH, root: Path = DATA_ROOT, 
     if name not in entries:
         raise ImageLockError(f"image {name!r} is not in the image lock (locked: {', '.join(sorted(entries))})")
     e = entries[name]
+    if e.base is not None:
+        raise ImageLockError(f"image {name!r} builds on the base {e.base} made here; `netra images base` pins it")
     df = root / e.dockerfile
     old = e.pinned_reference
     text = df.read_text()
@@ -282,7 +394,9 @@ def pin(name: str, digest: str, path: Path = LOCK_PATH, root: Path = DATA_ROOT, 
     return entries[name]
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> Any:
+    """The lock verbs (lint, relock, pin); returns the subparsers so that `netra images` adds the build
+    verbs (netra/deploy/imagebuild.py registers the whole `images` verb)."""
     sub = parser.add_subparsers(dest="cmd", metavar="WHAT", required=True)
     sub.add_parser("lint", help="check every lock entry against its Dockerfile (and hadolint, when installed)")
     sub.add_parser("relock", help="record each Dockerfile's current sha256")
@@ -290,13 +404,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p_pin.add_argument("name", help="image name in the lock")
     p_pin.add_argument("digest", help="sha256:... as the registry reports it")
     p_pin.add_argument("--reference", help="the upstream reference the digest was read for, if not the locked one")
-
-
-def register(sub: Any) -> None:
-    from netra.cli import add_verb
-
-    add_arguments(add_verb(sub, "images"))
-    sub.choices["images"].set_defaults(func=run)
+    return sub
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,8 @@ def test_committed_lock_matches_every_dockerfile() -> None:
     assert images.lint() == []
     entries = images.load_lock()
     assert {e.dockerfile for e in entries.values()} == {
-        "images/sglang-sm90.Dockerfile", "images/sglang-gfx950.Dockerfile", "images/netra-sm90.Dockerfile"}
+        "images/sglang-sm90.Dockerfile", "images/sglang-gfx950.Dockerfile", "images/netra-sm90.Dockerfile",
+        "images/netra-cpu.Dockerfile"}
     by_target = {(e.target, e.engine): e for e in entries.values()}
     assert by_target[("sm90", "sglang")].reference == "lmsysorg/sglang:v0.5.23-cu130"
     assert by_target[("gfx950", "sglang")].reference.startswith("lmsysorg/sglang:v0.5.23-rocm")
@@ -39,9 +40,43 @@ def test_committed_lock_matches_every_dockerfile() -> None:
         assert images.from_lines(REPO / e.dockerfile) == [e.pinned_reference]
 
 
-def test_digests_are_honestly_unresolved() -> None:
-    # No registry is reachable from here: every digest is recorded as unresolved, none guessed.
-    assert images.unresolved() == sorted(images.load_lock())
+def test_upstream_digests_are_honestly_unresolved() -> None:
+    # No registry is reachable from here: every upstream digest is recorded as unresolved, none guessed;
+    # the GPU images are not built here either.
+    gpu = sorted(n for n, e in images.load_lock().items() if e.target != "cpu")
+    assert gpu == ["netra-engine-cuda-sm90", "netra-sglang-cuda-sm90", "netra-sglang-rocm-gfx950"]
+    assert [n for n in images.unresolved() if n in gpu] == gpu
+    assert all(images.load_lock()[n].built is None for n in gpu)
+
+
+def test_the_cpu_image_builds_on_the_base_made_here() -> None:
+    lock = images.read_lock()
+    cpu = lock.images["netra-engine-cpu"]
+    base = lock.bases[cpu.base or ""]
+    assert (cpu.target, cpu.engine, cpu.reference, cpu.digest) == ("cpu", "netra", base.tag, base.id)
+    assert (base.suite, base.variant) == ("bookworm", "minbase")
+    assert images.from_lines(REPO / cpu.dockerfile) == ["${NETRA_BASE}"] == [cpu.pinned_reference]
+    if cpu.built is not None:  # recorded by `netra images build` on the machine that built it
+        assert cpu.built["base_id"] == base.id and cpu.built["dockerfile_sha256"] == cpu.dockerfile_sha256
+        assert cpu.compose_image == cpu.built["id"]
+
+
+def test_a_built_record_must_be_complete(tree: Path) -> None:
+    data = json.loads(_lock(tree).read_text())
+    data["images"]["netra-engine-cpu"]["built"] = {"id": DIGEST}
+    _lock(tree).write_text(json.dumps(data))
+    with pytest.raises(images.ImageLockError, match=r"netra-engine-cpu.built must be null or have exactly"):
+        images.load_lock(_lock(tree))
+
+
+def test_a_based_image_must_carry_its_base_id(tree: Path) -> None:
+    data = json.loads(_lock(tree).read_text())
+    data["images"]["netra-engine-cpu"]["digest"] = DIGEST
+    _lock(tree).write_text(json.dumps(data))
+    with pytest.raises(images.ImageLockError, match="builds on base debian-bookworm-minbase"):
+        images.load_lock(_lock(tree))
+    with pytest.raises(images.ImageLockError, match="made here"):
+        images.pin("netra-engine-cpu", DIGEST, images.LOCK_PATH, REPO)
 
 
 def test_every_profile_image_is_locked_and_matches() -> None:
@@ -127,7 +162,8 @@ def test_pin_rewrites_from_and_satisfies_strict(tree: Path) -> None:
     p = load_profile("dp8-h200-throughput128")
     assert images.check(p, strict=True, path=_lock(tree), root=tree) == []
     # The other images stay unresolved: pinning one never touches another.
-    assert images.unresolved(_lock(tree)) == ["netra-engine-cuda-sm90", "netra-sglang-rocm-gfx950"]
+    assert [n for n in images.unresolved(_lock(tree)) if "cpu" not in n] == [
+        "netra-engine-cuda-sm90", "netra-sglang-rocm-gfx950"]
     with pytest.raises(images.ImageLockError, match="not sha256"):
         images.pin("netra-sglang-cuda-sm90", "sha256:xyz", _lock(tree), tree)
 
@@ -169,7 +205,7 @@ def test_cli_lint_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_dockerfiles_pass_hadolint() -> None:
     dockerfiles = sorted((REPO / "images").glob("*.Dockerfile"))
-    assert len(dockerfiles) == 3
+    assert len(dockerfiles) == 4
     assert images.hadolint(dockerfiles) == []
 
 
