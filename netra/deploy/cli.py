@@ -222,6 +222,8 @@ def _launch(args: argparse.Namespace) -> int:
         # Report every cause at once: the placement problem and whatever verification found.
         print(str(LaunchRefused([str(exc), *v.problems])), file=sys.stderr)
         return 2
+    if args.compose or (args.compose is None and prof.target == "cpu" and prof.image is not None):
+        return _launch_compose(args, base, prof, v)
     if args.detach:
         if v.problems:
             print(str(LaunchRefused(v.problems)), file=sys.stderr)
@@ -242,6 +244,39 @@ def _launch(args: argparse.Namespace) -> int:
     return Launch(plan, v, strict=strict, meta=meta, log=lambda m: print(m, flush=True)).run()
 
 
+def _launch_compose(args: argparse.Namespace, base: Any, prof: Any, v: Any) -> int:
+    """The profile's plan in containers, through Docker Compose (netra/deploy/containers.py)."""
+    from netra.deploy import compose
+    from netra.deploy.containers import ComposeLaunch
+    from netra.deploy.imagebuild import ImageBuildError
+    from netra.deploy.plan import Overrides, default_run_dir
+    from netra.deploy.verify import LaunchRefused
+
+    ov = Overrides(front_port=args.front_port, front_host=args.front_host, port_base=args.port_base,
+                   workers=args.workers)
+    try:
+        _, plan = compose.build(prof, None, ov)
+    except compose.ComposeError as exc:
+        print(f"launch refused: {exc}", file=sys.stderr)
+        return 2
+    print_plan(plan)
+    print(f"plan sha256 {plan.sha256()}")
+    for w in v.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if v.problems:
+        print(str(LaunchRefused(v.problems)), file=sys.stderr)
+        return 2
+    run_dir = Path(args.run_dir if args.run_dir is not None else default_run_dir(prof)).absolute()
+    meta = {"profile_base_sha256": base.sha256(), "set_overrides": list(args.sets), "overrides": ov.to_dict()}
+    try:
+        launch = ComposeLaunch(prof, plan, v, run_dir, compose_file=args.compose_file, meta=meta,
+                               log=lambda m: print(m, flush=True))
+    except ImageBuildError as exc:
+        print(f"launch refused: {exc}", file=sys.stderr)
+        return 2
+    return launch.run()
+
+
 def _run_dir(args: argparse.Namespace) -> Path:
     if args.run_dir is not None:
         return Path(args.run_dir)
@@ -253,10 +288,21 @@ def _run_dir(args: argparse.Namespace) -> Path:
 
 def _status(args: argparse.Namespace) -> int:
     from netra.deploy.launch import dump, status
-    from netra.deploy.record import RecordError
+    from netra.deploy.record import RecordError, read_record
 
     try:
-        code, summary = status(_run_dir(args))
+        run_dir = _run_dir(args)
+        rec = read_record(run_dir)
+        if rec.get("mode") == "compose":
+            from netra.deploy import containers
+
+            code, summary = containers.status(rec)
+            print(dump(summary) if args.json else "\n".join(
+                [f"{summary['profile']}: {summary['state']} on {summary['front']} (compose project "
+                 f"{summary['project']}, front {'healthy' if summary['front_healthy'] else 'NOT healthy'})"]
+                + [f"  {name}: {st}" for name, st in summary["containers"].items()]))
+            return code
+        code, summary = status(run_dir)
     except RecordError as exc:
         print(f"netra status: {exc}", file=sys.stderr)
         return 1
@@ -288,10 +334,16 @@ def status_text(summary: dict[str, Any]) -> str:
 
 def _stop(args: argparse.Namespace) -> int:
     from netra.deploy.launch import stop
-    from netra.deploy.record import RecordError
+    from netra.deploy.record import RecordError, read_record
 
     try:
-        notes = stop(_run_dir(args), timeout=args.timeout)
+        run_dir = _run_dir(args)
+        if read_record(run_dir).get("mode") == "compose":
+            from netra.deploy import containers
+
+            notes = containers.stop(run_dir)
+        else:
+            notes = stop(run_dir, timeout=args.timeout)
     except RecordError as exc:
         print(f"netra stop: {exc}", file=sys.stderr)
         return 1
@@ -318,6 +370,11 @@ def register(sub: Any) -> None:
     p.add_argument("--detach", action="store_true", help="return once serving; the launcher keeps running")
     p.add_argument("--strict", action=argparse.BooleanOptionalAction, default=None,
                    help="override the profile's strict lock policy")
+    p.add_argument("--compose", action=argparse.BooleanOptionalAction, default=None,
+                   help="start the plan in containers with Docker Compose (default: for a cpu profile that "
+                        "names an image, such as local-compose)")
+    p.add_argument("--compose-file", type=Path,
+                   help="start this file rendered by `netra compose` (refused if it differs from a fresh render)")
     p.set_defaults(func=_launch)
 
     for verb, func in (("status", _status), ("stop", _stop)):

@@ -110,20 +110,27 @@ def _escape(obj: Any) -> Any:
     return obj
 
 
-def build(profile: Any, topology_dir: str | Path | None = None) -> tuple[dict[str, Any], Any]:
-    """(the compose document as plain data, the container plan it was built from)."""
+def build(profile: Any, topology_dir: str | Path | None = None, overrides: Any = None) -> tuple[dict[str, Any], Any]:
+    """(the compose document as plain data, the container plan it was built from).
+
+    `overrides` (ports, workers) apply as for `netra launch`; the run dir is always the container path."""
+    from dataclasses import replace
+
     from netra.deploy.plan import Overrides, make_plan
 
-    if profile.target not in ("sm90", "gfx950"):
-        raise ComposeError(f"profile {profile.name!r} targets {profile.target}: compose files are for GPU nodes")
-    plan = make_plan(profile, topology_dir, Overrides(run_dir=CONTAINER_RUN_ROOT / profile.name))
+    if profile.target == "cpu" and profile.image is None:
+        raise ComposeError(f"profile {profile.name!r} targets cpu and names no image: it runs as processes "
+                           f"(`netra launch`); a CPU compose profile names its image (local-compose)")
+    ov = replace(overrides or Overrides(), run_dir=CONTAINER_RUN_ROOT / profile.name)
+    plan = make_plan(profile, topology_dir, ov)
     image_name, entry = _image(profile)
     run_volume = f"run:{plan.run_dir}"
     front = plan.front
     nofile = {"soft": front.worker_rlimit_nofile, "hard": front.worker_rlimit_nofile}
     # The plan's restart budget (profile.supervisor.max_restarts), as Docker's restart policy.
     restarts = int(profile.supervisor.max_restarts)
-    common = {"image": entry.tag, "pull_policy": "never", "network_mode": "host",
+    # An image built and recorded here is run by its ID; others by the tag their Dockerfile builds.
+    common = {"image": entry.compose_image, "pull_policy": "never", "network_mode": "host",
               "restart": f"on-failure:{restarts}" if restarts > 0 else "no", "init": True}
     services: dict[str, Any] = {}
     for w in plan.workers:
@@ -134,7 +141,7 @@ def build(profile: Any, topology_dir: str | Path | None = None) -> tuple[dict[st
             env["CUDA_VISIBLE_DEVICES"] = "0"
             svc["deploy"] = {"resources": {"reservations": {"devices": [
                 {"driver": "nvidia", "device_ids": [str(w.gpu)], "capabilities": ["gpu"]}]}}}
-        else:
+        elif profile.target == "gfx950":
             # ROCm: the whole KFD + DRI device set is passed and HIP_VISIBLE_DEVICES (from the plan)
             # selects the plan's GPU. seccomp unconfined and the video/render groups follow AMD's
             # documented docker run options for ROCm containers.
@@ -152,7 +159,9 @@ def build(profile: Any, topology_dir: str | Path | None = None) -> tuple[dict[st
             "environment": dict(sorted(env.items())),
             "ipc": "host",
             "shm_size": SHM_SIZE,
-            "ulimits": {"memlock": -1, "stack": 67108864, "nofile": nofile},
+            # memlock unlimited is for the GPU runtime's pinned host memory; a CPU worker pins none.
+            "ulimits": ({"memlock": -1, "stack": 67108864, "nofile": nofile} if profile.uses_gpus
+                        else {"stack": 67108864, "nofile": nofile}),
             "volumes": [run_volume, f"hf-cache:{HF_CACHE}"],
             "healthcheck": _health(w.engine_url, profile.supervisor.health_timeout_s),
         })
@@ -192,14 +201,19 @@ def build(profile: Any, topology_dir: str | Path | None = None) -> tuple[dict[st
         "healthcheck": _health(front.url, SERVE_START_PERIOD_S),
         "depends_on": {f"serve{w.index}": {"condition": "service_healthy"} for w in plan.workers},
     }
+    meta = {
+        "profile": profile.name, "profile_sha256": plan.profile_sha256, "plan_sha256": plan.sha256(),
+        "target": profile.target, "topology": plan.topology, "image": image_name,
+        "image_reference": entry.reference, "image_digest": entry.digest,
+        "dockerfile": entry.dockerfile, "build": f"docker build -f {entry.dockerfile} -t {entry.tag} .",
+    }
+    if entry.base is not None:  # built by the SDK builder on a base made here
+        meta["build"] = f"netra images base {entry.base} && netra images build {image_name}"
+    if entry.built_id is not None:
+        meta["image_id"] = entry.built_id
     doc = {
         "name": f"netra-{profile.name}",
-        "x-netra": {
-            "profile": profile.name, "profile_sha256": plan.profile_sha256, "plan_sha256": plan.sha256(),
-            "target": profile.target, "topology": plan.topology, "image": image_name,
-            "image_reference": entry.reference, "image_digest": entry.digest,
-            "dockerfile": entry.dockerfile, "build": f"docker build -f {entry.dockerfile} -t {entry.tag} .",
-        },
+        "x-netra": meta,
         "services": services,
         "configs": {"nginx_conf": {"content": _nginx_conf(plan)}},
         "volumes": {"run": {}, "hf-cache": {}},
@@ -246,9 +260,9 @@ def to_yaml(doc: dict[str, Any]) -> str:
 
 
 def render(profile: Any, topology_dir: str | Path | None = None, *, verified: bool = True,
-           command: str | None = None) -> str:
+           command: str | None = None, overrides: Any = None) -> str:
     """The compose file's text. `verified=False` only labels the header (`main` does the verifying)."""
-    doc, _ = build(profile, topology_dir)
+    doc, _ = build(profile, topology_dir, overrides)
     how = command or f"netra compose --profile {profile.name}" + (f" --topology {topology_dir}" if topology_dir
                                                                   else "")
     header = [
@@ -328,6 +342,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override one profile key (dotted, YAML value), as `netra launch --set`")
     parser.add_argument("--topology", help="sysfs tree to place on (a fixture under numa/); default this machine")
     parser.add_argument("-o", "--output", type=Path, help="write here (and validate with compose) instead of stdout")
+    parser.add_argument("--front-port", type=int, help="public port (default: the profile's front.port)")
+    parser.add_argument("--port-base", type=int,
+                        help="worker i: engine on PORT_BASE+2i, response layer on PORT_BASE+2i+1 (as netra launch)")
     parser.add_argument("--unverified", action="store_true",
                         help="render without verifying locks, image digests and SGLang's parser (labelled so)")
 
@@ -346,7 +363,10 @@ def main(args: argparse.Namespace) -> int:
             if not sep:
                 raise ProfileError(f"--set {item!r}: expected KEY=VALUE")
             profile = profile.replace(key.strip(), yaml.safe_load(raw))
-        _, plan = build(profile, args.topology)
+        from netra.deploy.plan import Overrides
+
+        ov = Overrides(front_port=getattr(args, "front_port", None), port_base=getattr(args, "port_base", None))
+        _, plan = build(profile, args.topology, ov)
         if not args.unverified:
             problems = verification_problems(profile, plan, base)
             if problems:
@@ -357,9 +377,11 @@ def main(args: argparse.Namespace) -> int:
                 return 2
         cmd = f"netra compose --profile {args.profile}" + "".join(f" --set {shlex.quote(s)}" for s in args.sets)
         cmd += f" --topology {args.topology}" if args.topology else ""
+        cmd += "".join(f" --{k.replace('_', '-')} {v}" for k, v in (("front_port", ov.front_port),
+                                                                   ("port_base", ov.port_base)) if v is not None)
         if args.unverified:
             cmd += " --unverified"
-        text = render(profile, args.topology, verified=not args.unverified, command=cmd)
+        text = render(profile, args.topology, verified=not args.unverified, command=cmd, overrides=ov)
     except (ProfileError, PlacementError, ComposeError, ValueError, yaml.YAMLError) as exc:
         print(f"netra compose: {exc}", file=sys.stderr)
         return 2

@@ -220,9 +220,36 @@ def test_machine_without_numa_information(at_repo: None, tmp_path: Path) -> None
         assert "cap_add" not in svc
 
 
-def test_cpu_profile_is_refused(at_repo: None, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cpu_profile_without_image_is_refused(at_repo: None, capsys: pytest.CaptureFixture[str]) -> None:
     assert compose.main(_args(profile="local", unverified=True)) == 2
-    assert "compose files are for GPU nodes" in capsys.readouterr().err
+    assert "names no image: it runs as processes" in capsys.readouterr().err
+
+
+def test_local_compose_is_rendered_by_the_same_renderer(at_repo: None, tmp_path: Path) -> None:
+    """The CPU profile: no GPU stanza, the plan's CPU sets, health checks, the dependency chain, the
+    image by its recorded ID (or its tag before any build), and compose's own check passes."""
+    from netra.deploy import images
+
+    out = tmp_path / "local-compose.yaml"
+    assert compose.main(_args(profile="local-compose", topology="numa/no-numa-2x-h200", unverified=True,
+                              output=out, **{"front-port": 18400, "port-base": 38400})) == 0
+    doc = yaml.safe_load(out.read_text())
+    plan = make_plan(load_profile("local-compose"), "numa/no-numa-2x-h200",
+                     Overrides(run_dir=compose.CONTAINER_RUN_ROOT / "local-compose", front_port=18400, port_base=38400))
+    entry = images.load_lock()["netra-engine-cpu"]
+    assert sorted(doc["services"]) == ["front", "serve0", "serve1", "worker0", "worker1"]
+    assert doc["x-netra"]["plan_sha256"] == plan.sha256()
+    for w in plan.workers:
+        worker, serve = doc["services"][f"worker{w.index}"], doc["services"][f"serve{w.index}"]
+        assert worker["command"] == list(w.engine_argv) and serve["command"] == list(w.serve_argv)
+        assert worker["cpuset"] == serve["cpuset"] == w.cpulist
+        assert "deploy" not in worker and "devices" not in worker
+        assert worker["image"] == serve["image"] == entry.compose_image
+        assert worker["healthcheck"]["test"][-1].endswith(f"'{w.engine_url}/health', timeout=4)")
+        assert serve["depends_on"] == {f"worker{w.index}": {"condition": "service_healthy"}}
+    assert doc["services"]["front"]["depends_on"] == {"serve0": {"condition": "service_healthy"},
+                                                      "serve1": {"condition": "service_healthy"}}
+    assert doc["x-netra"]["build"] == "netra images base debian-bookworm-minbase && netra images build netra-engine-cpu"
 
 
 def test_too_few_gpus_is_refused(at_repo: None, capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,7 +18,7 @@ from netra.deploy.profile import (
 )
 from netra.deploy.verify import PROFILE_LOCK, read_profile_lock
 
-EXPECTED = {"dp8-throughput128", "dp8-h200-throughput128", "dp1-h200", "dp2-h200", "local"}
+EXPECTED = {"dp8-throughput128", "dp8-h200-throughput128", "dp1-h200", "dp2-h200", "local", "local-compose"}
 BUCKETS = [1, 2, 4, 8, 16, 32, 64, 80, 96, 112, 128]
 
 
