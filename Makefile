@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 PROFILE ?= local
 
-.PHONY: setup nginx serve test lint typecheck pytest wheel-test kernels kernels-verify explain sglang-peer clean
+.PHONY: setup nginx docker-engine serve test lint typecheck pytest wheel-test kernels kernels-verify explain sglang-peer clean
 
 # netra itself (editable) with every extra, at the versions of the lock (requirements/constraints.txt)
 # and the CPU torch wheel (requirements/cpu.txt); then SGLang's parser set, without dependencies.
@@ -23,6 +23,17 @@ setup: $(BIN)/.netra-ok
 nginx:
 	@command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null)
+
+# Docker Engine and debootstrap from Debian when missing, and dockerd started when none answers (root,
+# as on a fresh machine): the `docker` tests (local-compose) need them; elsewhere they skip.
+docker-engine:
+	@command -v dockerd >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1 || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	   docker.io debootstrap >/dev/null)
+	@docker version >/dev/null 2>&1 || (setsid dockerd >/var/log/netra-dockerd.log 2>&1 < /dev/null &) ; \
+	  for i in $$(seq 60); do docker version >/dev/null 2>&1 && break; sleep 1; done; \
+	  docker version --format 'Docker Engine {{.Server.Version}} answers' || \
+	  (tail -20 /var/log/netra-dockerd.log; exit 1)
 
 # The main job: serve the `local` profile (embedded engine, tiny preset, CPU) on 127.0.0.1:8000
 # (PORT=8100 serves on another port; PROFILE=NAME another profile).

@@ -27,7 +27,31 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def _docker_missing() -> str | None:
+    """Why no Docker engine can be used here (None: one answers)."""
+    try:
+        from netra.deploy.imagebuild import ImageBuildError, client
+    except ImportError as exc:
+        return f"netra.deploy.imagebuild cannot be imported ({exc})"
+    try:
+        client().close()
+    except ImageBuildError as exc:
+        return str(exc)
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if any("docker" in item.keywords for item in items):
+        from netra import settings
+
+        why = _docker_missing()
+        if why is not None and settings.get("NETRA_REQUIRE_DOCKER"):
+            raise pytest.UsageError(f"NETRA_REQUIRE_DOCKER is set but no Docker engine can be used: {why}")
+        if why is not None:
+            skip_docker = pytest.mark.skip(reason=f"needs a Docker engine: {why}")
+            for item in items:
+                if "docker" in item.keywords:
+                    item.add_marker(skip_docker)
     if _cuda_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (sm90); none present")
