@@ -2,7 +2,8 @@
 #
 # Netra has no validated gfx950 code objects: the contract declarations under kernels/gfx950 are
 # shipped, and every op runs on SGLang's own (AITER) implementation. Build from the repository root:
-#   docker build -f images/sglang-gfx950.Dockerfile -t netra/sglang-rocm-gfx950:0.1.0 .
+#   netra images build netra-sglang-rocm-gfx950     (the Docker SDK builder: verified code objects, the
+#   result records the contracts cite, the ID recorded in images/lock.json)
 #
 # The FROM line is the pinned upstream SGLang ROCm image for MI35x (the article ran the
 # v0.5.16-rocm720-mi35x build of this line). images/lock.json records it with its digest, "unresolved"
@@ -26,7 +27,7 @@ COPY netra/ netra/
 COPY kernels/ kernels/
 COPY launcher/ launcher/
 COPY nginx/ nginx/
-COPY images/lock.json images/lock.json
+COPY results/ results/
 # Every op on the fallback, stated rather than inferred: no gfx950 tactic is validated yet.
 ENV NETRA_RUN_DIR=/run/netra \
     NETRA_DISABLE_TACTICS=1

@@ -2,7 +2,8 @@
 #
 # Build from the repository root, on an sm90 machine after `netra kernels build` (the code objects
 # under build/ are copied in and verified against kernels/lock.json during the build):
-#   docker build -f images/sglang-sm90.Dockerfile -t netra/sglang-cuda-sm90:0.1.0 .
+#   netra images build netra-sglang-cuda-sm90     (the Docker SDK builder: verified code objects, the
+#   result records the contracts cite, the ID recorded in images/lock.json)
 #
 # The FROM line is the pinned upstream SGLang image. images/lock.json records it with its digest;
 # until someone with registry access resolves it (`docker buildx imagetools inspect REF`, then
@@ -26,7 +27,7 @@ COPY netra/ netra/
 COPY kernels/ kernels/
 COPY launcher/ launcher/
 COPY nginx/ nginx/
-COPY images/lock.json images/lock.json
+COPY results/ results/
 COPY build/ build/
 ENV NETRA_BUILD_DIR=/opt/netra/build \
     NETRA_RUN_DIR=/run/netra
@@ -41,5 +42,8 @@ RUN pip install --no-cache-dir --no-deps -e . \
  && python3 -m netra.plugins.sglang --check-install \
  && netra kernels verify
 
+# Every container verifies its code objects against the kernel lock before its command runs (a
+# tampered or missing one exits 3: that worker never becomes healthy; netra/deploy/entry.py).
+ENTRYPOINT ["python3", "-m", "netra.deploy.entry"]
 # The command comes from the plan (compose/ files): python3 -m sglang.launch_server ... per worker.
 CMD ["netra", "--help"]

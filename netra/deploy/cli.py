@@ -295,8 +295,13 @@ def _status(args: argparse.Namespace) -> int:
         rec = read_record(run_dir)
         if rec.get("mode") == "compose":
             from netra.deploy import containers
+            from netra.deploy.imagebuild import ImageBuildError
 
-            code, summary = containers.status(rec)
+            try:
+                code, summary = containers.status(rec)
+            except ImageBuildError as exc:
+                print(f"netra status: {exc}", file=sys.stderr)
+                return 1
             print(dump(summary) if args.json else "\n".join(
                 [f"{summary['profile']}: {summary['state']} on {summary['front']} (compose project "
                  f"{summary['project']}, front {'healthy' if summary['front_healthy'] else 'NOT healthy'})"]

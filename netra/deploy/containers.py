@@ -137,14 +137,15 @@ def container_code_objects(index: int, pid: int, kernel_lock: Path) -> list[str]
     root = Path(f"/proc/{pid}/root")
     problems = []
     for e in data["code_objects"]:
-        path = root / IMAGE_BUILD_DIR.lstrip("/") / e["code_object"]
+        # Where the image keeps it: cubins under its build dir, Triton modules in its source tree.
+        where = f"{IMAGE_ROOT if e.get('kind') == 'triton' else IMAGE_BUILD_DIR}/{e['code_object']}"
+        path = root / where.lstrip("/")
         label = f"{e['family']}/{e['name']}"
         if not path.is_file():
-            problems.append(f"worker {index}: code object {IMAGE_BUILD_DIR}/{e['code_object']} ({label}) is missing "
-                            f"in its container")
+            problems.append(f"worker {index}: code object {where} ({label}) is missing in its container")
         elif sha256_file(path) != e["sha256"]:
-            problems.append(f"worker {index}: tampered code object {IMAGE_BUILD_DIR}/{e['code_object']} ({label}) in "
-                            f"its container: sha256 differs from the kernel lock")
+            problems.append(f"worker {index}: tampered code object {where} ({label}) in its container: sha256 "
+                            f"differs from the kernel lock")
     return problems
 
 
@@ -367,7 +368,10 @@ def status(rec: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     for w in rec["workers"]:
         for role in ("engine", "serve"):
             names[f"worker{w['index']}.{role}"] = (w.get(role) or {}).get("container")
-    states = {k: _container_status(v) for k, v in names.items()}
+    from netra.deploy.imagebuild import client
+
+    docker = client()
+    states = {k: _container_status(docker, v) for k, v in names.items()}
     health = {w["index"]: {"engine": healthy(w["engine_url"] + "/health"), "serve": healthy(w["serve_url"] + "/health")}
               for w in rec["workers"]}
     front_ok = healthy(rec["front"]["url"] + "/health")
@@ -380,12 +384,15 @@ def status(rec: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     return (0 if front_ok and running and rec["state"] == "serving" else 1), summary
 
 
-def _container_status(name: str | None) -> str:
+def _container_status(docker: Any, name: str | None) -> str:
+    import docker as sdk
+
     if not name:
         return "absent"
-    proc = subprocess.run(["docker", "inspect", "-f", "{{.State.Status}}", name], capture_output=True, text=True,
-                          check=False, timeout=30)
-    return proc.stdout.strip() if proc.returncode == 0 else "absent"
+    try:
+        return str(docker.containers.get(name).status)
+    except sdk.errors.NotFound:
+        return "absent"
 
 
 def stop(run_dir: Path) -> list[str]:

@@ -306,7 +306,8 @@ def assemble_context(entry: il.ImageEntry, ctx: Path, *, root: Path = REPO_ROOT,
     carried = code_objects_for(entry, kernel_lock)
     problems = []
     for e in carried:
-        src = build / e["code_object"]
+        # A cubin comes from the build dir; a Triton module is pinned by its source in the repository.
+        src = (root if e.get("kind") == "triton" else build) / e["code_object"]
         if not src.is_file():
             problems.append(f"missing code object {src} ({e['family']}/{e['name']})")
         elif _sha256_file(src) != e["sha256"]:
@@ -331,9 +332,11 @@ def assemble_context(entry: il.ImageEntry, ctx: Path, *, root: Path = REPO_ROOT,
                 shutil.copy2(root / rel, ctx / rel)
     (ctx / "build").mkdir()
     for e in carried:
-        dst = ctx / "build" / e["code_object"]
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(build / e["code_object"], dst)
+        triton = e.get("kind") == "triton"
+        dst = (ctx if triton else ctx / "build") / e["code_object"]
+        if not dst.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2((root if triton else build) / e["code_object"], dst)
     (ctx / IMAGE_REQUIREMENTS).write_text(image_requirements(root))
     shutil.copy2(root / entry.dockerfile, ctx / "Dockerfile")
     return tree_sha256(ctx)
