@@ -201,6 +201,20 @@ def _detach(args: argparse.Namespace, run_dir: Path, timeout: float) -> int:
     return 1
 
 
+def _shown_and_verified(plan: Any, v: Any) -> bool:
+    """Print the plan, its hash and the verification's warnings; False (refusal printed) on problems."""
+    from netra.deploy.verify import LaunchRefused
+
+    print_plan(plan)
+    print(f"plan sha256 {plan.sha256()}")
+    for w in v.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if v.problems:
+        print(str(LaunchRefused(v.problems)), file=sys.stderr)
+        return False
+    return True
+
+
 def _launch(args: argparse.Namespace) -> int:
     from netra.deploy.plan import PlanError, make_plan
     from netra.deploy.profile import ProfileError
@@ -229,12 +243,7 @@ def _launch(args: argparse.Namespace) -> int:
             print(str(LaunchRefused(v.problems)), file=sys.stderr)
             return 2
         return _detach(args, Path(plan.run_dir), float(plan.supervisor["health_timeout_s"]) * 2 + 60)
-    print_plan(plan)
-    print(f"plan sha256 {plan.sha256()}")
-    for w in v.warnings:
-        print(f"warning: {w}", file=sys.stderr)
-    if v.problems:
-        print(str(LaunchRefused(v.problems)), file=sys.stderr)
+    if not _shown_and_verified(plan, v):
         return 2
     from netra.deploy.launch import Launch
 
@@ -250,7 +259,6 @@ def _launch_compose(args: argparse.Namespace, base: Any, prof: Any, v: Any) -> i
     from netra.deploy.containers import ComposeLaunch
     from netra.deploy.imagebuild import ImageBuildError
     from netra.deploy.plan import Overrides, default_run_dir
-    from netra.deploy.verify import LaunchRefused
 
     ov = Overrides(front_port=args.front_port, front_host=args.front_host, port_base=args.port_base,
                    workers=args.workers)
@@ -259,12 +267,7 @@ def _launch_compose(args: argparse.Namespace, base: Any, prof: Any, v: Any) -> i
     except compose.ComposeError as exc:
         print(f"launch refused: {exc}", file=sys.stderr)
         return 2
-    print_plan(plan)
-    print(f"plan sha256 {plan.sha256()}")
-    for w in v.warnings:
-        print(f"warning: {w}", file=sys.stderr)
-    if v.problems:
-        print(str(LaunchRefused(v.problems)), file=sys.stderr)
+    if not _shown_and_verified(plan, v):
         return 2
     run_dir = Path(args.run_dir if args.run_dir is not None else default_run_dir(prof)).absolute()
     meta = {"profile_base_sha256": base.sha256(), "set_overrides": list(args.sets), "overrides": ov.to_dict()}

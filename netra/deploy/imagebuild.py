@@ -41,6 +41,7 @@ from typing import Any
 
 from netra import settings
 from netra.deploy import images as il
+from netra.deploy.verify import sha256_file
 from netra.settings import REPO_ROOT
 
 # The pins every install uses (pip -c), and the pyproject extras an image installs (with the core).
@@ -91,20 +92,12 @@ def image_id(c: Any, ref: str) -> str | None:
         return None
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def tree_sha256(root: Path) -> str:
     """sha256 over every file under root: relative path, executable bit and content sha256, sorted."""
     lines = []
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         mode = "x" if os.access(path, os.X_OK) else "-"
-        lines.append(f"{path.relative_to(root).as_posix()}\0{mode}\0{_sha256_file(path)}\n")
+        lines.append(f"{path.relative_to(root).as_posix()}\0{mode}\0{sha256_file(path)}\n")
     return hashlib.sha256("".join(lines).encode()).hexdigest()
 
 
@@ -310,7 +303,7 @@ def assemble_context(entry: il.ImageEntry, ctx: Path, *, root: Path = REPO_ROOT,
         src = (root if e.get("kind") == "triton" else build) / e["code_object"]
         if not src.is_file():
             problems.append(f"missing code object {src} ({e['family']}/{e['name']})")
-        elif _sha256_file(src) != e["sha256"]:
+        elif sha256_file(src) != e["sha256"]:
             problems.append(f"code object {src} ({e['family']}/{e['name']}) differs from kernels/lock.json")
     if problems:
         raise ImageBuildError(f"refusing to build {entry.name}: the code objects in {build} do not match the "
