@@ -167,13 +167,14 @@ def record_base(base: il.BaseEntry, path: Path | None = None) -> None:
 
 
 def _cpu_constraints(requirement_files: list[Path]) -> list[str]:
-    """`torch==X` pins become `torch==X+cpu`: pip then cannot resolve to a CUDA build."""
+    """Every `torch==X` pin as `torch==X+cpu` (kept if it says so already): pip then cannot resolve to a
+    CUDA build."""
     out = []
     for f in requirement_files:
         for line in f.read_text().splitlines():
             spec = line.split("#", 1)[0].strip()
-            if spec.lower().startswith("torch==") and "+" not in spec:
-                out.append(f"{spec}+cpu")
+            if spec.lower().startswith("torch=="):
+                out.append(spec if "+" in spec else f"{spec}+cpu")
     return out
 
 
