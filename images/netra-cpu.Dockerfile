@@ -6,9 +6,9 @@
 # code objects (verified against the lock before the build) and the result records the accepted
 # contracts cite, the profiles and the nginx template.
 # Python packages (pyproject's core + the engine and serve extras, requirements/image.txt, written by
-# the builder) at the locked versions come from the wheelhouse the builder prepared on the host (the
-# CPU torch wheel, never the CUDA build), served to this build on loopback only, so no wheel is left in
-# a layer.
+# the builder) come from the wheelhouse the builder downloaded on the host at the locked versions
+# (the CPU torch wheel, never the CUDA build), served to this build on loopback only, so no wheel is
+# left in a layer.
 ARG NETRA_BASE
 FROM ${NETRA_BASE}
 
@@ -20,14 +20,15 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/netra
-COPY requirements/ requirements/
-# The wheelhouse's sha256 is part of this step's cache key: a new wheelhouse reinstalls.
+COPY requirements/image.txt requirements/image.txt
+# The wheelhouse holds one version of each package, the locked one (and the CPU torch only), so it
+# alone decides what is installed; its sha256 is part of this step's cache key: a new set reinstalls.
 ARG NETRA_WHEELHOUSE_URL
 ARG NETRA_WHEELHOUSE_SHA256
 RUN python3 -m venv /opt/venv \
  && echo "wheelhouse ${NETRA_WHEELHOUSE_SHA256}" \
  && /opt/venv/bin/pip install --no-cache-dir --no-index --find-links "${NETRA_WHEELHOUSE_URL}" \
-      -r requirements/image.txt -c requirements/constraints.txt -c requirements/cpu.txt \
+      -r requirements/image.txt \
  && /opt/venv/bin/python -c "import torch; assert torch.version.cuda is None, torch.__version__"
 
 COPY pyproject.toml ./

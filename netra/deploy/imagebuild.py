@@ -49,7 +49,8 @@ CONSTRAINTS = ("requirements/constraints.txt", "requirements/cpu.txt")
 IMAGE_EXTRAS = ("engine", "serve")
 IMAGE_REQUIREMENTS = "requirements/image.txt"  # written into the build context only
 # What every image's context holds (relative to the repository root); build/ is added separately.
-CONTEXT_PATHS = ("pyproject.toml", "requirements", "launcher", "nginx", "kernels", "netra")
+# (requirements/image.txt is written, not copied: the image installs from the wheelhouse only.)
+CONTEXT_PATHS = ("pyproject.toml", "launcher", "nginx", "kernels", "netra")
 SKIP_NAMES = {"__pycache__", ".mypy_cache", ".pytest_cache"}
 SKIP_SUFFIXES = (".pyc", ".pyo", ".tmp")
 # Build containers get a quarter of the default CPU weight: the machine is shared.
@@ -331,6 +332,7 @@ def assemble_context(entry: il.ImageEntry, ctx: Path, *, root: Path = REPO_ROOT,
         if not dst.exists():
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2((root if triton else build) / e["code_object"], dst)
+    (ctx / IMAGE_REQUIREMENTS).parent.mkdir(parents=True, exist_ok=True)
     (ctx / IMAGE_REQUIREMENTS).write_text(image_requirements(root))
     shutil.copy2(root / entry.dockerfile, ctx / "Dockerfile")
     return tree_sha256(ctx)
