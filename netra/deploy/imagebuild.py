@@ -390,7 +390,10 @@ def build(name: str, *, path: Path | None = None, root: Path = REPO_ROOT, build_
         if (done and done["context_sha256"] == ctx_sha and done["dockerfile_sha256"] == entry.dockerfile_sha256
                 and done["base_id"] == base_id and done["wheelhouse_sha256"] == wheel_sha
                 and image_id(c, done["id"]) == done["id"]):
-            log(f"image {name}: up to date ({done['id']}, context {ctx_sha[:16]})")
+            # The tag may have moved (a build recorded in another lock, e.g. the tests' copy): it names
+            # the recorded image again, as the launch requires.
+            c.images.get(done["id"]).tag(*entry.tag.rsplit(":", 1))
+            log(f"image {name}: up to date ({done['id']}, context {ctx_sha[:16]}; {entry.tag} points at it)")
             return entry
         log(f"image {name}: building {entry.tag} from {entry.dockerfile} (context {ctx_sha[:16]})")
         t0 = time.monotonic()
