@@ -20,7 +20,19 @@ from typing import Any
 from netra import settings
 from netra.bench.timing import quantile
 
-FAMILIES = ("argmax", "moe")  # the families with an sm90 benchmark (their contracts are in the catalog)
+# The families `netra bench kernels` times: argmax here, any other family through its module
+# netra.bench.kernels_<family> (the catalog's families that have one: see `families()`).
+FAMILIES = ("argmax", "moe")
+
+
+def families() -> tuple[str, ...]:
+    """The catalog's sm90 families with a benchmark here (argmax) or a ``netra.bench.kernels_<family>`` module."""
+    import importlib.util
+
+    from netra.catalog import Catalog
+
+    fams = sorted({c.family for c in Catalog.load().contracts if c.target == "sm90" and not c.declaration})
+    return tuple(f for f in fams if f == "argmax" or importlib.util.find_spec(f"netra.bench.kernels_{f}") is not None)
 L2_ROTATE_BYTES = 180 * 2**20  # 3x the H200's 60 MB L2
 # Issue-2 targets: reported in every record under "targets" (pass/fail), not the promotion rule.
 ARGMAX_GATES = (("float32", 16, "speedup", 3.0), ("float32", 128, "floor_fraction", 0.80),

@@ -94,3 +94,8 @@ def test_promotion_by_contract_judges_each_tactic_on_its_own_shapes() -> None:
     e = record["promotion_by_contract"]["argmax_f32_cluster_v248320"]
     assert e["pass"] is False and e["beaten_by"] == {"float32[2,248320]": {"netra:chunked": 2.5}}
     assert record["promotion_by_contract"]["argmax_f32_v248320"]["pass"] is True
+
+
+def test_benchmarked_families_come_from_the_catalog() -> None:
+    """`netra bench kernels --family` offers exactly the catalog's families that have a benchmark."""
+    assert kb.families() == kb.FAMILIES
