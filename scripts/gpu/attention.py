@@ -111,18 +111,6 @@ def poison_allocator(nbytes: int = 1 << 30) -> None:
     oracle.poison_next((nbytes // 4,), torch.float32, DEV)
 
 
-def graph_of(fn: Any) -> tuple[torch.cuda.CUDAGraph, Any]:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn()
-    return g, out
-
-
 # ---- inputs ---------------------------------------------------------------------------------------
 
 def pool(slots: int, ctx: int, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -205,7 +193,7 @@ def decode_case(run: Run, name: str, q: torch.Tensor, kc: torch.Tensor, vc: torc
     case["pass"] = bool(verdict["ok"] and case["op_equals_launcher"] and chosen == cname)
     if replay:
         lens_g = lens.clone()
-        g, got = graph_of(lambda: attention.attention_decode(q, kc, vc, slots, lens_g, ctx, SM, k_scale, v_scale,
+        g, got = timing.capture(lambda: attention.attention_decode(q, kc, vc, slots, lens_g, ctx, SM, k_scale, v_scale,
                                                              gate=gate))
         g.replay()
         torch.cuda.synchronize()
@@ -241,7 +229,7 @@ def pdl_case(run: Run, b: int, ctx: int, gen: torch.Generator) -> None:
     out = torch.full_like(q, float("nan"))
     poison_allocator()
     mod.launch_decode(q, kc, vc, slots, lens, SM, 1.0, 1.0, gate, splits, meta, out=out)
-    g, got = graph_of(lambda: mod.launch_decode(q, kc, vc, slots, lens, SM, 1.0, 1.0, gate, splits, meta))
+    g, got = timing.capture(lambda: mod.launch_decode(q, kc, vc, slots, lens, SM, 1.0, 1.0, gate, splits, meta))
     g.replay()
     torch.cuda.synchronize()
     verdict = oracle.judge(contract(C_GATED), out, ref)
@@ -388,7 +376,7 @@ def prologue_case(run: Run, name: str, args: dict[str, Any]) -> None:
     ok = ok and case["k_cache"]["ok"] and case["v_cache_bitwise_fraction"] == 1.0
     # eager == replay: reset the caches, replay the captured op, compare everything bitwise
     eager_k, eager_v = args["k_cache"].clone(), args["v_cache"].clone()
-    g, out = graph_of(lambda: attention.qk_norm_rope_store(**args))
+    g, out = timing.capture(lambda: attention.qk_norm_rope_store(**args))
     args["k_cache"].copy_(k0)
     args["v_cache"].copy_(v0)
     g.replay()
