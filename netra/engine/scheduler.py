@@ -132,6 +132,7 @@ class Scheduler:
         self.by_rid: dict[str, Request] = {}
         self.inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.stats = StepStats()
+        self.progress_at = time.monotonic()  # start or end of the latest step (liveness: /health)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         # Persistent decode inputs (fixed addresses for graph replay); a step fills a prefix.
@@ -268,6 +269,7 @@ class Scheduler:
         req.sink(Output(req.rid, new, len(req.output), req.finish_reason, lp, top))
 
     def step(self) -> None:
+        self.progress_at = time.monotonic()
         t0, c0 = time.perf_counter(), time.thread_time()
         while self.waiting and self.pools.free_slots:
             req = self.waiting.popleft()
@@ -282,6 +284,7 @@ class Scheduler:
         self.stats.steps += 1
         self.stats.step_s += time.perf_counter() - t0
         self.stats.step_cpu_s += time.thread_time() - c0
+        self.progress_at = time.monotonic()
 
     def _prefill_step(self) -> None:
         size = self.opt.chunked_prefill_size

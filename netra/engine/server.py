@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import socket
 import sys
 import time
 import uuid
@@ -26,6 +25,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import netra
 from netra.engine.engine import Engine, build_engine
@@ -36,9 +36,17 @@ from netra.engine.protocol import RequestError, check_request, parse_generate, p
 from netra.engine.scheduler import Output, SamplingParams
 from netra.engine.scheduler import Request as EngineRequest
 from netra.engine.tokenizer import IncrementalDecoder
+from netra.serve.errors import OpenAIError, error_body
+from netra.serve.intake import read_body
+from netra.serve.localserver import tcp_listen_socket
 from netra.serve.metrics import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 
 log = logging.getLogger("netra.engine")
+
+# A /generate body carries one prompt of fewer than context_length tokens; the response layers in
+# front refuse bodies past 8 MiB. This bound keeps a direct client from making the engine parse
+# hundreds of megabytes (refused while reading, before anything is buffered past it).
+MAX_BODY_BYTES = 32 << 20
 
 
 def json_response(obj: Any, status: int = 200) -> Response:
@@ -46,8 +54,8 @@ def json_response(obj: Any, status: int = 200) -> Response:
 
 
 def error_response(message: str, status: int = 400) -> Response:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return json_response({"error": {"message": message, "type": kind, "code": status}}, status)
+    """The response layer's error object (netra/serve/errors.py), so both layers fail alike."""
+    return json_response(error_body(status, message), status)
 
 
 @dataclass
@@ -170,7 +178,10 @@ class Server:
                 self._finished(p, "abort")
 
     async def generate(self, request: Request) -> Response:
-        body = await request.body()
+        try:
+            body = await read_body(request, MAX_BODY_BYTES, require_json=False)
+        except OpenAIError as exc:
+            return error_response(exc.message, exc.status)
         try:
             req = parse_generate(body)
             if (req.input_ids is None) == (req.text is None):
@@ -214,11 +225,13 @@ class Server:
 
     async def abort_request(self, request: Request) -> Response:
         try:
-            data = parse_json(await request.body())
+            data = parse_json(await read_body(request, 1 << 16, require_json=False))
             if not isinstance(data, dict) or not isinstance(data.get("rid"), str) or set(data) - {"rid"}:
                 raise RequestError('expected {"rid": "<request id>"}')
         except RequestError as exc:
             return error_response(str(exc))
+        except OpenAIError as exc:
+            return error_response(exc.message, exc.status)
         rid = data["rid"]
         found = rid in self.inflight
         if found:
@@ -266,6 +279,10 @@ class Server:
         async def _bad_request(request: Request, exc: RequestValidationError) -> Response:
             return error_response(f"invalid request: {exc.errors()[:3]}")
 
+        @app.exception_handler(StarletteHTTPException)
+        async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+            return error_response(f"{request.method} {request.url.path}: {exc.detail}", exc.status_code)
+
         app.add_api_route("/generate", self.generate, methods=["POST"])
         app.add_api_route("/health_generate", self.health_generate, methods=["GET"])
         app.add_api_route("/abort_request", self.abort_request, methods=["POST"])
@@ -274,7 +291,13 @@ class Server:
             # A dead scheduler thread makes the process useless: say so, so a supervisor restarts it.
             if self.sched.started and not self.sched.alive:
                 return error_response("the scheduler thread has stopped", 503)
-            return json_response({"ok": True})
+            # Progress, for liveness (netra/serve/watch.py): a busy scheduler is alive while its
+            # steps complete; step_age_s is how long the current step (or wait) has lasted.
+            load = self.sched.load()
+            busy = bool(load["waiting"] or load["prefilling"] or load["running"])
+            age = time.monotonic() - self.sched.progress_at if busy else 0.0
+            return json_response({"ok": True, "busy": busy, "steps": self.sched.stats.steps,
+                                  "step_age_s": round(age, 3)})
 
         async def ready() -> Response:
             return json_response({"ready": True}) if self.sched.alive else error_response("starting", 503)
@@ -315,11 +338,12 @@ def serve(options: EngineOptions) -> int:
     torch.set_num_threads(options.torch_threads)  # the process's setting: workers share a few cores
     engine = build_engine(options)
     server = Server(engine)
-    sock = socket.socket(socket.AF_INET6 if ":" in options.host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((options.host, options.port))
+    sock = tcp_listen_socket(options.host, options.port)
     port = sock.getsockname()[1]
-    config = uvicorn.Config(server.app, log_level="warning", access_log=False, timeout_graceful_shutdown=3)
+    # Keep-alive outlasts the response layer's pool expiry (60 s), so the client closes an idle
+    # connection first: a server closing it just as the client reuses it fails that request.
+    config = uvicorn.Config(server.app, log_level="warning", access_log=False, timeout_graceful_shutdown=3,
+                            backlog=4096, timeout_keep_alive=75)
     print(f"netra engine listening on http://{options.host}:{port} (startup {engine.startup_s:.2f} s)",
           flush=True, file=sys.stdout)
     uvicorn.Server(config).run(sockets=[sock])

@@ -8,40 +8,44 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import PurePath
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import orjson
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from netra.serve import openai_api, requestlog
+from netra.serve import native, openai_api, requestlog
+from netra.serve.admission import Admission
 from netra.serve.config import ServeConfig
-from netra.serve.errors import OpenAIError
+from netra.serve.errors import OpenAIError, model_not_found
+from netra.serve.intake import parse
 from netra.serve.metrics import CONTENT_TYPE, Metrics
 from netra.serve.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from netra.serve.requestlog import ApiKeyMiddleware, RequestIdMiddleware
 from netra.serve.tokenizer import ModelText, load_for_worker
 from netra.serve.upstream import Upstream
+from netra.serve.watch import EngineWatch
 
 log = logging.getLogger("netra.serve")
-M = TypeVar("M", bound=BaseModel)
-MAX_BODY_BYTES = 64 << 20
 
 
 class ServeState:
-    """What one process shares across requests: the pooled upstream client, metrics, and the
-    model's tokenizer (loaded on first use, so start-up does not wait for the worker)."""
+    """What one process shares across requests: the pooled upstream client, admission, the worker's
+    liveness watch, metrics, and the model's tokenizer (loaded on first use, so start-up does not
+    wait for the worker)."""
 
     def __init__(self, config: ServeConfig, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.config = config
         self.metrics = Metrics(lambda: {"worker": config.worker_id, "model_name": self.model_name_now()})
-        self.upstream = Upstream(config.upstream_base, config.upstream_timeout, config.max_connections,
+        self.upstream = Upstream(config.upstream_base, config.upstream_timeout, config.pool_size,
                                  transport=transport)
+        self.admission = Admission(config.max_inflight, config.max_waiting, config.queue_timeout)
+        self.watch = EngineWatch(self.upstream, config.probe_interval, config.probe_timeout,
+                                 config.probe_misses, config.stall_timeout)
         self.started = int(time.time())
         self._info: dict[str, Any] | None = None
         self._text: ModelText | None = None
@@ -94,38 +98,33 @@ class ServeState:
     def model_name_now(self) -> str:
         return self._name or "unknown"
 
+    async def check_model(self, requested: str | None) -> str:
+        """The served name; a request naming another model is a 404 `model_not_found`."""
+        name = await self.model_name()
+        if requested is not None and requested != name:
+            raise model_not_found(requested, name)
+        return name
+
+    def check_worker(self) -> None:
+        """Refuse at once while the worker is unresponsive (nginx passes a 503 to another worker)."""
+        if self.watch.unresponsive:
+            raise OpenAIError(503, f"the worker is not answering ({self.watch.why})")
+
 
 def _error_response(exc: OpenAIError) -> Response:
     status = exc.status if exc.status != 499 else 400  # 499 is a log label; the client is gone anyway
-    return Response(orjson.dumps(exc.body()), status_code=status, media_type="application/json")
+    return Response(orjson.dumps(exc.body()), status_code=status, media_type="application/json",
+                    headers=exc.headers or None)
 
 
-def _validation_message(exc: ValidationError | RequestValidationError) -> tuple[str, str | None]:
-    errors = exc.errors()
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     parts = []
     param = None
-    for e in errors[:5]:
+    for e in exc.errors()[:5]:
         loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
         param = param or loc or None
         parts.append(f"{loc or 'body'}: {e.get('msg')}")
     return "; ".join(parts), param
-
-
-async def parse(request: Request, model: type[M]) -> M:
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        raise OpenAIError(413, f"request body of {len(body)} bytes exceeds {MAX_BODY_BYTES}")
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise OpenAIError(400, f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(obj, dict):
-        raise OpenAIError(400, "request body must be a JSON object")
-    try:
-        return model.model_validate(obj)
-    except ValidationError as exc:
-        msg, param = _validation_message(exc)
-        raise OpenAIError(400, msg, param=param) from exc
 
 
 def create_app(config: ServeConfig, transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
@@ -133,7 +132,9 @@ def create_app(config: ServeConfig, transport: httpx.AsyncBaseTransport | None =
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.watch.start()
         yield
+        await state.watch.stop()
         await state.upstream.aclose()
 
     app = FastAPI(title="netra serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -160,10 +161,15 @@ def create_app(config: ServeConfig, transport: httpx.AsyncBaseTransport | None =
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         return failed(request, OpenAIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}"))
 
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect) -> Response:
+        log.info("client disconnected during %s %s", request.method, request.url.path)
+        return failed(request, OpenAIError(499, "client closed the request"))
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
         log.exception("unexpected error on %s", request.url.path)
-        return failed(request, OpenAIError(500, f"internal error: {type(exc).__name__}: {exc}"))
+        return failed(request, OpenAIError(500, f"internal error ({type(exc).__name__})"))
 
     async def guarded(endpoint: str, run: Callable[[], Awaitable[Response]]) -> Response:
         """Count requests that fail before a response exists (streams count themselves)."""
@@ -185,24 +191,26 @@ def create_app(config: ServeConfig, transport: httpx.AsyncBaseTransport | None =
             if not streaming:
                 state.metrics.in_flight.dec()
 
+    limit = config.max_body_bytes
+
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         async def run() -> Response:
-            return await openai_api.completions(state, request, await parse(request, CompletionRequest))
+            return await openai_api.completions(state, request, await parse(request, CompletionRequest, limit))
 
         return await guarded("completions", run)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         async def run() -> Response:
-            return await openai_api.chat_completions(state, request, await parse(request, ChatCompletionRequest))
+            return await openai_api.chat_completions(state, request, await parse(request, ChatCompletionRequest, limit))
 
         return await guarded("chat", run)
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:
         async def run() -> Response:
-            return await openai_api.generate(state, request, await parse(request, GenerateRequest))
+            return await native.generate(state, request, await parse(request, GenerateRequest, limit))
 
         return await guarded("generate", run)
 
@@ -220,12 +228,22 @@ def create_app(config: ServeConfig, transport: httpx.AsyncBaseTransport | None =
     async def model(model_id: str) -> Response:
         card = await model_card()
         if model_id != card["id"]:
-            raise OpenAIError(404, f"The model `{model_id}` does not exist.", param="model", code="model_not_found")
+            raise model_not_found(model_id, card["id"])
         return openai_api.json_response(card)
 
     @app.get("/health")
     async def health() -> Response:
-        ok, why = await state.upstream.health()
+        """200 when the worker is alive (netra/serve/watch.py): from the watch's latest probe when it
+        is fresh, else probed now with half a probe deadline. Either way it answers soon whatever the
+        worker does, so a supervisor probing this process never mistakes a hung worker for a hung
+        response layer, and a loaded worker does not slow this answer down."""
+        watch = state.watch
+        if watch.unresponsive:
+            return _error_response(OpenAIError(503, f"the worker is not answering ({watch.why})"))
+        if watch.fresh():
+            ok, why = watch.alive, watch.why
+        else:
+            ok, why = await watch.probe_within(config.probe_timeout / 2)
         if not ok:
             return _error_response(OpenAIError(503, why))
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 from typing import Any
 
 from netra import logs
@@ -24,7 +25,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--upstream-timeout", type=float, default=_D.upstream_timeout,
                    help="seconds to connect, and the longest silence allowed between upstream events")
     p.add_argument("--max-connections", type=int, default=_D.max_connections,
-                   help="upstream connection pool size")
+                   help="upstream connection pool size (default: --max-inflight + 8)")
+    p.add_argument("--max-body-bytes", type=int, default=_D.max_body_bytes, help="request body limit (413)")
+    p.add_argument("--max-choices", type=int, default=_D.max_choices,
+                   help="choices per request, prompts x n (400 past it)")
+    p.add_argument("--max-inflight", type=int, default=_D.max_inflight,
+                   help="upstream requests in flight at once (admission capacity)")
+    p.add_argument("--max-waiting", type=int, default=_D.max_waiting,
+                   help="requests waiting for admission before new ones get 503")
+    p.add_argument("--queue-timeout", type=float, default=_D.queue_timeout,
+                   help="seconds a request may wait for admission before a 503 with Retry-After")
+    p.add_argument("--probe-interval", type=float, default=_D.probe_interval,
+                   help="seconds between liveness probes of the worker")
+    p.add_argument("--probe-timeout", type=float, default=_D.probe_timeout, help="deadline of one probe (s)")
+    p.add_argument("--probe-misses", type=int, default=_D.probe_misses,
+                   help="missed probes in a row that make the worker unresponsive")
+    p.add_argument("--stall-timeout", type=float, default=_D.stall_timeout,
+                   help="seconds a busy worker may go without completing a scheduler step")
     p.add_argument("--worker-id", default=_D.worker_id,
                    help="the worker label of this process's metrics and logs (the launcher passes the index)")
     p.add_argument("--api-key", default=None,
@@ -43,7 +60,23 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     return ServeConfig(upstream=args.upstream, host=args.host, port=args.port,
                        stream_interval=args.stream_interval, model_name=args.model_name, engine=args.engine,
                        upstream_timeout=args.upstream_timeout, max_connections=args.max_connections,
-                       worker_id=args.worker_id, api_key=key)
+                       worker_id=args.worker_id, api_key=key,
+                       max_body_bytes=args.max_body_bytes, max_choices=args.max_choices,
+                       max_inflight=args.max_inflight, max_waiting=args.max_waiting,
+                       queue_timeout=args.queue_timeout, probe_interval=args.probe_interval,
+                       probe_timeout=args.probe_timeout, probe_misses=args.probe_misses,
+                       stall_timeout=args.stall_timeout)
+
+
+def raise_fd_limit() -> None:
+    """Soft fd limit up to the hard one: a response layer holds a socket per client and per upstream
+    request, and Debian's default soft limit (1,024) is below what one worker may take at once."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
+        except (ValueError, OSError):
+            pass
 
 
 def main(args: argparse.Namespace) -> int:
@@ -59,12 +92,14 @@ def main(args: argparse.Namespace) -> int:
 
     level = (args.log_level or settings.get("NETRA_LOG_LEVEL")).upper()
     logs.configure(level, args.log_format)
+    raise_fd_limit()
     app = create_app(config)
     # One event loop per process by design; access logs off: at thousands of events/s they cost CPU.
     # Keep-alive outlasts nginx's upstream keepalive_timeout (60 s) so nginx closes idle connections
     # first; a bounded graceful shutdown then cancels open streams, which aborts them at the worker.
+    # The listen backlog holds a front's whole burst (nginx opens one connection per stream).
     uvicorn.run(app, host=config.host, port=config.port, log_level=level.lower(), access_log=False,
-                timeout_keep_alive=75, timeout_graceful_shutdown=10)
+                timeout_keep_alive=75, timeout_graceful_shutdown=10, backlog=4096)
     return 0
 
 

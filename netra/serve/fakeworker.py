@@ -83,6 +83,9 @@ class FakeConfig:
     # As an SGLang worker started with a Hugging Face id reports it: model_path = tokenizer_path = the id,
     # which the response layer then looks up in its own Hugging Face cache. None: the local tokenizer dir.
     hub_id: str | None = None
+    # While set, every endpoint waits before answering (a stopped or wedged worker; clear to resume).
+    hung: bool = False
+    context_length: int | None = None  # reported in /model_info when set
 
 
 @dataclass
@@ -160,6 +163,10 @@ def create_fake_worker(config: FakeConfig | None = None, tokenizer_dir: Path | N
     app = FastAPI()
     app.state.fake = state
 
+    async def while_hung() -> None:
+        while cfg.hung:
+            await asyncio.sleep(0.01)
+
     def result(rid: str, prompt: list[int], ids: list[int], n_counted: int, finish: dict[str, Any] | None,
                keep_stop: bool, t0: float, skip_special: bool) -> dict[str, Any]:
         shown = ids
@@ -173,6 +180,7 @@ def create_fake_worker(config: FakeConfig | None = None, tokenizer_dir: Path | N
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:
+        await while_hung()
         try:
             body = orjson.loads(await request.body())
         except orjson.JSONDecodeError:
@@ -190,6 +198,7 @@ def create_fake_worker(config: FakeConfig | None = None, tokenizer_dir: Path | N
         t0 = time.monotonic()
         if not body.get("stream", False):
             await asyncio.sleep(cfg.step_delay * len(out))
+            await while_hung()
             whole = result(rid, prompt, out, len(out), finish, keep, t0, True)
             add_logprobs(whole, body, out, 0, len(out))
             return Response(orjson.dumps(whole), media_type="application/json")
@@ -204,6 +213,7 @@ def create_fake_worker(config: FakeConfig | None = None, tokenizer_dir: Path | N
                         await asyncio.sleep(cfg.step_delay)
                     else:
                         await asyncio.sleep(0)
+                    await while_hung()
                     if rid in state.aborted:
                         ev = result(rid, prompt, out[:sent] if not cfg.incremental else [], sent,
                                     {"type": "abort", "message": "aborted by /abort_request"}, keep, t0, True)
@@ -244,6 +254,7 @@ def create_fake_worker(config: FakeConfig | None = None, tokenizer_dir: Path | N
 
     @app.get("/health")
     async def health() -> Response:
+        await while_hung()
         return Response(b"", status_code=200 if cfg.healthy else 503)
 
     @app.get("/health_generate")
@@ -257,13 +268,16 @@ def create_fake_worker(config: FakeConfig | None = None, tokenizer_dir: Path | N
     @app.get("/model_info")
     async def model_info() -> Response:
         path = cfg.hub_id or str(tdir)
-        return Response(orjson.dumps({"model_path": cfg.hub_id or "fake/contract-worker", "tokenizer_path": path,
-                                      "is_generation": True, "preset": None}), media_type="application/json")
+        info: dict[str, Any] = {"model_path": cfg.hub_id or "fake/contract-worker", "tokenizer_path": path,
+                                "is_generation": True, "preset": None}
+        if cfg.context_length is not None:
+            info["context_length"] = cfg.context_length
+        return Response(orjson.dumps(info), media_type="application/json")
 
     @app.get("/v1/models")
     async def models() -> Response:  # SGLang's own card: where its context length is published
         return Response(orjson.dumps({"object": "list", "data": [{"id": "fake/contract-worker", "object": "model",
-                                                                  "max_model_len": FAKE_CONTEXT}]}),
+                                                                  "max_model_len": cfg.context_length or FAKE_CONTEXT}]}),
                         media_type="application/json")
 
     @app.get("/server_info")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -17,8 +18,8 @@ from netra.serve import requestlog
 from netra.serve.errors import OpenAIError
 from netra.serve.generation import Choice, Delta, Usage
 from netra.serve.logprobs import TokenText, chat_logprobs, completion_logprobs
-from netra.serve.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest, StreamOptions
-from netra.serve.stream import TokenTracker, UpstreamProtocolError
+from netra.serve.prompts import check_ids, encode_checked
+from netra.serve.protocol import ChatCompletionRequest, CompletionRequest, StreamOptions
 from netra.serve.tools import (
     ToolCall,
     ToolCallParser,
@@ -31,6 +32,7 @@ from netra.serve.tools import (
 if TYPE_CHECKING:
     from netra.serve.app import ServeState
 
+log = logging.getLogger("netra.serve")
 T = TypeVar("T")
 DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -60,8 +62,10 @@ def sse(obj: Any) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
-async def until_disconnect(request: Request, work: Awaitable[T], on_disconnect: Callable[[], None]) -> T:
-    """Run `work` unless the client goes away first (then cancel it, call `on_disconnect`, raise 499).
+async def guard(request: Request, lost: asyncio.Event, work: Awaitable[T], on_abort: Callable[[], None]) -> T:
+    """Run `work` (anything before the response's first byte) unless the client goes away first
+    (cancel it, call `on_abort`, 499) or the worker stops answering first (cancel it, call
+    `on_abort`, 503: nothing was sent, so nginx may pass the request to another worker).
 
     Starlette cancels a streaming response when its client leaves, but not a plain handler; without
     this a dropped non-streaming request would keep a worker slot busy to its last token."""
@@ -74,20 +78,30 @@ async def until_disconnect(request: Request, work: Awaitable[T], on_disconnect: 
 
     work_task = asyncio.ensure_future(work)
     watch_task = asyncio.ensure_future(disconnected())
+    lost_task = asyncio.ensure_future(lost.wait())
     try:
-        await asyncio.wait({work_task, watch_task}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({work_task, watch_task, lost_task}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watch_task.cancel()
+        lost_task.cancel()
     if not work_task.done():
         work_task.cancel()
-        on_disconnect()
+        try:
+            await work_task  # let it release what it holds (admission permits) before we answer
+        except BaseException:
+            pass
+        on_abort()
+        if watch_task not in done:
+            raise OpenAIError(503, "the worker stopped answering before this request started")
+        log.info("client disconnected before the response of %s %s", request.method, request.url.path)
         raise OpenAIError(499, "client closed the request")
     return work_task.result()
 
 
-async def all_or_abort(request: Request, works: list[Coroutine[Any, Any, T]], abort: Callable[[], None]) -> list[T]:
+async def all_or_abort(request: Request, lost: asyncio.Event, works: list[Coroutine[Any, Any, T]],
+                       abort: Callable[[], None]) -> list[T]:
     """Run ``works`` together; the first error is raised as itself, and a client that leaves first
-    has them cancelled and ``abort`` called (`until_disconnect`)."""
+    (or a worker that stops answering first) has them cancelled and ``abort`` called (`guard`)."""
 
     async def run_all() -> list[T]:
         async with asyncio.TaskGroup() as tg:
@@ -95,7 +109,7 @@ async def all_or_abort(request: Request, works: list[Coroutine[Any, Any, T]], ab
         return [t.result() for t in tasks]
 
     try:
-        return await until_disconnect(request, run_all(), abort)
+        return await guard(request, lost, run_all(), abort)
     except* OpenAIError as group:
         raise group.exceptions[0] from None
 
@@ -123,15 +137,18 @@ class Endpoint:
             self.request_id = record.id
 
     def name_choices(self, choices: list[Choice]) -> list[Choice]:
-        """A single choice runs at the worker under the request id itself; choice i of several under ID-i."""
+        """A single choice runs at the worker under the request id (in this process's namespace);
+        choice i of several under ID-i."""
         if len(choices) == 1:
-            choices[0].body["rid"] = self.request_id
+            choices[0].body["rid"] = self.state.upstream.new_rid(self.request_id)
         return choices
 
-    def choice(self, index: int, prompt: str | list[int], params: dict[str, Any], stream: bool,
+    def choice(self, index: int, prompt: list[int], params: dict[str, Any], stream: bool,
                req: CompletionRequest | ChatCompletionRequest, model_text: Any) -> Choice:
-        key = "text" if isinstance(prompt, str) else "input_ids"
-        body = {key: prompt, "sampling_params": params, "stream": stream, "rid": f"{self.request_id}-{index}"}
+        # Upstream, the request runs under this process's own rid with the request id inside it (so
+        # the worker's logs carry the id): never under a client-chosen name alone (request isolation).
+        body = {"input_ids": prompt, "sampling_params": params, "stream": stream,
+                "rid": self.state.upstream.new_rid(f"{self.request_id}-{index}")}
         return Choice(index=index, body=body, tokenizer=model_text.tokenizer, stops=req.stop_strings(),
                       keep_stop=req.no_stop_trim, skip_special_tokens=req.skip_special_tokens,
                       endpoint=self.name, metrics=self.state.metrics, t0=self.t0, timed=stream)
@@ -156,32 +173,56 @@ class Endpoint:
     async def whole(self, request: Request, choices: list[Choice], n: int,
                     render: Callable[[list[tuple[str, Delta]], Usage], dict[str, Any]]) -> Response:
         upstream = self.state.upstream
+        admission = self.state.admission
+        # At most `request_share` of its choices at once, each admitted on its own: a choice that
+        # ends hands its slot to whoever waited first, so other requests interleave with this one.
+        wave = asyncio.Semaphore(self.state.config.request_share)
+
+        async def one(c: Choice) -> tuple[str, Delta]:
+            async with wave, admission.hold(1):
+                return await c.run_whole(upstream)
 
         def abort_all() -> None:
             for c in choices:
-                self.state.metrics.aborts.labels("client_disconnect").inc()
-                upstream.abort_soon(c.rid)
+                if c.rid in upstream.submitted:
+                    self.state.metrics.aborts.labels("client_disconnect").inc()
+                    upstream.abort_soon(c.rid)
 
-        results = await all_or_abort(request, [c.run_whole(upstream) for c in choices], abort_all)
+        results = await all_or_abort(request, self.state.watch.lost(), [one(c) for c in choices], abort_all)
         usage = self.usage(choices, n)
         self.finish_reasons = [d.finish_reason for _, d in results]
         self.count(200, usage)
         return json_response(render(results, usage))
 
-    async def streamed(self, choices: list[Choice], n: int, options: StreamOptions | None,
+    async def streamed(self, request: Request, choices: list[Choice], n: int, options: StreamOptions | None,
                        chunk: Callable[[Delta], dict[str, Any] | None]) -> Response:
         include_usage = bool(options and options.include_usage)
         continuous = bool(options and options.continuous_usage_stats)
         upstream = self.state.upstream
-        # Open every upstream stream first, so that a refused request still gets an HTTP error status.
-        try:
-            async with asyncio.TaskGroup() as tg:
-                for c in choices:
-                    tg.create_task(c.open(upstream))
-        except* OpenAIError as group:
+        admission = self.state.admission
+        weight = len(choices)  # a stream runs all its choices at once
+
+        async def admit_and_open() -> None:
+            # Open every upstream stream first, so that a refused request still gets an HTTP error status.
+            await admission.acquire(weight)
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    for c in choices:
+                        tg.create_task(c.open(upstream))
+            except BaseException:
+                admission.release(weight)
+                close_opened()
+                raise
+
+        def close_opened() -> None:
             for c in choices:
-                if c.stream is not None:
+                if c.stream is not None and not c.finalized:
+                    c.finalized = True
                     upstream.abort_soon(c.rid, c.stream)
+
+        try:
+            await guard(request, self.state.watch.lost(), admit_and_open(), close_opened)
+        except* OpenAIError as group:
             raise group.exceptions[0] from None
         interval = self.state.config.stream_interval
         metrics = self.state.metrics
@@ -228,6 +269,8 @@ class Endpoint:
                 metrics.stream_bytes.labels(self.name).inc(sent)
                 metrics.stream_events.labels(self.name).inc(events)
                 self.count(status, self.usage(choices, n) if status == 200 else None)
+                if status == 499:
+                    log.info("client disconnected from a %s stream after %d events", self.name, events)
 
         response = SSEResponse(body())
 
@@ -239,6 +282,7 @@ class Endpoint:
                     c.finalized = True
                     self.state.metrics.aborts.labels("client_disconnect").inc()
                     upstream.abort_soon(c.rid, c.stream)
+            admission.release(weight)  # once: the response has ended, however it ended
 
         response.on_close.append(abort_unfinished)
         return response
@@ -286,6 +330,13 @@ def _seeded(params: dict[str, Any], j: int) -> dict[str, Any]:
     return params
 
 
+def check_choices(state: ServeState, prompts: int, n: int) -> None:
+    limit = state.config.max_choices
+    if prompts * n > limit:
+        raise OpenAIError(400, f"this request asks for {prompts} prompt(s) x n={n} = {prompts * n} choices; the limit "
+                               f"is {limit} choices (prompts x n) per request", param="n", code="too_many_choices")
+
+
 def _logprob_fields(body: dict[str, Any], top: int | None) -> None:
     """Ask the worker for logprobs (SGLang's top-level keys)."""
     body["return_logprob"] = True
@@ -293,15 +344,25 @@ def _logprob_fields(body: dict[str, Any], top: int | None) -> None:
 
 
 async def completions(state: ServeState, request: Request, req: CompletionRequest) -> Response:
+    prompts = req.prompts()
+    check_choices(state, len(prompts), req.n)
     req.refuse_unsupported()
+    model = await state.check_model(req.model)
+    state.check_worker()
     ep = Endpoint(state, "completions", "text_completion", "text_completion")
     ep.attach(request)
     model_text = await state.model_text()
-    model = await state.model_name()
+    context = await state.context_length()
+    token_prompts: list[list[int]] = []
+    for prompt in prompts:  # tokenized here, so the length is checked before anything goes upstream
+        if isinstance(prompt, str):
+            token_prompts.append(await encode_checked(model_text, prompt, context, req.max_tokens, "prompt"))
+        else:
+            check_ids(len(prompt), context, req.max_tokens, "prompt")
+            token_prompts.append(prompt)
     params = req.sampling_params(req.max_tokens)
-    prompts = req.prompts()
     choices = ep.name_choices([ep.choice(p * req.n + j, prompt, _seeded(params, j), req.stream, req, model_text)
-                               for p, prompt in enumerate(prompts) for j in range(req.n)])
+                               for p, prompt in enumerate(token_prompts) for j in range(req.n)])
     if req.logprobs is not None:
         for c in choices:
             _logprob_fields(c.body, req.logprobs)
@@ -331,7 +392,7 @@ async def completions(state: ServeState, request: Request, req: CompletionReques
             return {"id": ep.id, "object": "text_completion", "created": ep.created, "model": model,
                     "choices": [choice]}
 
-        return await ep.streamed(choices, req.n, req.stream_options, chunk)
+        return await ep.streamed(request, choices, req.n, req.stream_options, chunk)
 
     def render(results: list[tuple[str, Delta]], usage: Usage) -> dict[str, Any]:
         out = []
@@ -370,26 +431,24 @@ def _messages(req: ChatCompletionRequest, plain: bool) -> list[dict[str, Any]]:
 
 
 async def chat_completions(state: ServeState, request: Request, req: ChatCompletionRequest) -> Response:
+    check_choices(state, 1, req.n)
     req.refuse_unsupported()
+    model = await state.check_model(req.model)
+    state.check_worker()
     ep = Endpoint(state, "chat", "chat.completion", "chat.completion.chunk")
     ep.attach(request)
     model_text = await state.model_text()
-    model = await state.model_name()
+    context = await state.context_length()
     template = model_text.chat_template
     tools = tool_dicts(req.tools or []) if req.tools_active() else None
     messages = _messages(req, plain=template.source is None)
     prompt_text = template.render(messages, req.add_generation_prompt, req.chat_template_kwargs, tools=tools)
-    prompt_ids = model_text.tokenizer.encode(prompt_text)
+    prompt_ids = await encode_checked(model_text, prompt_text, context, req.max_new_tokens(), "messages")
     if not prompt_ids:
         raise OpenAIError(400, "the chat template rendered an empty prompt", param="messages")
     max_new = req.max_new_tokens()
-    if max_new is None:  # SGLang's and vLLM's default: the rest of the context
-        context = await state.context_length()
-        if context is not None:
-            if len(prompt_ids) >= context:
-                raise OpenAIError(400, f"the prompt has {len(prompt_ids)} tokens; the context length is {context}",
-                                  param="messages")
-            max_new = context - len(prompt_ids)
+    if max_new is None and context is not None:  # SGLang's and vLLM's default: the rest of the context
+        max_new = context - len(prompt_ids)
     params = req.sampling_params(max_new)
     if req.tool_choice == "required" or req.named_tool() is not None:
         params["ebnf"] = required_grammar(tool_dicts(req.tools or []), req.named_tool(), req.parallel_tool_calls)
@@ -434,7 +493,7 @@ async def chat_completions(state: ServeState, request: Request, req: ChatComplet
             return {"id": ep.id, "object": "chat.completion.chunk", "created": ep.created, "model": model,
                     "choices": [choice]}
 
-        return await ep.streamed(choices, req.n, req.stream_options, chunk)
+        return await ep.streamed(request, choices, req.n, req.stream_options, chunk)
 
     def render(results: list[tuple[str, Delta]], usage: Usage) -> dict[str, Any]:
         out = []
@@ -457,126 +516,3 @@ async def chat_completions(state: ServeState, request: Request, req: ChatComplet
                 "choices": out, "usage": usage.body()}
 
     return await ep.whole(request, choices, req.n, render)
-
-
-async def generate(state: ServeState, request: Request, req: GenerateRequest) -> Response:
-    """The native `/generate`, forwarded: token IDs in and out, events re-sent as the worker sent them."""
-    req.check()
-    if req.is_batch():
-        return await _generate_batch(state, request, req)
-    body = req.model_dump(exclude_none=True)
-    record = requestlog.current(request)
-    body.setdefault("rid", record.id if record is not None else f"gen-{uuid.uuid4().hex}")
-    rid = str(body["rid"])
-    upstream = state.upstream
-    metrics = state.metrics
-    t0 = time.monotonic()
-
-    def count(status: int, meta: dict[str, Any] | None) -> None:
-        metrics.requests.labels("generate", str(status)).inc()
-        if meta is not None:
-            metrics.prompt_tokens.labels("generate").inc(int(meta.get("prompt_tokens", 0) or 0))
-            metrics.completion_tokens.labels("generate").inc(int(meta.get("completion_tokens", 0) or 0))
-            finish = meta.get("finish_reason")
-            requestlog.note(request, status=status, prompt_tokens=int(meta.get("prompt_tokens", 0) or 0),
-                            completion_tokens=int(meta.get("completion_tokens", 0) or 0),
-                            finish_reasons=[finish.get("type") if isinstance(finish, dict) else None])
-        else:
-            requestlog.note(request, status=status)
-
-    if not req.stream:
-        def aborted() -> None:
-            metrics.aborts.labels("client_disconnect").inc()
-            upstream.abort_soon(rid)
-
-        result = await until_disconnect(request, upstream.generate(body), aborted)
-        meta = result.get("meta_info")
-        count(200, meta if isinstance(meta, dict) else None)
-        return json_response(result)
-
-    stream = await upstream.open_stream(body)
-
-    started = False
-
-    async def events() -> AsyncIterator[bytes]:
-        nonlocal started
-        started = True
-        tracker = TokenTracker()
-        status, sent, n_events = 499, 0, 0
-        meta: dict[str, Any] = {}
-        last = t0
-        try:
-            try:
-                async for event in stream.events():
-                    before = tracker.completion_tokens
-                    try:
-                        tracker.feed(event)
-                    except UpstreamProtocolError as exc:
-                        raise OpenAIError(502, f"worker broke the stream contract: {exc}") from exc
-                    meta = event["meta_info"]
-                    now = time.monotonic()
-                    new = tracker.completion_tokens - before
-                    if new and before == 0:
-                        metrics.ttft.labels("generate").observe(now - t0)
-                    elif new:
-                        metrics.observe_tokens("generate", now - last, new)
-                    last = now if new else last
-                    data = sse(event)
-                    sent += len(data)
-                    n_events += 1
-                    yield data
-                if not tracker.finished:
-                    raise OpenAIError(502, "the worker's stream ended before the request finished")
-                status = 200
-            except OpenAIError as exc:
-                status = exc.status
-                data = exc.sse()
-                sent += len(data)
-                yield data
-            sent += len(DONE)
-            yield DONE
-        finally:
-            metrics.upstream_bytes.inc(stream.bytes_received)
-            metrics.stream_bytes.labels("generate").inc(sent)
-            metrics.stream_events.labels("generate").inc(n_events)
-            if status == 200:
-                count(200, meta)
-                await stream.aclose()
-            else:
-                count(status, None)
-                metrics.aborts.labels("client_disconnect" if status == 499 else "error").inc()
-                upstream.abort_soon(rid, stream)
-
-    response = SSEResponse(events())
-
-    def abort_unstarted() -> None:
-        if not started:
-            upstream.abort_soon(rid, stream)
-
-    response.on_close.append(abort_unstarted)
-    return response
-
-
-async def _generate_batch(state: ServeState, request: Request, req: GenerateRequest) -> Response:
-    """SGLang's batch `/generate`: one upstream request per prompt, answered as a list in order."""
-    bodies = req.split()
-    for b in bodies:
-        b.setdefault("rid", f"gen-{uuid.uuid4().hex}")
-    upstream = state.upstream
-
-    def abort_all() -> None:
-        for b in bodies:
-            upstream.abort_soon(str(b["rid"]))
-
-    try:
-        results = await all_or_abort(request, [upstream.generate(b) for b in bodies], abort_all)
-    except OpenAIError:
-        abort_all()  # one prompt failed: the others are not wanted either
-        raise
-    for r in results:
-        meta = r.get("meta_info") if isinstance(r, dict) else None
-        state.metrics.requests.labels("generate", "200").inc()
-        if isinstance(meta, dict):
-            state.metrics.prompt_tokens.labels("generate").inc(int(meta.get("prompt_tokens", 0) or 0))
-            state.metrics.completion_tokens.labels("generate").inc(int(meta.get("completion_tokens", 0) or 0))
-    return json_response(results)

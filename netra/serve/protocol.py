@@ -1,5 +1,8 @@
 """Pydantic request models for the OpenAI endpoints and the native `/generate` passthrough.
 
+Types are strict: `"16"` is not an integer and `"yes"` is not a boolean (the worker refuses both,
+so coercing them here would only move the refusal; issue 24).
+
 Keys fall in three groups, as vLLM and SGLang treat them:
 
 - supported: OpenAI's fields, plus the SGLang/vLLM extensions clients send through ``extra_body``
@@ -39,13 +42,13 @@ REFUSED = {
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class _Lenient(BaseModel):
     """Top-level request bodies: unknown keys are logged and ignored, `REFUSED` ones refused."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     @model_validator(mode="after")
     def _extra_keys(self) -> _Lenient:
@@ -222,7 +225,7 @@ class ContentPart(_Strict):
 
 class ChatMessage(BaseModel):
     # Extra keys (name, tool_call_id, ...) are passed to the chat template, which may use them.
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
@@ -236,7 +239,7 @@ class ChatMessage(BaseModel):
 
 
 class JsonSchemaFormat(BaseModel):
-    model_config = ConfigDict(extra="allow")  # description, strict: carried, not needed
+    model_config = ConfigDict(extra="allow", strict=True)  # description, strict: carried, not needed
     name: str = "schema"
     schema_: dict[str, Any] | bool | None = Field(None, alias="schema")
 
@@ -247,7 +250,7 @@ class ResponseFormat(_Strict):
 
 
 class FunctionDef(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
     description: str | None = None
     parameters: dict[str, Any] | None = None

@@ -45,6 +45,9 @@ class HFTokenizer:
         from tokenizers import Tokenizer
 
         self._tok = Tokenizer.from_file(str(path))
+        # The longest token's spelling bounds the characters one token decodes to (byte-level
+        # spellings use one character per byte; SentencePiece ones one per character).
+        self.max_token_chars = max((len(t) for t in self._tok.get_vocab(with_added_tokens=True)), default=1)
 
     def token_bytes(self, tid: int) -> bytes | None:
         """A byte-level BPE token's exact bytes (a token may hold part of a UTF-8 character), or None
@@ -114,6 +117,7 @@ class ModelText:
     tokenizer: TextTokenizer
     chat_template: ChatTemplate
     source: str  # where the tokenizer came from, for logs and /v1/models
+    max_token_chars: int = 1  # characters one token decodes to, at most (bounds a prompt's length)
 
 
 def _chat_template_source(directory: Path, config: dict[str, Any]) -> str | None:
@@ -138,7 +142,8 @@ def load_from_directory(directory: Path) -> ModelText:
         config = json.loads(cfg_file.read_text())
     source = _chat_template_source(base, config)
     template = ChatTemplate(source, _token_str(config.get("bos_token")), _token_str(config.get("eos_token")))
-    return ModelText(HFTokenizer(tok_file), template, str(tok_file))
+    tok = HFTokenizer(tok_file)
+    return ModelText(tok, template, str(tok_file), tok.max_token_chars)
 
 
 def _hub_snapshot(repo_id: str) -> Path | None:
@@ -158,9 +163,11 @@ def load_for_worker(info: dict[str, Any]) -> ModelText:
     """The tokenizer for the model that `/model_info` describes."""
     path = info.get("tokenizer_path") or info.get("model_path")
     if path == "byte":  # the embedded engine's byte tokenizer (presets without a checkpoint)
-        from netra.engine.tokenizer import ByteTokenizer
+        # One token per byte, and a special token (one ID) decodes to at most its own spelling.
+        from netra.engine.tokenizer import BYTE_SPECIALS, ByteTokenizer
 
-        return ModelText(ByteTokenizer(), ChatTemplate(None), f"netra.engine byte tokenizer (preset {info.get('preset')})")
+        return ModelText(ByteTokenizer(), ChatTemplate(None), f"netra.engine byte tokenizer (preset {info.get('preset')})",
+                         max(len(s) for s in BYTE_SPECIALS))
     if isinstance(path, str) and path and Path(path).is_absolute() and Path(path).exists():
         return load_from_directory(Path(path))
     if isinstance(path, str) and path and not path.startswith("preset:"):

@@ -13,6 +13,8 @@ from netra.serve.config import ServeConfig
 from netra.serve.fakeworker import FakeConfig, FakeState, create_fake_worker, write_tokenizer
 from netra.serve.localserver import ServerThread
 
+MODEL = "fake/contract-worker"  # the fake worker's model_path: the name the response layer serves
+
 
 def metric_value(text: str, name: str, **labels: str) -> float:
     """The sum of the samples called ``name`` with these labels (others, such as worker and
@@ -40,6 +42,9 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def make_stack(tokenizer_dir: Path, fake: FakeConfig | None = None, **serve: Any) -> Iterator[Stack]:
     """A contract fake worker and a response layer in front of it, each on a free loopback port."""
     worker = create_fake_worker(fake or FakeConfig(), tokenizer_dir)
+    # Client, response layer and worker share this process (and its GIL): a generous liveness
+    # deadline unless a test sets one, so a starved event loop is not taken for a hung worker.
+    serve.setdefault("probe_timeout", 30.0)
     with ServerThread(worker) as up:
         app = create_app(ServeConfig(upstream=up, **serve))
         with ServerThread(app) as url:

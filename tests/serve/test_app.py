@@ -14,7 +14,7 @@ import pytest
 
 from netra.serve.fakeworker import EOS, IM_END, IM_START, FakeConfig, reference_output
 
-from .conftest import Stack, make_stack, metric_value
+from .conftest import MODEL, Stack, make_stack, metric_value
 
 
 def sse_events(raw: bytes) -> list[Any]:
@@ -42,13 +42,13 @@ def test_completion_matches_reference_and_stream_equals_whole(stack: Stack) -> N
     prompt = "Tell me about MoE."
     sp = {"max_new_tokens": 97, "temperature": 0.0, "ignore_eos": True}
     expected, n, _ = ref_text(list(prompt.encode()), sp)
-    whole = c.completions.create(model="m", prompt=prompt, max_tokens=97, temperature=0,
+    whole = c.completions.create(model=MODEL, prompt=prompt, max_tokens=97, temperature=0,
                                  extra_body={"ignore_eos": True})
     assert whole.choices[0].text == expected
     assert whole.choices[0].finish_reason == "length"
     assert whole.usage is not None
     assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (len(prompt.encode()), n)
-    chunks = list(c.completions.create(model="m", prompt=prompt, max_tokens=97, temperature=0, stream=True,
+    chunks = list(c.completions.create(model=MODEL, prompt=prompt, max_tokens=97, temperature=0, stream=True,
                                        stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
     assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == expected
     assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
@@ -59,7 +59,7 @@ def test_completion_matches_reference_and_stream_equals_whole(stack: Stack) -> N
 def test_chat_uses_checkpoint_template_and_stream_equals_whole(stack: Stack) -> None:
     c = client(stack)
     msgs: Any = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "héllo 日本"}]
-    whole = c.chat.completions.create(model="m", messages=msgs, max_tokens=64, temperature=0)
+    whole = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=64, temperature=0)
     sent = stack.fake.requests[-1]
     rendered = "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhéllo 日本<|im_end|>\n<|im_start|>assistant\n"
     expected_ids: list[int] = []
@@ -71,7 +71,7 @@ def test_chat_uses_checkpoint_template_and_stream_equals_whole(stack: Stack) -> 
     assert whole.choices[0].message.content == expected
     assert whole.choices[0].message.role == "assistant"
     assert whole.usage is not None and whole.usage.completion_tokens == n == 64
-    stream = c.chat.completions.create(model="m", messages=msgs, max_tokens=64, temperature=0, stream=True)
+    stream = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=64, temperature=0, stream=True)
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == expected
@@ -171,13 +171,13 @@ def test_eos_finish(tokenizer_dir: Path) -> None:
     for incremental in (False, True):
         with make_stack(tokenizer_dir, FakeConfig(incremental=incremental, eos_after=17, stream_interval=3)) as s:
             c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
-            chunks = list(c.completions.create(model="m", prompt="x", max_tokens=50, temperature=0, stream=True,
+            chunks = list(c.completions.create(model=MODEL, prompt="x", max_tokens=50, temperature=0, stream=True,
                                                stream_options={"include_usage": True}))
             expected, n, _ = ref_text(list(b"x"), {"max_new_tokens": 50, "temperature": 0}, eos_after=17)
             assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == expected
             assert chunks[-2].choices[0].finish_reason == "stop"
             assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == n == 18
-            whole = c.completions.create(model="m", prompt="x", max_tokens=50, temperature=0)
+            whole = c.completions.create(model=MODEL, prompt="x", max_tokens=50, temperature=0)
             assert whole.choices[0].text == expected and whole.choices[0].finish_reason == "stop"
             assert getattr(chunks[-2].choices[0], "matched_stop", None) == EOS
 
@@ -230,8 +230,8 @@ def test_malformed_completions_get_openai_400(stack: Stack, body: dict[str, Any]
 def test_malformed_requests_and_service_continues(stack: Stack) -> None:
     c = httpx.Client(base_url=stack.url, timeout=10)
     cases = [
-        c.post("/v1/completions", content=b"{not json"),
-        c.post("/v1/completions", content=b"[1, 2]"),
+        c.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"}),
+        c.post("/v1/completions", content=b"[1, 2]", headers={"content-type": "application/json"}),
         c.post("/v1/chat/completions", json={"messages": []}),
         c.post("/v1/chat/completions", json={"messages": [{"role": "wizard", "content": "x"}]}),
         c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "tools": [{}]}),

@@ -23,7 +23,7 @@ from netra.serve.fakeworker import FakeConfig, fake_logprob, prompt_token_ids, r
 from netra.serve.tokenizer import ChatTemplate, ModelText
 from netra.serve.tools import ToolCallParser, call_text, required_grammar
 
-from .conftest import Stack, make_stack
+from .conftest import MODEL, Stack, make_stack
 from .test_app import client
 
 _SPEC = importlib.util.find_spec("sglang")
@@ -44,7 +44,7 @@ def test_chat_logprobs_stream_equals_whole_and_match_the_worker(tokenizer_dir: P
         with make_stack(tokenizer_dir, FakeConfig(incremental=incremental, stream_interval=interval),
                         stream_interval=2) as stack:
             c = client(stack)
-            kw: dict[str, Any] = dict(model="m", messages=[{"role": "user", "content": "héllo"}], max_tokens=17,
+            kw: dict[str, Any] = dict(model=MODEL, messages=[{"role": "user", "content": "héllo"}], max_tokens=17,
                                       temperature=0, logprobs=True, top_logprobs=3)
             whole = c.chat.completions.create(**kw)
             want = _expected_logprobs(stack, 3)
@@ -63,17 +63,17 @@ def test_chat_logprobs_stream_equals_whole_and_match_the_worker(tokenizer_dir: P
 
 def test_completion_logprobs_legacy_shape_and_echo(stack: Stack) -> None:
     c = client(stack)
-    r = c.completions.create(model="m", prompt="abc", max_tokens=6, temperature=0, logprobs=2)
+    r = c.completions.create(model=MODEL, prompt="abc", max_tokens=6, temperature=0, logprobs=2)
     want = _expected_logprobs(stack, 2)
     lp = r.choices[0].logprobs
     assert lp is not None and lp.token_logprobs == [w[0] for w in want]
     assert lp.tokens is not None and "".join(lp.tokens) == r.choices[0].text
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
     assert lp.top_logprobs is not None and all(len(t) <= 2 for t in lp.top_logprobs)
-    plain = c.completions.create(model="m", prompt="abc", max_tokens=6, temperature=0).choices[0].text
-    echoed = c.completions.create(model="m", prompt="abc", max_tokens=6, temperature=0, echo=True).choices[0].text
+    plain = c.completions.create(model=MODEL, prompt="abc", max_tokens=6, temperature=0).choices[0].text
+    echoed = c.completions.create(model=MODEL, prompt="abc", max_tokens=6, temperature=0, echo=True).choices[0].text
     assert echoed == "abc" + plain
-    parts = [ch.choices[0].text for ch in c.completions.create(model="m", prompt=[97, 98], max_tokens=6,
+    parts = [ch.choices[0].text for ch in c.completions.create(model=MODEL, prompt=[97, 98], max_tokens=6,
                                                                 temperature=0, echo=True, stream=True) if ch.choices]
     assert "".join(parts).startswith("ab") and parts[0].startswith("ab")
 
@@ -81,7 +81,7 @@ def test_completion_logprobs_legacy_shape_and_echo(stack: Stack) -> None:
 def test_sglang_names_pass_through_and_validate_in_the_pinned_wheel(stack: Stack, tmp_path: Path) -> None:
     c = client(stack)
     c.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "x"}], max_tokens=4, frequency_penalty=0.5,
+        model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=4, frequency_penalty=0.5,
         presence_penalty=-0.25, logit_bias={"65": 3.0}, seed=3, logprobs=True, top_logprobs=2,
         response_format={"type": "json_schema", "json_schema": {"name": "o", "schema": {"type": "object"}}},
         extra_body={"repetition_penalty": 1.2, "min_tokens": 2, "top_k": 5})
@@ -90,10 +90,10 @@ def test_sglang_names_pass_through_and_validate_in_the_pinned_wheel(stack: Stack
     assert (sp["frequency_penalty"], sp["presence_penalty"], sp["repetition_penalty"], sp["min_new_tokens"]) == \
         (0.5, -0.25, 1.2, 2)
     assert sp["logit_bias"] == {"65": 3.0} and json.loads(sp["json_schema"]) == {"type": "object"}
-    c.completions.create(model="m", prompt="x", max_tokens=4, extra_body={"regex": "[ab]+"})
+    c.completions.create(model=MODEL, prompt="x", max_tokens=4, extra_body={"regex": "[ab]+"})
     regex_body = stack.fake.requests[-1]
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    c.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=4, tools=tools,
+    c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=4, tools=tools,
                               tool_choice="required")
     tool_body = stack.fake.requests[-1]
     assert tool_body["sampling_params"]["ebnf"] == required_grammar(tools, None, True)
@@ -119,19 +119,19 @@ def test_unknown_keys_are_ignored_with_a_warning_and_unsupported_ones_refused(
         stack: Stack, caplog: pytest.LogCaptureFixture) -> None:
     c = client(stack)
     with caplog.at_level(logging.WARNING, logger="netra.serve"):
-        r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2,
+        r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=2,
                                       extra_body={"separate_reasoning": True, "my_knob": 1})
     assert r.choices[0].finish_reason == "length"
     assert any("my_knob" in rec.getMessage() and "separate_reasoning" in rec.getMessage() for rec in caplog.records)
     for key, value in (("suffix", "x"), ("functions", []), ("structural_tag", {})):
         with pytest.raises(openai.BadRequestError) as e:
-            c.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], extra_body={key: value})
+            c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], extra_body={key: value})
         assert e.value.body["param"] == key  # type: ignore[index]
     with pytest.raises(openai.BadRequestError, match="at most one output constraint"):
-        c.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
+        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
                                   response_format={"type": "json_object"}, extra_body={"regex": "a"})
     with pytest.raises(openai.BadRequestError, match="not among the tools"):
-        c.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
+        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
                                   tools=[{"type": "function", "function": {"name": "f"}}],
                                   tool_choice={"type": "function", "function": {"name": "g"}})
 
@@ -142,7 +142,7 @@ def test_models_retrieve_max_model_len_and_default_max_tokens(stack: Stack) -> N
     assert card.model_extra is not None and card.model_extra["max_model_len"] == 4096  # the fake's context
     with pytest.raises(openai.NotFoundError):
         c.models.retrieve("no-such-model")
-    c.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
     body = stack.fake.requests[-1]
     assert body["sampling_params"]["max_new_tokens"] == 4096 - len(body["input_ids"])
 
@@ -193,7 +193,7 @@ def test_tools_reach_the_template_and_calls_come_back(tokenizer_dir: Path) -> No
         tools = [{"type": "function", "function": {"name": "get_weather",
                                                    "parameters": {"type": "object",
                                                                   "properties": {"city": {"type": "string"}}}}}]
-        c.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2, tools=tools)
+        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=2, tools=tools)
         rendered = bytes(t for t in stack.fake.requests[-1]["input_ids"] if t < 256).decode("utf-8", "replace")
         assert "get_weather" not in rendered  # the fake's ChatML template ignores tools ...
         stack.serve._text = ModelText(ByteTokenizer(), ChatTemplate(None), "byte")
@@ -202,7 +202,7 @@ def test_tools_reach_the_template_and_calls_come_back(tokenizer_dir: Path) -> No
                     "tool_calls": [{"id": "c1", "type": "function",
                                     "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
                    {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
-        c.chat.completions.create(model="m", messages=history, max_tokens=2, tools=tools)  # type: ignore[arg-type]
+        c.chat.completions.create(model=MODEL, messages=history, max_tokens=2, tools=tools)  # type: ignore[arg-type]
         rendered = bytes(stack.fake.requests[-1]["input_ids"]).decode("utf-8", "replace")
         assert rendered.startswith("system: # Tools") and '"name": "get_weather"' in rendered
         assert call_text("get_weather", {"city": "Oslo"}) in rendered and "tool: sunny" in rendered
