@@ -336,7 +336,18 @@ def status_text(summary: dict[str, Any]) -> str:
         h = summary["health"][index]
         health = (f"engine {'healthy' if h['engine'] else 'NOT healthy'}, response layer "
                   f"{'healthy' if h['serve'] else 'NOT healthy'}") if up else "not running"
-        lines.append(f"  worker {index}: {st}, {health}, restarts {summary['restarts'][index]}")
+        budget = (summary.get("restart_budget") or {}).get(index)
+        in_window = f" ({budget['in_window']}/{budget['max_restarts']} in the window)" if budget else ""
+        lines.append(f"  worker {index}: {st}, {health}, restarts {summary['restarts'][index]}{in_window}")
+        last = (summary.get("rotation") or {}).get(index)
+        if last:
+            lines.append(f"    rotation: {last['event']} at {last['time']} ({last['why']})")
+    policy = summary.get("restart_policy")
+    if policy:
+        front = summary.get("front_restart_budget") or {}
+        lines.append(f"  restart budget: {policy['max_restarts']} restarts within {policy['window_s']:.0f} s per "
+                     f"worker and for nginx (one more gives it up); nginx {front.get('in_window', 0)}/"
+                     f"{policy['max_restarts']} in the window")
     return "\n".join(lines)
 
 

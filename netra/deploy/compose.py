@@ -126,7 +126,9 @@ def build(profile: Any, topology_dir: str | Path | None = None, overrides: Any =
     image_name, entry = _image(profile)
     run_volume = f"run:{plan.run_dir}"
     front = plan.front
-    nofile = {"soft": front.worker_rlimit_nofile, "hard": front.worker_rlimit_nofile}
+    # Every container may hold a socket per client (a response layer: up to the front's whole target
+    # concurrency when the other workers are out) and per upstream request; nginx sets its own.
+    nofile = {"soft": max(front.worker_rlimit_nofile, 1 << 20), "hard": max(front.worker_rlimit_nofile, 1 << 20)}
     # The plan's restart budget (profile.supervisor.max_restarts), as Docker's restart policy.
     restarts = int(profile.supervisor.max_restarts)
     # An image built and recorded here is run by its ID; others by the tag their Dockerfile builds.

@@ -23,13 +23,14 @@ from typing import Any
 
 from netra.deploy import nginx
 from netra.deploy.audit import audit_code_objects, audit_options, audit_plugin, audit_process
+from netra.deploy.liveness import ProbePolicy, Probes, RestartBudget
 from netra.deploy.metrics import SOCKET_NAME, MetricsProxy
 from netra.deploy.metrics import targets as metrics_targets
 from netra.deploy.plan import Plan
 from netra.deploy.record import RECORD_VERSION, is_alive, now_utc, proc_start_ticks, read_record, record_path
 from netra.deploy.record import RecordError as RecordError
 from netra.deploy.record import write_json as write_json
-from netra.deploy.supervisor import Proc, Supervisor, WorkerState, healthy, log_tail
+from netra.deploy.supervisor import Proc, RestartPolicy, Supervisor, WorkerState, healthy, log_tail
 from netra.deploy.topology import format_cpulist
 from netra.deploy.verify import LaunchRefused, Verification
 
@@ -72,6 +73,13 @@ class Launch:
         self.nginx_proc: Proc | None = None
         self.metrics_proxy: MetricsProxy | None = None
         self.nginx_restarts: list[dict[str, Any]] = []
+        policy = RestartPolicy.from_plan(plan.supervisor)
+        self.nginx_budget = RestartBudget(policy.max_restarts, policy.window_s)
+        probe_policy = ProbePolicy.from_plan(plan.supervisor)
+        # nginx answers from its own event loops whatever the workers do, so a slow answer means
+        # overload before it means a hang: give it a longer deadline and more misses.
+        self.nginx_probes = Probes(ProbePolicy(probe_policy.interval_s, max(5.0, 2 * probe_policy.timeout_s),
+                                               probe_policy.misses + 2, probe_policy.stall_s, probe_policy.recover_s))
         self.workers = [
             WorkerState(
                 w.index,
@@ -81,10 +89,7 @@ class Launch:
                      w.mem_node))
             for w in plan.workers]
         self.supervisor = Supervisor(
-            self.workers, max_restarts=int(plan.supervisor["max_restarts"]),
-            backoff_initial_s=float(plan.supervisor["backoff_initial_s"]),
-            backoff_max_s=float(plan.supervisor["backoff_max_s"]),
-            health_timeout_s=float(plan.supervisor["health_timeout_s"]),
+            self.workers, policy=policy, probes=probe_policy,
             engine_url=lambda i: plan.workers[i].engine_url, serve_url=lambda i: plan.workers[i].serve_url,
             audit=self.audit_worker, set_down=self.set_down, on_change=self.save, log=self.log)
 
@@ -99,7 +104,8 @@ class Launch:
                 "numa_node": wp.numa_node, "cpus": wp.cpulist, "mem_node": wp.mem_node,
                 "engine_port": wp.engine_port, "serve_port": wp.serve_port, "engine_url": wp.engine_url,
                 "serve_url": wp.serve_url, "engine": ws.engine.to_record(), "serve": ws.serve.to_record(),
-                "restarts": ws.restarts, "audit": ws.audit, "audit_warnings": ws.warnings})
+                "restarts": ws.restarts, "restart_budget": ws.budget.to_record(), "rotation": ws.rotation,
+                "liveness": ws.liveness(self.supervisor.probes), "audit": ws.audit, "audit_warnings": ws.warnings})
         return {
             "version": RECORD_VERSION, "state": self.state, "message": self.message, "updated": now_utc(),
             "launcher": {"pid": os.getpid(), "ticks": proc_start_ticks(os.getpid()), "start_time": self.started},
@@ -107,7 +113,9 @@ class Launch:
             "plan_sha256": p.sha256(), "plan_path": str(self.run_dir / "plan.json"), "run_dir": p.run_dir,
             "front": {"url": p.front.url, "host": p.front.host, "port": p.front.port, "conf": p.front.conf_path,
                       "process": self.nginx_proc.to_record() if self.nginx_proc else None,
-                      "restarts": self.nginx_restarts},
+                      "restarts": self.nginx_restarts, "restart_budget": self.nginx_budget.to_record()},
+            "restart_policy": {"max_restarts": self.supervisor.policy.max_restarts,
+                               "window_s": self.supervisor.policy.window_s},
             "verification": self.verification.to_dict(), "workers": workers, **self.meta}
 
     def save(self) -> None:
@@ -231,29 +239,54 @@ class Launch:
         self.log(f"nginx: workers down {sorted(down) or 'none'}")
 
     def _nginx_check(self) -> bool:
+        """nginx exited, or stopped answering its liveness location: restart it within the budget."""
         proc = self.nginx_proc
-        if proc is None or proc.alive():
+        if proc is None:
             return True
-        if len(self.nginx_restarts) >= int(self.plan.supervisor["max_restarts"]):
-            self.message = f"nginx exited {len(self.nginx_restarts)} times; giving up"
+        now = time.monotonic()
+        reason = None
+        if proc.alive():
+            st = self.nginx_probes.poll("nginx", self.plan.front.url + nginx.LIVE_PATH, now, any_answer=True)
+            if st.misses < self.nginx_probes.policy.misses:
+                return True
+            reason = f"unresponsive ({st.why}, {st.misses} probes missed)"
+            self.log(f"nginx (pid {proc.pid}) {reason}; killing it to restart")
+            proc.send(signal.SIGKILL)
+            try:
+                assert proc.popen is not None
+                proc.popen.wait(10)
+            except Exception:  # reaped below by kill_group either way
+                pass
+        if not self.nginx_budget.allows(now):
+            self.message = (f"nginx exited {self.nginx_budget.in_window(now) + 1} times within "
+                            f"{self.nginx_budget.window_s:.0f} s; giving up")
             return False
-        self.nginx_restarts.append({"time": now_utc(), "pid": proc.pid, "exit_code": proc.exit_code()})
+        self.nginx_budget.use(now)
+        event: dict[str, Any] = {"time": now_utc(), "pid": proc.pid, "exit_code": proc.exit_code()}
+        if reason:
+            event["reason"] = reason
+        self.nginx_restarts.append(event)
         self.log(f"nginx (pid {proc.pid}) exited with {proc.exit_code()}; restarting")
         proc.kill_group()  # its worker processes outlive a killed master and keep the port
+        self.nginx_probes.reset("nginx")
         proc.spawn()
         self.save()
         return True
 
     def supervise(self) -> int:
-        while not self.stopping:
-            self.supervisor.step()
-            if not self._nginx_check():
-                return 1
-            if self.supervisor.all_failed():
-                self.message = "every worker failed and exhausted its restarts"
-                return 1
-            time.sleep(POLL_S)
-        return 0
+        try:
+            while not self.stopping:
+                self.supervisor.step()
+                if not self._nginx_check():
+                    return 1
+                if self.supervisor.all_failed():
+                    self.message = "every worker failed and exhausted its restarts"
+                    return 1
+                time.sleep(POLL_S)
+            return 0
+        finally:
+            self.supervisor.close()
+            self.nginx_probes.close()
 
     def stop(self) -> None:
         self.state = "stopping"
@@ -342,7 +375,11 @@ def status(run_dir: Path) -> tuple[int, dict[str, Any]]:
     summary = {"state": state, "launcher_alive": alive, "launcher_pid": launcher.get("pid"),
                "front": rec["front"]["url"], "front_healthy": front_ok, "processes_alive": procs,
                "processes": table, "run_dir": str(run_dir), "workers": workers, "health": health, "profile": rec["profile_name"],
-               "plan_sha256": rec["plan_sha256"], "restarts": {w["index"]: len(w["restarts"]) for w in rec["workers"]}}
+               "plan_sha256": rec["plan_sha256"], "restarts": {w["index"]: len(w["restarts"]) for w in rec["workers"]},
+               "restart_policy": rec.get("restart_policy"),
+               "restart_budget": {w["index"]: w.get("restart_budget") for w in rec["workers"]},
+               "front_restart_budget": rec["front"].get("restart_budget"),
+               "rotation": {w["index"]: (w.get("rotation") or [None])[-1] for w in rec["workers"]}}
     return (0 if ok else 1), summary
 
 

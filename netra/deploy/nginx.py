@@ -2,13 +2,16 @@
 
 nginx runs as its own master with prefix, config, pid, error log and temp paths in the run dir
 (`nginx -p RUN_DIR -e ERROR_LOG -c nginx.conf -g 'daemon off;'`), so several launches share a host.
-The supervisor re-renders with a worker marked `down` and reloads (`-s reload`) while that worker
-is being restarted, so new requests never wait on it; passive health (max_fails / fail_timeout)
-and `proxy_next_upstream` cover the moments before the supervisor notices.
+The supervisor re-renders with a worker marked `down` and reloads (SIGHUP) while that worker is
+unresponsive or given up, so new requests never wait on it; passive health (max_fails /
+fail_timeout) and `proxy_next_upstream` cover a crashed worker and the moments before the
+supervisor notices. nginx's own errors are OpenAI error objects (`error_pages`), and past the
+profile's target concurrency a request gets a JSON 503 with `Retry-After`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import re
@@ -23,6 +26,47 @@ from netra.resources import DATA_ROOT
 
 TEMPLATE = DATA_ROOT / "nginx" / "netra.conf.template"
 _PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
+LIVE_PATH = "/front/live"  # nginx's own liveness location (the supervisor's probe)
+RETRY_AFTER_S = 1
+
+
+def error_messages(plan: Plan) -> dict[int, str]:
+    """nginx's own error statuses and their messages (the workers' errors pass through untouched)."""
+    f = plan.front
+    return {
+        400: "the request is malformed",
+        405: "method not allowed",
+        408: "the request was not received in time",
+        413: f"request body exceeds the limit of {f.max_body_bytes} bytes",
+        414: "the request URI is too long",
+        494: "the request headers are too large",
+        500: "internal error at the front",
+        502: "no worker could take the request",
+        503: f"the server is at capacity ({f.target_concurrency} requests in flight); retry after {RETRY_AFTER_S} s",
+        504: "no worker answered in time",
+    }
+
+
+def error_pages(plan: Plan) -> str:
+    """`error_page` + one internal location per status, answering the OpenAI error object as JSON."""
+    from netra.serve.errors import error_body
+
+    out = []
+    for status, message in error_messages(plan).items():
+        sent = 400 if status == 494 else status  # nginx answers an oversized header as 400
+        code = "server_at_capacity" if status == 503 else sent
+        body = json.dumps(error_body(sent, message, code=code), separators=(",", ":"))
+        assert "'" not in body and "\\" not in body, body  # a single-quoted nginx string, no escapes
+        retry = f"\n            add_header Retry-After {RETRY_AFTER_S} always;" if status == 503 else ""
+        # A URI, not a named location: an error found before the request line is parsed (400,
+        # 414) cannot be redirected to a named one.
+        out.append(f"        error_page {status} /_netra_error/{status};\n"
+                   f"        location = /_netra_error/{status} {{\n"
+                   f"            internal;\n"
+                   f"            default_type application/json;{retry}\n"
+                   f"            return {sent} '{body}';\n"
+                   f"        }}")
+    return "\n".join(out)
 
 
 class NginxError(RuntimeError):
@@ -86,7 +130,8 @@ def render(plan: Plan, down: Iterable[int] = (), template: str | None = None,
         "balance_directive": "least_conn;" if f.balance == "least_conn" else "# round robin (nginx default)",
         "servers": "\n".join(servers), "keepalive": str(f.keepalive), "listen": f"{host}:{f.port}",
         "connect_timeout_s": str(f.connect_timeout_s), "read_timeout_s": str(f.read_timeout_s),
-        "next_upstream_tries": str(min(len(plan.workers), 3)),
+        "next_upstream_tries": str(min(len(plan.workers), 3)), "target_concurrency": str(f.target_concurrency),
+        "max_body_bytes": str(f.max_body_bytes), "error_pages": error_pages(plan), "live_path": LIVE_PATH,
         "metrics_location": metrics_location(metrics_socket),
     }
     return fill(template if template is not None else TEMPLATE.read_text(), values)

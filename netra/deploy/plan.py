@@ -9,6 +9,7 @@ identify exactly what `netra launch` starts; the launch record keeps that hash.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,10 +85,12 @@ class FrontPlan:
     host: str
     port: int
     balance: str
-    worker_processes: int
+    target_concurrency: int
+    worker_processes: int  # the four below derive from target_concurrency (front_sizing)
     worker_connections: int
     keepalive: int
     worker_rlimit_nofile: int
+    max_body_bytes: int
     max_fails: int
     fail_timeout_s: int
     read_timeout_s: int
@@ -130,6 +133,35 @@ class Plan:
 
     def sha256(self) -> str:
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+
+def front_sizing(target: int, keepalive: int) -> tuple[int, int, int]:
+    """(worker_processes, worker_connections, worker_rlimit_nofile) of nginx for `target` requests in
+    flight: a process per 1,024 of them (at most 16). Each admitted request holds a client and an
+    upstream connection; every client past the target holds its connection until its 503 is written,
+    and a burst of them must find one: nginx closes a connection it cannot place (and, out of
+    connections, closes idle ones that have not sent their request yet), which the client sees as a
+    reset. So connections cover the target twice plus a burst of `max(4 x target, 4096)` refused
+    clients, a quarter more for the uneven spread over processes, and each process's keepalive pool;
+    one fd per connection, twice over for files and headroom."""
+    processes = max(1, min(16, math.ceil(target / 1024)))
+    burst = max(4 * target, 4096)
+    connections = math.ceil(1.25 * (2 * target + burst) / processes) + keepalive + 64
+    return processes, connections, 2 * connections
+
+
+def serve_limits(profile: Profile) -> list[str]:
+    """The response layer's bounds, from the profile: admission capacity (twice the worker's running
+    requests, so its queue is never empty, at least one request's choices), the requests that may
+    wait (everything the front admits may land on one worker), limits, its probe of its worker, and
+    the supervisor's step-stall bound."""
+    s, sup = profile.serve, profile.supervisor
+    inflight = max(2 * profile.engine.max_running_requests, s.max_choices)
+    return ["--max-inflight", str(inflight), "--max-waiting", str(profile.front.target_concurrency),
+            "--queue-timeout", f"{s.queue_timeout_s:g}", "--max-choices", str(s.max_choices),
+            "--max-body-bytes", str(s.max_body_bytes), "--probe-interval", f"{s.probe_interval_s:g}",
+            "--probe-timeout", f"{s.probe_timeout_s:g}", "--probe-misses", str(s.probe_misses),
+            "--stall-timeout", f"{sup.stall_s:g}"]
 
 
 def default_run_dir(profile: Profile) -> Path:
@@ -250,7 +282,8 @@ def make_plan(profile: Profile, topology_dir: str | Path | None = None, override
         serve_argv = ["netra", "serve", "--upstream", f"http://{LOOPBACK}:{engine_port}", "--host", LOOPBACK,
                       "--port", str(serve_port), "--stream-interval", str(profile.engine.stream_interval),
                       "--model-name", profile.serve.model_name,
-                      "--engine", "sglang" if profile.engine.kind == "sglang" else "embedded", "--worker-id", str(i)]
+                      "--engine", "sglang" if profile.engine.kind == "sglang" else "embedded", "--worker-id", str(i),
+                      *serve_limits(profile)]
         if profile.serve.api_key_env:
             # The key's name, never its value: plans and launch records are written to disk.
             serve_argv += ["--api-key-env", profile.serve.api_key_env]
@@ -266,10 +299,12 @@ def make_plan(profile: Profile, topology_dir: str | Path | None = None, override
     ports = [front_port] + [p for w in workers for p in (w.engine_port, w.serve_port)]
     if len(set(ports)) != len(ports):
         raise PlanError(f"port collision in the plan: {sorted(ports)}")
+    processes, connections, nofile = front_sizing(f.target_concurrency, f.keepalive)
     front = FrontPlan(
-        host=ov.front_host or f.host, port=front_port, balance=f.balance, worker_processes=f.worker_processes,
-        worker_connections=f.worker_connections, keepalive=f.keepalive,
-        worker_rlimit_nofile=f.worker_rlimit_nofile, max_fails=f.max_fails, fail_timeout_s=f.fail_timeout_s,
+        host=ov.front_host or f.host, port=front_port, balance=f.balance, target_concurrency=f.target_concurrency,
+        worker_processes=processes, worker_connections=connections, keepalive=f.keepalive,
+        worker_rlimit_nofile=nofile, max_body_bytes=profile.serve.max_body_bytes, max_fails=f.max_fails,
+        fail_timeout_s=f.fail_timeout_s,
         read_timeout_s=f.read_timeout_s, connect_timeout_s=f.connect_timeout_s,
         upstreams=tuple(f"{LOOPBACK}:{w.serve_port}" for w in workers),
         conf_path=str(run_dir / "nginx.conf"), pid_path=str(run_dir / "nginx.pid"),

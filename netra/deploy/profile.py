@@ -93,6 +93,20 @@ class Serve:
     api_key_env: str | None = field(default=None, metadata=_meta(
         "environment variable holding the API key every request must carry (Authorization: Bearer KEY, as "
         "SGLang's and vLLM's --api-key); null: no key", pattern=r"^[A-Z_][A-Z0-9_]*$"))
+    max_body_bytes: int = field(default=8 << 20, metadata=_meta(
+        "request body limit, at nginx and at each response layer (413 past it)", ge=1024))
+    max_choices: int = field(default=64, metadata=_meta("choices per request, prompts x n (400 past it)",
+                                                        ge=1, le=1024))
+    queue_timeout_s: float = field(default=60.0, metadata=_meta(
+        "seconds a request may wait for an upstream slot at its response layer before a 503 with Retry-After",
+        ge=0.1))
+    # The response layer's own probe of its worker, for fast failover (its new requests, and those
+    # that sent nothing yet, get 503 so nginx passes them on); the supervisor's probes are separate.
+    probe_interval_s: float = field(default=1.0, metadata=_meta(
+        "seconds between the response layer's liveness probes of its worker", ge=0.1))
+    probe_timeout_s: float = field(default=2.0, metadata=_meta("deadline of one such probe", ge=0.1))
+    probe_misses: int = field(default=2, metadata=_meta(
+        "missed probes in a row after which the response layer refuses with 503 until the worker answers", ge=1))
 
 
 @dataclass(frozen=True)
@@ -101,13 +115,15 @@ class Front:
     port: int = field(default=8000, metadata=_meta("listen port of the public endpoint", ge=1, le=65535))
     balance: Literal["round_robin", "least_conn"] = field(default="round_robin", metadata=_meta(
         "nginx upstream balancing"))
-    worker_processes: int = field(default=1, metadata=_meta("nginx worker processes", ge=1, le=256))
-    worker_connections: int = field(default=1024, metadata=_meta("connections per nginx worker", ge=16))
+    target_concurrency: int = field(default=1024, metadata=_meta(
+        "requests in flight the front admits (past it: a JSON 503 with Retry-After); nginx worker processes, "
+        "connections and fds are sized from it", ge=1, le=1 << 20))
     keepalive: int = field(default=64, metadata=_meta("idle keepalive connections to upstreams per worker", ge=1))
-    worker_rlimit_nofile: int = field(default=8192, metadata=_meta("fd limit of nginx workers", ge=64))
     max_fails: int = field(default=1, metadata=_meta("passive health: failures before marking down", ge=0))
     fail_timeout_s: int = field(default=5, metadata=_meta("passive health: seconds marked down", ge=1))
-    read_timeout_s: int = field(default=3600, metadata=_meta("upstream read timeout (long generations)", ge=1))
+    read_timeout_s: int = field(default=3600, metadata=_meta(
+        "upstream read timeout: the longest wait for a worker's response headers (a non-streamed response's "
+        "come with its last token) or between two reads of a stream", ge=1))
     connect_timeout_s: int = field(default=2, metadata=_meta("upstream connect timeout", ge=1, le=60))
 
 
@@ -121,11 +137,21 @@ class Ports:
 
 @dataclass(frozen=True)
 class Supervisor:
-    max_restarts: int = field(default=5, metadata=_meta("restarts per worker before giving it up", ge=0))
+    max_restarts: int = field(default=5, metadata=_meta(
+        "restarts of a worker (or nginx) within restart_window_s; one more gives it up", ge=0))
+    restart_window_s: float = field(default=600.0, metadata=_meta("the restart budget's window", ge=1.0))
     backoff_initial_s: float = field(default=0.5, metadata=_meta("first restart delay", ge=0.0, le=60.0))
     backoff_max_s: float = field(default=10.0, metadata=_meta("restart delay cap (doubling)", ge=0.0, le=600.0))
     health_timeout_s: float = field(default=600.0, metadata=_meta("seconds a worker may take to be healthy",
                                                                   ge=1.0))
+    probe_interval_s: float = field(default=2.0, metadata=_meta("seconds between liveness probes", ge=0.1))
+    probe_timeout_s: float = field(default=5.0, metadata=_meta("deadline of one liveness probe", ge=0.1))
+    probe_misses: int = field(default=3, metadata=_meta(
+        "missed probes in a row that make a process unresponsive (out of rotation)", ge=1))
+    stall_s: float = field(default=300.0, metadata=_meta(
+        "a busy engine that completed no scheduler step for this long is unresponsive", ge=1.0))
+    recover_s: float = field(default=30.0, metadata=_meta(
+        "seconds an unresponsive worker stays out of rotation before its process is restarted", ge=0.0))
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,13 @@ response layer died is restarted after a doubling backoff, health-checked, audit
 back in rotation. Meanwhile nginx routes around it by itself: a refused connection, or the 502/503
 its response layer answers while the engine is gone, passes the request to the next worker
 (`proxy_next_upstream`) and marks the server failed for `fail_timeout` (passive health). The config
-is not reloaded for a restart, because a reload closes every client's idle keepalive connection,
-and a client that was just reusing one sees a disconnect. Every restart is recorded; after
-`max_restarts` the worker is marked `down` in the config for good (one reload) and the launch keeps
-serving on the others; it stops only when no worker is left.
+is not reloaded for a crash, because a reload closes every client's idle keepalive connection, and
+a client that was just reusing one sees a disconnect. A process that is alive but does not answer
+(stopped, wedged) sends no error for nginx to notice: liveness probes find it, and the worker is
+taken out of rotation (one reload), then restarted if it does not recover (netra/deploy/liveness.py).
+Every restart is recorded; more than `max_restarts` within `restart_window_s` gives the worker up:
+it is marked `down` for good and the launch keeps serving on the others; it stops only when no
+worker is left.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from netra.deploy.liveness import ProbePolicy, Probes, RestartBudget
 from netra.deploy.record import now_utc, proc_start_ticks
 
 PR_SET_PDEATHSIG = 1
@@ -172,43 +176,85 @@ def log_tail(path: Path, lines: int = 15) -> str:
     return "\n".join(text[-lines:])
 
 
+@dataclass(frozen=True)
+class RestartPolicy:
+    max_restarts: int  # restarts allowed within any window_s seconds; one more gives the worker up
+    window_s: float
+    backoff_initial_s: float
+    backoff_max_s: float
+    health_timeout_s: float
+
+    @classmethod
+    def from_plan(cls, sup: dict[str, Any]) -> RestartPolicy:
+        return cls(int(sup["max_restarts"]), float(sup["restart_window_s"]), float(sup["backoff_initial_s"]),
+                   float(sup["backoff_max_s"]), float(sup["health_timeout_s"]))
+
+
 @dataclass
 class WorkerState:
     index: int
     engine: Proc
     serve: Proc
-    status: str = "up"  # up | backoff | starting | failed
-    attempts: int = 0
+    status: str = "up"  # up | out (unresponsive, out of rotation) | backoff | starting | failed
+    budget: RestartBudget = field(default_factory=lambda: RestartBudget(5, 600.0))
     next_try: float = 0.0
     deadline: float = 0.0
+    out_since: float = 0.0
+    kill_reason: str | None = None  # why the supervisor killed a process (it was unresponsive)
     restarts: list[dict[str, Any]] = field(default_factory=list)
+    rotation: list[dict[str, Any]] = field(default_factory=list)  # out of / back into nginx rotation
     audit: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
+    def liveness(self, probes: Probes | None) -> dict[str, Any]:
+        if probes is None:
+            return {}
+        out = {}
+        for role in ("engine", "serve"):
+            st = probes.states.get(f"{self.index}.{role}")
+            if st is not None:
+                out[role] = {"misses": st.misses, "why": st.why}
+        return out
+
 
 class Supervisor:
-    """Restart policy for the workers of one launch (driven by `step()`, one thread, no sleeps)."""
+    """Restart and rotation policy for the workers of one launch (driven by `step()`, one thread,
+    no waits: probes run on their own threads, see netra/deploy/liveness.py).
 
-    def __init__(self, workers: list[WorkerState], *, max_restarts: int, backoff_initial_s: float,
-                 backoff_max_s: float, health_timeout_s: float, engine_url: Callable[[int], str],
-                 serve_url: Callable[[int], str], audit: Callable[[WorkerState], list[str]],
-                 set_down: Callable[[set[int]], None], on_change: Callable[[], None],
-                 log: Callable[[str], None]) -> None:
+    - A process that exits is restarted after a doubling backoff, within the restart budget
+      (`max_restarts` in any `window_s`); one more death inside the window gives the worker up for
+      good (out of the front; the launch keeps serving on the others).
+    - A worker whose engine or response layer misses `probe_misses` liveness probes in a row is
+      taken out of nginx rotation at once (status `out`). If every probe passes again it returns
+      to rotation; if it is still unresponsive `recover_s` later, the unresponsive process is killed
+      (SIGKILL works on a stopped process too) and restarted like any death, and the worker returns
+      to rotation once it is healthy and audited again.
+    """
+
+    def __init__(self, workers: list[WorkerState], *, policy: RestartPolicy, probes: ProbePolicy | None,
+                 engine_url: Callable[[int], str], serve_url: Callable[[int], str],
+                 audit: Callable[[WorkerState], list[str]], set_down: Callable[[set[int]], None],
+                 on_change: Callable[[], None], log: Callable[[str], None]) -> None:
         self.workers = workers
-        self.max_restarts = max_restarts
-        self.backoff_initial_s = backoff_initial_s
-        self.backoff_max_s = backoff_max_s
-        self.health_timeout_s = health_timeout_s
+        self.policy = policy
+        for w in workers:
+            w.budget = RestartBudget(policy.max_restarts, policy.window_s)
+        self.probes = Probes(probes) if probes is not None else None
         self.engine_url = engine_url
         self.serve_url = serve_url
         self.audit = audit
         self.set_down = set_down
         self.on_change = on_change
         self.log = log
-        self.down: set[int] = set()
+        self.down: set[int] = set()  # given up for good
+        self.out: set[int] = set()  # unresponsive, or restarting after being unresponsive
 
     def delay(self, attempt: int) -> float:
-        return min(self.backoff_max_s, self.backoff_initial_s * (2 ** max(0, attempt - 1)))
+        p = self.policy
+        return min(p.backoff_max_s, p.backoff_initial_s * (2 ** max(0, attempt - 1)))
+
+    def _rotation_changed(self) -> None:
+        self.set_down(self.down | self.out)
 
     def _fail(self, w: WorkerState) -> None:
         """Give a worker up: stop its processes and take it out of the front for good."""
@@ -216,7 +262,8 @@ class Supervisor:
         w.engine.stop(5)
         w.serve.stop(5)
         self.down.add(w.index)
-        self.set_down(set(self.down))
+        self.out.discard(w.index)
+        self._rotation_changed()
 
     def _died(self, w: WorkerState, now: float) -> None:
         dead = [p for p in (w.engine, w.serve) if p.popen is not None and not p.alive() and not p.exit_reported]
@@ -224,41 +271,81 @@ class Supervisor:
             p.exit_reported = True
             p.kill_group()
             event = {"time": now_utc(), "process": p.role, "pid": p.pid, "exit_code": p.exit_code(),
-                     "attempt": w.attempts + 1}
+                     "attempt": w.budget.in_window(now) + 1}
+            if w.kill_reason is not None:
+                event["reason"] = w.kill_reason
             w.restarts.append(event)
             self.log(f"worker {w.index}: {p.role} (pid {p.pid}) exited with {p.exit_code()}")
-        if w.attempts >= self.max_restarts:
+            if self.probes is not None:
+                self.probes.reset(f"{w.index}.{p.role}")
+        w.kill_reason = None
+        if not w.budget.allows(now):
             self._fail(w)
-            self.log(f"worker {w.index}: gave up after {w.attempts} restarts; it stays out of the front")
+            self.log(f"worker {w.index}: gave up after {w.budget.in_window(now)} restarts within "
+                     f"{self.policy.window_s:.0f} s; it stays out of the front")
         else:
-            w.attempts += 1
-            d = self.delay(w.attempts)
+            w.budget.use(now)
+            n = w.budget.in_window(now)
+            d = self.delay(n)
             if w.restarts:
                 w.restarts[-1]["delay_s"] = d
             w.status, w.next_try = "backoff", now + d
-            self.log(f"worker {w.index}: restart {w.attempts}/{self.max_restarts} in {d:.1f} s")
+            self.log(f"worker {w.index}: restart {n}/{self.policy.max_restarts} within "
+                     f"{self.policy.window_s:.0f} s, in {d:.1f} s")
         self.on_change()
 
     def step(self) -> None:
         now = time.monotonic()
         for w in self.workers:
-            if w.status == "up":
+            if w.status in ("up", "out"):
                 if not (w.engine.alive() and w.serve.alive()):
                     self._died(w, now)
+                elif self.probes is not None:
+                    self._probe(w, now)
             elif w.status == "backoff" and now >= w.next_try:
                 if not w.engine.alive():
                     w.engine.spawn()
-                w.status, w.deadline = "starting", now + self.health_timeout_s
+                w.status, w.deadline = "starting", now + self.policy.health_timeout_s
                 self.on_change()
             elif w.status == "starting":
                 self._starting(w, now)
+
+    def _probe(self, w: WorkerState, now: float) -> None:
+        assert self.probes is not None
+        policy = self.probes.policy
+        states = {"engine": self.probes.poll(f"{w.index}.engine", self.engine_url(w.index) + "/health", now),
+                  "serve": self.probes.poll(f"{w.index}.serve", self.serve_url(w.index) + "/health", now,
+                                            any_answer=True)}
+        hung = {role: st.why for role, st in states.items() if st.misses >= policy.misses}
+        if w.status == "up" and hung:
+            w.status, w.out_since = "out", now
+            why = "; ".join(f"{role}: {why}" for role, why in hung.items())
+            w.rotation.append({"time": now_utc(), "event": "out", "why": why})
+            self.out.add(w.index)
+            self._rotation_changed()
+            self.log(f"worker {w.index}: unresponsive ({why}); out of rotation")
+            self.on_change()
+        elif w.status == "out":
+            if all(st.misses == 0 and st.answered for st in states.values()):
+                w.status = "up"
+                w.rotation.append({"time": now_utc(), "event": "back", "why": "every probe answers again"})
+                self.out.discard(w.index)
+                self._rotation_changed()
+                self.log(f"worker {w.index}: answers again; back in rotation")
+                self.on_change()
+            elif hung and now - w.out_since >= policy.recover_s:
+                role, why = next(iter(hung.items()))
+                proc = w.engine if role == "engine" else w.serve
+                w.kill_reason = f"unresponsive for {now - w.out_since:.1f} s out of rotation ({why})"
+                self.log(f"worker {w.index}: {role} (pid {proc.pid}) still unresponsive; killing it to restart")
+                proc.send(signal.SIGKILL)
 
     def _starting(self, w: WorkerState, now: float) -> None:
         if not w.engine.alive():
             self._died(w, now)
             return
         if now > w.deadline:
-            self.log(f"worker {w.index}: not healthy within {self.health_timeout_s:.0f} s")
+            self.log(f"worker {w.index}: not healthy within {self.policy.health_timeout_s:.0f} s")
             w.engine.stop(5)
             self._died(w, now)
             return
@@ -277,8 +364,19 @@ class Supervisor:
             self.on_change()
             return
         w.status = "up"
+        if self.probes is not None:  # judged afresh: misses from before the restart say nothing now
+            self.probes.reset(f"{w.index}.engine")
+            self.probes.reset(f"{w.index}.serve")
+        if w.index in self.out:
+            self.out.discard(w.index)
+            w.rotation.append({"time": now_utc(), "event": "back", "why": "restarted, healthy and audited"})
+            self._rotation_changed()
         self.log(f"worker {w.index}: back (engine pid {w.engine.pid}, serve pid {w.serve.pid})")
         self.on_change()
 
     def all_failed(self) -> bool:
         return all(w.status == "failed" for w in self.workers)
+
+    def close(self) -> None:
+        if self.probes is not None:
+            self.probes.close()

@@ -124,7 +124,7 @@ class Handler(BaseHTTPRequestHandler):
 
 def upstream_ok(url: str) -> bool:
     try:
-        with urllib.request.urlopen(url + "/health", timeout=1) as resp:
+        with urllib.request.urlopen(url + "/health", timeout=0.2) as resp:
             return bool(resp.status == 200)
     except (urllib.error.URLError, OSError):
         return False

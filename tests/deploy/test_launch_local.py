@@ -155,7 +155,8 @@ def test_killed_engine_streams_end_with_an_error_then_100_requests_complete(loca
         w = local.record()["workers"][1]
         if w["status"] == "up" and w["engine"]["pid"] != old_pid:
             break
-        assert time.monotonic() - killed_at < 30, f"worker 1 not back within 30 s: {w['status']}"
+        # A restart is a fresh Python + torch start: seconds on an idle machine, tens on a loaded one.
+        assert time.monotonic() - killed_at < 90, f"worker 1 not back within 90 s: {w['status']}"
         time.sleep(0.2)
     back_s = time.monotonic() - killed_at
     print(f"worker 1 back {back_s:.1f} s after SIGKILL")

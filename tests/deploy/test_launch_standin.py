@@ -335,7 +335,8 @@ def test_sigkilled_launcher_takes_its_children_with_it(tmp_path: Path) -> None:
 
 def test_round_robin_is_exact_across_nginx_worker_processes(tmp_path: Path) -> None:
     """With 4 nginx worker processes and a new connection per request, 2N requests still land N/N."""
-    launch = Launch(standin_plan(tmp_path, **{"front.worker_processes": 4}), Verification(), log=lambda m: None)
+    launch = Launch(standin_plan(tmp_path, **{"front.target_concurrency": 4096}), Verification(), log=lambda m: None)
+    assert launch.plan.front.worker_processes == 4
     try:
         launch.start()
         n = 12

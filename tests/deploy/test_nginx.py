@@ -48,10 +48,43 @@ def test_every_profile_renders_a_valid_config(name: str, tmp_path: Path) -> None
 def test_dp8_front_is_the_articles() -> None:
     plan = plan_for("dp8-throughput128", Path("/tmp/netra-unused"))
     text = nginx.render(plan)
-    for needed in ("worker_processes 8;", "worker_connections 16384;", "worker_rlimit_nofile 1048576;"):
+    # 8,192 requests in flight: 8 processes, each with its share of 2 connections per request and of
+    # a burst of 4 x 8,192 refused clients (a quarter more for unevenness), plus its keepalive pool.
+    for needed in ("worker_processes 8;", "worker_connections 8768;", "worker_rlimit_nofile 17536;",
+                   "limit_conn netra_front 8192;"):
         assert needed in text
     assert re.search(r"^\s+keepalive 1024;", text, re.M)
     assert len(re.findall(r"^\s+server 127\.0\.0\.1:\d+ ", text, re.M)) == 8
+
+
+@pytest.mark.parametrize("target,processes", [(1, 1), (256, 1), (1024, 1), (1025, 2), (8192, 8), (1 << 20, 16)])
+def test_front_is_sized_from_target_concurrency(target: int, processes: int) -> None:
+    from netra.deploy.plan import front_sizing
+
+    p, conns, nofile = front_sizing(target, 32)
+    assert p == processes and nofile == 2 * conns
+    # Two connections per admitted request, and room for a burst of refused clients to get their 503.
+    assert p * (conns - 32 - 64) >= 1.25 * (2 * target + max(4 * target, 4096))
+
+
+def test_nginx_errors_are_openai_json_and_503_says_retry_after() -> None:
+    import json
+
+    plan = plan_for("local", Path("/tmp/netra-unused"))
+    text = nginx.render(plan)
+    pages = dict(re.findall(r"error_page (\d+) (/_netra_error/\d+);", text))
+    assert set(pages) == {"400", "405", "408", "413", "414", "494", "500", "502", "503", "504"}
+    for status, uri in pages.items():
+        block = text[text.index(f"location = {uri} {{"):]
+        block = block[:block.index("}\n")]
+        sent, body = re.search(r"return (\d+) '(.*)';", block).groups()  # type: ignore[union-attr]
+        err = json.loads(body)["error"]
+        assert set(err) == {"message", "type", "param", "code"} and "internal;" in block
+        assert "default_type application/json;" in block
+        assert int(sent) == (400 if status == "494" else int(status))
+        assert ("add_header Retry-After 1 always;" in block) == (status == "503")
+    assert "limit_conn netra_front 256;" in text and "limit_conn_status 503;" in text
+    assert f"client_max_body_size {8 << 20};" in text
 
 
 @needs_nginx

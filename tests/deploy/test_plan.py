@@ -30,7 +30,13 @@ def test_local_plan_commands_ports_and_paths(tmp_path: Path) -> None:
         assert list(w.serve_argv) == ["netra", "serve", "--upstream", f"http://127.0.0.1:{w.engine_port}",
                                       "--host", "127.0.0.1", "--port", str(w.serve_port), "--stream-interval",
                                       "1", "--model-name", "netra-tiny", "--engine", "embedded", "--worker-id",
-                                      str(i)]
+                                      str(i),
+                                      # bounds from the profile: 2 x 16 running, the front's 256, local's
+                                      # 30 s queue and its fast liveness probe
+                                      "--max-inflight", "64", "--max-waiting", "256", "--queue-timeout", "30",
+                                      "--max-choices", "64", "--max-body-bytes", str(8 << 20),
+                                      "--probe-interval", "0.5", "--probe-timeout", "1", "--probe-misses", "2",
+                                      "--stall-timeout", "30"]
         assert argv[argv.index("--worker-id") + 1] == str(i) and "--enable-metrics" in argv
         assert argv[argv.index("--served-model-name") + 1] == "netra-tiny"
         assert w.engine_env["OMP_NUM_THREADS"] == str(w.physical_cores)
@@ -77,7 +83,9 @@ def test_sglang_plan_uses_the_rendered_command() -> None:
     for w in plan.workers:
         assert list(w.engine_argv) == sglang.render_argv(prof, host="127.0.0.1", port=w.engine_port)
         assert w.engine_env["HIP_VISIBLE_DEVICES"] == str(w.gpu)
-        assert w.serve_argv[-4:] == ("--engine", "sglang", "--worker-id", str(w.index))
+        assert w.serve_argv[w.serve_argv.index("--engine") + 1] == "sglang"
+        assert w.serve_argv[w.serve_argv.index("--worker-id") + 1] == str(w.index)
+        assert w.serve_argv[w.serve_argv.index("--max-inflight") + 1] == "256"  # 2 x 128 running
         assert w.engine_expect["max_running_requests"] == 128 and w.engine_expect["stream_interval"] == 2
 
 

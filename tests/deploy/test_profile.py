@@ -54,8 +54,7 @@ def test_throughput128_contract_values(name: str, target: str, image: str) -> No
     assert e.kv_cache_dtype == "fp8_e4m3" and e.disable_radix_cache is True
     assert e.stream_interval == 2 and e.speculative is not None and e.speculative.algorithm == "DFLASH"
     assert e.incremental_streaming_output is True
-    assert (f.balance, f.worker_processes, f.worker_connections, f.keepalive, f.worker_rlimit_nofile) == (
-        "round_robin", 8, 16384, 1024, 1048576)
+    assert (f.balance, f.target_concurrency, f.keepalive) == ("round_robin", 8192, 1024)
 
 
 def test_embedded_and_local_profiles() -> None:

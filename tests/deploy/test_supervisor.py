@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from netra.deploy.audit import mem_policies, proc_cpus
+from netra.deploy.liveness import RestartBudget
 from netra.deploy.record import is_alive, proc_start_ticks
-from netra.deploy.supervisor import Proc, Supervisor, WorkerState, resolve_argv
+from netra.deploy.supervisor import Proc, RestartPolicy, Supervisor, WorkerState, resolve_argv
 
 
 def test_proc_pins_cpus_binds_memory_and_dies_with_its_parent(tmp_path: Path) -> None:
@@ -38,7 +39,7 @@ def test_resolve_argv() -> None:
 
 
 def test_backoff_doubles_up_to_its_cap() -> None:
-    sup = Supervisor([], max_restarts=5, backoff_initial_s=0.5, backoff_max_s=3.0, health_timeout_s=10,
+    sup = Supervisor([], policy=RestartPolicy(5, 600, 0.5, 3.0, 10), probes=None,
                      engine_url=str, serve_url=str, audit=lambda w: [], set_down=lambda d: None,
                      on_change=lambda: None, log=lambda m: None)
     assert [sup.delay(a) for a in range(1, 6)] == [0.5, 1.0, 2.0, 3.0, 3.0]
@@ -49,7 +50,7 @@ def test_exit_of_a_dead_worker_is_recorded_once(tmp_path: Path) -> None:
     serve = Proc("serve", 0, [sys.executable, "-c", "import time; time.sleep(60)"], {}, tmp_path / "s.log")
     w = WorkerState(0, engine, serve)
     events: list[str] = []
-    sup = Supervisor([w], max_restarts=1, backoff_initial_s=60, backoff_max_s=60, health_timeout_s=10,
+    sup = Supervisor([w], policy=RestartPolicy(1, 600, 60, 60, 10), probes=None,
                      engine_url=lambda i: "http://127.0.0.1:9", serve_url=lambda i: "http://127.0.0.1:9",
                      audit=lambda w: [], set_down=lambda d: events.append(f"down {sorted(d)}"),
                      on_change=lambda: None, log=events.append)
@@ -74,3 +75,15 @@ def test_exit_of_a_dead_worker_is_recorded_once(tmp_path: Path) -> None:
     finally:
         engine.stop(5)
         serve.stop(5)
+
+
+def test_restart_budget_is_per_window() -> None:
+    b = RestartBudget(max_restarts=2, window_s=10.0)
+    assert b.allows(0.0)
+    b.use(0.0)
+    b.use(5.0)
+    assert not b.allows(9.0) and b.in_window(9.0) == 2  # a third death within 10 s: given up
+    assert b.allows(10.5) and b.in_window(10.5) == 1  # the first restart has left the window
+    b.use(10.5)
+    assert not b.allows(14.0)
+    assert b.allows(15.5) and b.to_record()["window_s"] == 10.0
