@@ -24,6 +24,7 @@ VERBS: dict[str, tuple[str, str, str]] = {
     "wirebytes": ("netra.serve.wirebytes", "cli", "bytes on the wire per token through the response layer, "
                   "cumulative vs incremental worker"),
     "synthetic": ("netra.bench.synthetic", "cli", "a synthetic worker at a fixed token rate (instrument checks)"),
+    "hostile": ("netra.bench.hostile", "main", "hostile-load probes of a fresh local launch (issue 24), with a record"),
 }
 
 
