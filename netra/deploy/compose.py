@@ -126,9 +126,10 @@ def build(profile: Any, topology_dir: str | Path | None = None, overrides: Any =
     image_name, entry = _image(profile)
     run_volume = f"run:{plan.run_dir}"
     front = plan.front
-    # Every container may hold a socket per client (a response layer: up to the front's whole target
-    # concurrency when the other workers are out) and per upstream request; nginx sets its own.
-    nofile = {"soft": max(front.worker_rlimit_nofile, 1 << 20), "hard": max(front.worker_rlimit_nofile, 1 << 20)}
+    # The front's fd budget (plan.front_sizing: twice its connections) also covers a response layer,
+    # which holds a socket per client (up to the whole target concurrency when the other workers are
+    # out) and per upstream request.
+    nofile = {"soft": front.worker_rlimit_nofile, "hard": front.worker_rlimit_nofile}
     # The plan's restart budget (profile.supervisor.max_restarts), as Docker's restart policy.
     restarts = int(profile.supervisor.max_restarts)
     # An image built and recorded here is run by its ID; others by the tag their Dockerfile builds.

@@ -123,7 +123,8 @@ def test_h200_services_follow_the_plan() -> None:
         assert svc["ipc"] == "host" and svc["network_mode"] == "host"
         assert svc["restart"] == "on-failure:3"  # the profile's supervisor.max_restarts
         assert svc["cap_add"] == ["SYS_NICE"]
-        assert svc["ulimits"]["nofile"] == {"soft": 1048576, "hard": 1048576}
+        assert svc["ulimits"]["nofile"] == {"soft": plan.front.worker_rlimit_nofile, "hard": plan.front.worker_rlimit_nofile}
+        assert plan.front.worker_rlimit_nofile >= plan.front.target_concurrency + 2 * 128  # clients + upstream
         assert f"127.0.0.1:{w.engine_port}/health" in " ".join(svc["healthcheck"]["test"])
         serve = services[f"serve{w.index}"]
         assert serve["command"] == list(w.serve_argv)
@@ -138,7 +139,7 @@ def test_h200_services_follow_the_plan() -> None:
     front = services["front"]
     assert set(front["depends_on"]) == {f"serve{i}" for i in range(8)}
     assert all(d["condition"] == "service_healthy" for d in front["depends_on"].values())
-    assert front["ulimits"]["nofile"]["soft"] == 1048576
+    assert front["ulimits"]["nofile"]["soft"] == plan.front.worker_rlimit_nofile == 17536  # front_sizing(8192)
     assert "127.0.0.1:8000/health" in " ".join(front["healthcheck"]["test"])
 
 

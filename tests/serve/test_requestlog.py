@@ -28,16 +28,19 @@ def test_request_id_is_honoured_passed_as_rid_echoed_and_logged_once(tokenizer_d
     with make_stack(tokenizer_dir, FakeConfig(), worker_id="5", model_name="m") as s:
         r = httpx.post(s.url + "/v1/chat/completions", json=CHAT, headers={"X-Request-Id": "abc"}, timeout=30)
         assert r.status_code == 200 and r.headers["x-request-id"] == "abc"
-        assert s.fake.requests[-1]["rid"] == "abc"  # the worker runs it under the client's id
+        # The worker runs it under the client's id, inside this response layer's namespace (issue 24:
+        # a client-chosen id alone could name, and so abort, another client's request).
+        ns = s.serve.upstream.namespace
+        assert s.fake.requests[-1]["rid"].startswith(ns + "-") and s.fake.requests[-1]["rid"].endswith("-abc")
         r2 = httpx.post(s.url + "/v1/chat/completions", json={**CHAT, "n": 2}, headers={"X-Request-Id": "two"},
                         timeout=30)
         assert r2.status_code == 200
-        assert sorted(req["rid"] for req in s.fake.requests[-2:]) == ["two-0", "two-1"]
+        assert sorted(req["rid"].rsplit("-", 2)[1:] for req in s.fake.requests[-2:]) == [["two", "0"], ["two", "1"]]
         # No id, or one that is not a sane token: a fresh one, echoed.
         r3 = httpx.post(s.url + "/v1/chat/completions", json=CHAT, headers={"X-Request-Id": "bad id\twith space"},
                         timeout=30)
         fresh = r3.headers["x-request-id"]
-        assert len(fresh) == 32 and s.fake.requests[-1]["rid"] == fresh
+        assert len(fresh) == 32 and s.fake.requests[-1]["rid"].endswith("-" + fresh)
         bad = httpx.post(s.url + "/v1/chat/completions", json={"model": "m", "messages": "nope"},
                          headers={"X-Request-Id": "err-1"}, timeout=30)
         assert bad.status_code == 400 and bad.headers["x-request-id"] == "err-1"
@@ -60,7 +63,7 @@ def test_request_id_is_honoured_passed_as_rid_echoed_and_logged_once(tokenizer_d
 
 def test_stream_line_has_ttft_and_finish_reason(tokenizer_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="netra.request")
-    with make_stack(tokenizer_dir, FakeConfig(step_delay=0.01)) as s:
+    with make_stack(tokenizer_dir, FakeConfig(step_delay=0.01), model_name="m") as s:
         with httpx.stream("POST", s.url + "/v1/completions", headers={"X-Request-Id": "s-1"}, timeout=30,
                           json={"model": "m", "prompt": "hello", "max_tokens": 6, "stream": True}) as r:
             assert r.headers["x-request-id"] == "s-1"
@@ -81,7 +84,7 @@ def test_json_log_format_puts_fields_at_the_top_level() -> None:
 
 
 def test_api_key_401_touches_nothing(tokenizer_dir: Path) -> None:
-    with make_stack(tokenizer_dir, FakeConfig(), api_key="k3y") as s:
+    with make_stack(tokenizer_dir, FakeConfig(), api_key="k3y", model_name="m") as s:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "k3y"}):
             r = httpx.post(s.url + "/v1/chat/completions", json=CHAT, headers=headers, timeout=30)
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
