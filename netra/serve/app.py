@@ -22,7 +22,7 @@ from netra.serve import native, openai_api, requestlog
 from netra.serve.admission import Admission
 from netra.serve.config import ServeConfig
 from netra.serve.errors import OpenAIError, model_not_found
-from netra.serve.intake import parse
+from netra.serve.intake import parse, validation_message
 from netra.serve.metrics import CONTENT_TYPE, Metrics
 from netra.serve.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from netra.serve.requestlog import ApiKeyMiddleware, RequestIdMiddleware
@@ -117,16 +117,6 @@ def _error_response(exc: OpenAIError) -> Response:
                     headers=exc.headers or None)
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    parts = []
-    param = None
-    for e in exc.errors()[:5]:
-        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
-        param = param or loc or None
-        parts.append(f"{loc or 'body'}: {e.get('msg')}")
-    return "; ".join(parts), param
-
-
 def create_app(config: ServeConfig, transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
     state = ServeState(config, transport=transport)
 
@@ -154,7 +144,7 @@ def create_app(config: ServeConfig, transport: httpx.AsyncBaseTransport | None =
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
-        msg, param = _validation_message(exc)
+        msg, param = validation_message(exc)
         return failed(request, OpenAIError(400, msg, param=param))
 
     @app.exception_handler(StarletteHTTPException)

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import TypeVar
 
 import orjson
+from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
@@ -31,7 +32,7 @@ def is_json(content_type: str | None) -> bool:
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
-def validation_message(exc: ValidationError) -> tuple[str, str | None]:
+def validation_message(exc: ValidationError | RequestValidationError) -> tuple[str, str | None]:
     """One line naming each failing field (the first five) and the first field as `param`."""
     parts = []
     param = None
