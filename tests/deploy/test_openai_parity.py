@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
+import openai
 import pytest
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -223,6 +224,30 @@ def test_models_retrieve_echo_and_the_default_max_tokens(local: Local) -> None:
                                   extra_body={"ignore_eos": True})
     assert r.usage is not None and r.choices[0].finish_reason == "length"
     assert r.usage.prompt_tokens + r.usage.completion_tokens == 4096
+
+
+def test_an_unknown_model_gets_404_in_openais_shape_through_the_front(local: Local) -> None:
+    """Through nginx and the response layer, for every endpoint that names a model: the SDK raises its
+    NotFoundError with OpenAI's error body, and the served model still answers afterwards."""
+    c = local.client()
+    calls = {
+        "chat": lambda: c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}],
+                                                  max_tokens=2),
+        "chat stream": lambda: list(c.chat.completions.create(model="nope", stream=True, max_tokens=2,
+                                                              messages=[{"role": "user", "content": "hi"}])),
+        "completions": lambda: c.completions.create(model="nope", prompt="hi", max_tokens=2),
+        "models": lambda: c.models.retrieve("nope"),
+    }
+    for what, call in calls.items():
+        with pytest.raises(openai.NotFoundError) as err:
+            call()
+        assert err.value.status_code == 404, what
+        body = err.value.body
+        assert isinstance(body, dict) and body.get("code") == "model_not_found" and body.get("param") == "model", \
+            (what, body)
+        assert "nope" in str(body.get("message")), (what, body)
+    r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert r.choices[0].message is not None and r.usage is not None and r.usage.completion_tokens == 2
 
 
 def test_bench_serve_request_rate_chat_writes_goodput_and_itl_percentiles(local: Local, tmp_path: Path) -> None:
