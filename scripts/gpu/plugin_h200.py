@@ -3,19 +3,20 @@
 ``Sampler.forward``, imported from the pinned wheel's files, with Netra's hooks applied through
 ``HookRegistry.apply_hooks()``.
 
-Stage the wheel's files here (the CPU venv has the pinned wheel; the folder is untracked, so the
-device call carries it with the work tree):
+SGLang is loaded the way the bench peers load it (``netra.bench.peers.sglang_loader``; the plugin's
+extra modules are ``netra.bench.peers.sglang_plugin``'s manifest): its real files, its JIT CUDA
+modules prebuilt for sm_90a with SGLang's own ``load_jit`` and loaded through apache-tvm-ffi. Stage
+the folder here (git-ignored; nvcc, no GPU), the same one the peers use:
 
-    .venv/bin/python scripts/gpu/plugin_h200.py --stage .sglang_plugin
+    make sglang-peer            # -> .sglang_peer/
 
-On the H200 (one call, ~1-2 minutes; carry build/ for the code objects):
+On the H200 (one call, ~1-2 minutes; carry .sglang_peer and build/ for the code objects):
 
-    python3 scripts/gpu/plugin_h200.py --sglang-root .sglang_plugin [RECORD.json]
+    python3 scripts/gpu/plugin_h200.py --sglang-root .sglang_peer --git-sha SHA [RECORD.json]
 
-Dispatch selects contracts at NETRA_TACTIC_MIN_MATURITY or above (default accepted; the routed MoE
-contracts are ``experiment`` until their record promotes them: run with
-NETRA_TACTIC_MIN_MATURITY=experiment before that). The record goes to $OUT/plugin_h200.json when $OUT is set, else to RECORD.json (default
-plugin_h200.json). The table prints last. Exit status 0 when every check passes.
+Dispatch selects contracts at NETRA_TACTIC_MIN_MATURITY or above (default accepted). The record goes
+to $OUT/plugin_h200.json when $OUT is set, else to RECORD.json (default plugin_h200.json). The table
+prints last. Exit status 0 when every check passes.
 
 What runs (each section on its own: a failing one is recorded and the others still run):
 
@@ -30,13 +31,13 @@ What runs (each section on its own: a failing one is recorded and the others sti
   ``torch.argmax`` and the original's, hit counted; a non-greedy batch (temperature 0.7) reaches the
   original and equals it (same seed), miss counted. Timing at B 1, 8 and 128, graph replay.
 
-Where SGLang's pieces cannot run as SGLang runs them, a stand-in is used and listed in the record
-(``substitutes``): the pinned wheel's JIT/AOT CUDA helpers (per-token group quant, silu_and_mul,
-moe_sum_reduce for more than 32 tokens, the align kernel for more than 64 routes) need builds that
-this machine does not have; their stand-ins are SGLang's own Triton kernels where it has them, and
-a PyTorch align (capturable) above 64 routes. They change the original's time, not the hook's
-correctness: the bitwise checks compare the hooked call with Netra's op and with the original as
-loaded here.
+The original is SGLang's pipeline as production runs it on sm90 (JIT per-token-group quant, JIT
+``silu_and_mul``, ``moe_align_small_numel`` / JIT ``moe_align_block_size``, the TMA down GEMM,
+``moe_sum_reduce_triton`` up to 32 tokens), except what cannot load on the H200's torch 2.11: the AOT
+``sgl_kernel`` ops (sglang-kernel 0.4.10 is built for torch 2.14.1). Where SGLang would call one, the
+loader's ref runs SGLang's own replacement and notes it; the record's ``substitutes`` lists exactly
+those that ran (the align above 64 routes: the JIT backend of the same op; the sum above 32 tokens:
+SGLang's Triton ``moe_sum_reduce_triton``). ``loader_notes`` has every JIT module loaded and stub touched.
 """
 
 from __future__ import annotations
@@ -45,9 +46,6 @@ import argparse
 import collections
 import contextlib
 import importlib
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import json
 import os
 import subprocess
@@ -61,206 +59,23 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-MOE_DIR = "sglang/srt/layers/moe/moe_runner/triton_utils"
-CONFIG_DIR = f"{MOE_DIR}/configs/triton_3_6_0"
-REAL_MODULES = {
-    "sglang.srt.plugins.hook_registry": "sglang/srt/plugins/hook_registry.py",
-    "sglang.srt.layers.moe.moe_runner.base": "sglang/srt/layers/moe/moe_runner/base.py",
-    "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe": f"{MOE_DIR}/fused_moe.py",
-    "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config": f"{MOE_DIR}/fused_moe_triton_config.py",
-    "sglang.srt.layers.moe.moe_runner.triton_utils.moe_align_block_size": f"{MOE_DIR}/moe_align_block_size.py",
-    "sglang.kernels.ops.moe.fused_moe_triton_kernels": "sglang/kernels/ops/moe/fused_moe_triton_kernels.py",
-    "sglang.kernels.ops.moe.moe_align_small_numel": "sglang/kernels/ops/moe/moe_align_small_numel.py",
-    "sglang.kernels.ops.quantization.fp8_kernel": "sglang/kernels/ops/quantization/fp8_kernel.py",
-    "sglang.kernels.ops.quantization.int8_kernel": "sglang/kernels/ops/quantization/int8_kernel.py",
-    "sglang.kernels.ops.quantization.fp8_utils": "sglang/kernels/ops/quantization/fp8_utils.py",
-    "sglang.srt.layers.sampler": "sglang/srt/layers/sampler.py",
-    "sglang.srt.utils.async_probe": "sglang/srt/utils/async_probe.py",
-}
-CONFIG_FILES = [f"{CONFIG_DIR}/E=256,N=512,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json",
-                f"{CONFIG_DIR}/E=256,N=512,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128]_down.json"]
 FUSED_MOE = "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe"
 E, H, INTER, K, VOCAB = 256, 2048, 512, 8, 248320
 # Each token count compiles its own tuned Triton configs for the original: kept to the three timed ones.
 MOE_TOKENS = TIMED = (1, 8, 128)
-SUBSTITUTES: list[str] = []
 # SGLang's StandardTopKOutput is a NamedTuple of these three (fused_experts unpacks it).
 TopK = collections.namedtuple("TopK", ["topk_weights", "topk_ids", "router_logits"])
 
 
-def stage(dest: Path) -> list[Path]:
-    """Copy the files this script imports out of the installed pinned wheel (not imported here)."""
-    from importlib.metadata import distribution
-
-    dist = distribution("sglang")
-    root = Path(str(dist.locate_file("")))
-    out = []
-    for rel in [*REAL_MODULES.values(), *CONFIG_FILES]:
-        src = root / rel
-        if not src.is_file():
-            raise FileNotFoundError(f"{src} not in the installed sglang {dist.version}")
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        (dest / rel).write_bytes(src.read_bytes())
-        out.append(dest / rel)
-    (dest / "VERSION").write_text(dist.version + "\n")
-    return out
-
-
-# --- the stubs: everything the real files import that is not one of them ---------------------------
-# The generic ones are the bench peer's (env flags at their defaults, an sm90 CUDA platform, custom-op
-# registration as the identity); what this script adds: the sampler's and the plugin framework's.
-from netra.bench.peers.sglang_common import _Envs, _Platform, _register_custom_op, _sm90  # noqa: E402
-
-
-class _LazyImport:
-    def __init__(self, module: str, name: str) -> None:
-        self.where = f"{module}.{name}"
-
-    def __call__(self, *a: Any, **k: Any) -> Any:
-        raise NotImplementedError(f"stub LazyImport {self.where} called (not on the paths this script runs)")
-
-
-def _exec() -> Any:
-    ns = types.SimpleNamespace
-    return ns(moe=ns(enable_fused_moe_sum_all_reduce=False), deterministic=ns(enable_deterministic_inference=False,
-              rl_on_policy_target=None), kernel=ns(sampling_backend="pytorch"), features=ns(sampling_mask_max_tokens=0))
-
-
-def _stand_in(name: str, fn: Any) -> Any:
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        note = f"{name} (a JIT/AOT CUDA helper of the wheel) -> stand-in {fn.__name__}"
-        if note not in SUBSTITUTES:
-            SUBSTITUTES.append(note)
-        return fn(*args, **kwargs)
-
-    wrapper.__name__ = f"standin_{name.rsplit('.', 1)[-1]}"
-    return wrapper
-
-
-def _silu_and_mul(x: Any, out: Any, **row_filter: Any) -> Any:
-    """SGLang's Triton gated activation (its non-CUDA path) in place of the JIT silu_and_mul."""
-    if row_filter:
-        raise NotImplementedError(f"row filter {sorted(row_filter)} (expert filtering) is not stood in")
-    fmk = sys.modules["sglang.kernels.ops.moe.fused_moe_triton_kernels"]
-    fmk.act_and_mul_triton(x, out, {}, None, None, False, "silu")
-    return out
-
-
-def _moe_sum_reduce(x: Any, out: Any, scale: float) -> Any:
-    return sys.modules["sglang.kernels.ops.moe.fused_moe_triton_kernels"].moe_sum_reduce_triton(x, out, scale)
-
-
-def _align(topk_ids: Any, num_buckets: int, block: int, sorted_ids: Any, expert_ids: Any, ntp: Any,
-           cumsum: Any = None, pad_sorted: bool = True, ignore_invalid: bool = False) -> None:
-    """The align buffer contract ("+1 offset": bucket = expert + 1) in capturable PyTorch (no host sync)."""
-    import torch
-
-    flat = topk_ids.flatten().long() + 1
-    numel = flat.numel()
-    counts = torch.zeros(num_buckets, dtype=torch.long, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
-    padded = (counts + block - 1) // block * block
-    ends = torch.cumsum(padded, 0)
-    order = torch.sort(flat, stable=True).indices
-    b = flat[order]
-    pos = (ends - padded)[b] + torch.arange(numel, device=flat.device) - (torch.cumsum(counts, 0) - counts)[b]
-    sorted_ids.fill_(numel)
-    sorted_ids.scatter_(0, pos, order.to(torch.int32))
-    starts = torch.arange(expert_ids.numel(), device=flat.device) * block
-    eid = torch.searchsorted(ends, starts, right=True) - 1
-    expert_ids.copy_(eid.clamp(max=num_buckets - 2).to(torch.int32))
-    ntp[:1].copy_(ends[-1:].to(torch.int32))
-
-
-def _explicit() -> dict[str, dict[str, Any]]:
-    from contextlib import nullcontext
-
-    false = lambda *a, **k: False  # noqa: E731
-    return {
-        "sglang.srt.utils": {
-            "is_cuda": lambda: True, "is_hip": false, "is_cpu": false, "is_musa": false, "is_xpu": false,
-            "is_npu": false, "cpu_has_amx_support": false, "is_sm90_supported": _sm90, "is_sm100_supported": false,
-            "ceil_align": lambda x, a: (x + a - 1) // a * a, "get_bool_env_var": false,
-            "get_device_name": lambda *a, **k: "NVIDIA H200", "is_gfx1250_supported": false,
-            "log_info_on_rank0": lambda logger, msg: logger.info(msg), "get_device_core_count": lambda *a, **k: 132},
-        "sglang.srt.utils.common": {
-            "is_cuda": lambda: True, "is_hip": false, "is_musa": false, "is_npu": false, "is_xpu": false,
-            "is_gfx1250_supported": false, "get_bool_env_var": false},
-        "sglang.utils": {"LazyImport": _LazyImport},
-        "sglang.srt.runtime_context": {"get_platform": lambda: _Platform(), "get_exec": _exec,
-                                       "get_parallel": lambda: types.SimpleNamespace(tp_group=None)},
-        "sglang.srt.utils.custom_op": {"register_custom_op": _register_custom_op},
-        "sglang.kernels.jit.utils": {"is_arch_support_pdl": _sm90},
-        "sglang.srt.environ": {"envs": _Envs()},
-        "sglang.srt.layers.moe.utils": {"get_moe_padding_size": lambda *a, **k: 0},
-        "sglang.srt.layers.moe.moe_runner.triton_utils": {"get_config": lambda: None},
-        "sglang.srt.batch_invariant_ops": {"is_batch_invariant_mode_enabled": false},
-        "sglang.srt.utils.patch_torch": {"register_fake_if_exists": lambda *a, **k: (lambda f: f)},
-        "sglang.srt.distributed.device_communicators.pynccl_allocator": {
-            "use_symmetric_memory": lambda *a, **k: nullcontext()},
-        "sglang.srt.layers.dp_attention": {"is_allocation_symmetric": false, "is_dp_attention_enabled": false},
-        "sgl_kernel": {"moe_sum_reduce": _stand_in("sgl_kernel.moe_sum_reduce", _moe_sum_reduce)},
-        "sglang.kernels.ops.activation.activation": {
-            "silu_and_mul": _stand_in("sglang.kernels.ops.activation.activation.silu_and_mul", _silu_and_mul)},
-        "sglang.kernels.ops.moe": {"moe_align_block_size": _stand_in("sglang.kernels.ops.moe.moe_align_block_size",
-                                                                     _align)},
-    }
-
-
-class _StubModule(types.ModuleType):
-    def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-
-        def stub(*args: Any, **kwargs: Any) -> Any:
-            raise NotImplementedError(f"stub {self.__name__}.{attr} called: not on the paths this script runs")
-
-        setattr(self, attr, stub)
-        return stub
-
-
-class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.explicit = _explicit()
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname.split(".")[0] not in ("sglang", "sgl_kernel"):
-            return None
-        if fullname in REAL_MODULES:
-            return importlib.util.spec_from_file_location(fullname, self.root / REAL_MODULES[fullname])
-        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        mod = _StubModule(spec.name)
-        mod.__path__ = []
-        for k, v in self.explicit.get(spec.name, {}).items():
-            setattr(mod, k, v)
-        return mod
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        return None
-
-
 def load(root: Path) -> dict[str, Any]:
-    """Import SGLang's fused_experts, Sampler and HookRegistry from the staged files."""
-    missing = [r for r in REAL_MODULES.values() if not (root / r).is_file()]
-    if missing:
-        raise FileNotFoundError(f"staged SGLang files missing under {root}: {missing} "
-                                f"(stage them: python scripts/gpu/plugin_h200.py --stage {root})")
-    if any(m == "sglang" or m.startswith("sglang.") for m in sys.modules):
-        raise RuntimeError("sglang is already imported in this process")
-    sys.meta_path.insert(0, _Finder(root))
+    """Import SGLang's fused_experts, Sampler and HookRegistry through the peers' loader."""
+    from netra.bench.peers import sglang_loader
+
+    sglang_loader.install(root)
     base = importlib.import_module("sglang.srt.layers.moe.moe_runner.base")
+    # The MoE peer stubs the runner package; fused_experts' default config is the real class, as in SGLang.
     sys.modules["sglang.srt.layers.moe.moe_runner"].MoeRunnerConfig = base.MoeRunnerConfig  # type: ignore[attr-defined]
-    fmk = importlib.import_module("sglang.kernels.ops.moe.fused_moe_triton_kernels")
-    fp8k = importlib.import_module("sglang.kernels.ops.quantization.fp8_kernel")
-    fmk.sglang_per_token_group_quant_fp8 = _stand_in(  # type: ignore[attr-defined]
-        "sglang_per_token_group_quant_fp8", fp8k._per_token_group_quant_8bit_raw)
     fused = importlib.import_module(FUSED_MOE)
-    # The TMA down path would need the wheel's JIT sorted group quant; SGLang runs it only when the tuned
-    # down config asks for TMA. Without the JIT op it stays off here (recorded).
-    fused._moe_support_tma = lambda: False
-    SUBSTITUTES.append("fused_moe._moe_support_tma -> False (the TMA down path needs the JIT sorted group quant)")
     sampler = importlib.import_module("sglang.srt.layers.sampler")
     hooks = importlib.import_module("sglang.srt.plugins.hook_registry")
     return {"fused": fused, "base": base, "sampler": sampler, "hooks": hooks}
@@ -414,12 +229,14 @@ def sampler_section(sg: dict[str, Any], rec: dict[str, Any], checks: list[dict[s
     cls = sg["sampler"].Sampler
     original, hooked = rec["originals"]["forward"], cls.forward  # both unbound: fn(sampler, ...)
 
-    def make(deterministic: bool) -> Any:
+    def make() -> Any:
+        # Sampler.__init__'s fields for a TP1 server with the default arguments (its __init__ reads
+        # the process's TP group, which a single process without torch.distributed does not have).
         s = cls.__new__(cls)
         nn.Module.__init__(s)
         s.tp_sync_group = s.cp_sync_group = None
         s.rl_on_policy_target = None
-        s.enable_deterministic = deterministic  # True: torch.softmax (the wheel's sampler softmax is JIT)
+        s.enable_deterministic = False  # plain sampling: SGLang's softmax facade (torch.softmax on sm90)
         s.use_log_softmax_logprob = s.use_ascend_backend = False
         s.sampling_mask_max_tokens = 0
         s.output_logprob_processor = None
@@ -446,7 +263,7 @@ def sampler_section(sg: dict[str, Any], rec: dict[str, Any], checks: list[dict[s
         checks.append({"section": "argmax", "check": name, "pass": bool(ok), "detail": detail})
 
     counts = plugin.recorder().counts.setdefault("argmax", {"hits": 0, "misses": 0, "miss_reasons": {}})
-    greedy = make(False)
+    greedy = make()
     for b in (1, 8, 128):
         lg = logits(b, b)
         hits = counts["hits"]
@@ -455,7 +272,7 @@ def sampler_section(sg: dict[str, Any], rec: dict[str, Any], checks: list[dict[s
         check(f"greedy batch {b}: hooked == torch.argmax == original, hit counted",
               ids.dtype == ref.dtype and torch.equal(ids, torch.argmax(lg, -1)) and torch.equal(ids, ref)
               and counts["hits"] == hits + 1)
-    sampled = make(True)
+    sampled = greedy
     for b in (1, 8):
         lg = logits(b, 10 + b)
         misses = counts["misses"]
@@ -482,7 +299,25 @@ def sampler_section(sg: dict[str, Any], rec: dict[str, Any], checks: list[dict[s
 # --- the run ----------------------------------------------------------------------------------------------
 
 
-def _git_sha() -> str:
+def substitutes() -> list[str]:
+    """What ran in place of SGLang's own code: the loader notes each ref the first time it is called."""
+    from netra.bench.peers import sglang_loader
+
+    return [n for n in sglang_loader.NOTES if n.startswith("ran ")]
+
+
+def _staged_version(root: Path) -> str:
+    try:
+        return str(json.loads((root / "MANIFEST.json").read_text())["sglang"])
+    except (OSError, ValueError, KeyError):
+        return "unknown"
+
+
+def _git_sha(given: str | None) -> str:
+    """The commit measured: given on the command line (a device copy's git metadata can be stale),
+    else the checkout's HEAD, else $GIT_SHA."""
+    if given:
+        return given
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
                              check=False, timeout=10).stdout.strip()
@@ -491,19 +326,20 @@ def _git_sha() -> str:
     return sha or os.environ.get("GIT_SHA", "unknown")
 
 
-def run(root: Path) -> dict[str, Any]:
+def run(root: Path, git_sha: str | None = None) -> dict[str, Any]:
     import torch
 
+    from netra.bench.peers import sglang_loader, sglang_moe
     from netra.plugins import sglang as plugin
 
     t0 = time.monotonic()
     record: dict[str, Any] = {
         "what": "Netra's SGLang plugin on SGLang 0.5.23's own fused_experts and Sampler.forward (issue 21)",
-        "command": "python3 scripts/gpu/plugin_h200.py --sglang-root .sglang_plugin",
-        "git_sha": _git_sha(),
+        "command": " ".join(["python3", "scripts/gpu/plugin_h200.py", *sys.argv[1:]]),
+        "git_sha": _git_sha(git_sha),
         "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
         "min_maturity": os.environ.get("NETRA_TACTIC_MIN_MATURITY", "accepted"),
-        "sglang_files": (root / "VERSION").read_text().strip() if (root / "VERSION").is_file() else "unknown",
+        "sglang_files": _staged_version(root),
         "checks": [], "timing": [], "errors": {}}
     import triton
 
@@ -526,7 +362,9 @@ def run(root: Path) -> dict[str, Any]:
                                      f"replay, {row['tokens']} tokens", "pass": row["ratio_sglang_over_hooked"] > 1.0,
                                      "detail": f"ratio {row['ratio_sglang_over_hooked']}"})
     record["evidence"] = plugin.recorder().snapshot()
-    record["substitutes"] = SUBSTITUTES
+    record["substitutes"] = substitutes()
+    record["loader_notes"] = sorted(set(sglang_loader.NOTES))
+    record["environment"] = [n for n in sglang_moe.RUN_NOTES if n.startswith("torch 2.11")]
     record["wall_s"] = round(time.monotonic() - t0, 1)
     record["pass"] = all(c["pass"] for c in record["checks"])
     return record
@@ -551,19 +389,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("record", nargs="?", type=Path, default=Path("plugin_h200.json"),
                     help="where the JSON record goes when $OUT is not set")
-    ap.add_argument("--sglang-root", type=Path, default=REPO / ".sglang_plugin")
-    ap.add_argument("--stage", type=Path, help="copy the wheel's files into this folder and exit")
+    ap.add_argument("--sglang-root", type=Path, default=REPO / ".sglang_peer",
+                    help="the staged SGLang folder (make sglang-peer)")
+    ap.add_argument("--git-sha", help="the commit measured (default: the checkout's HEAD)")
     args = ap.parse_args()
-    if args.stage:
-        for p in stage(args.stage):
-            print(p)
-        return 0
     out = Path(os.environ["OUT"]) / "plugin_h200.json" if os.environ.get("OUT") else args.record
     try:
-        record = run(args.sglang_root)
+        record = run(args.sglang_root, args.git_sha)
     except Exception as exc:
         record = {"pass": False, "checks": [], "timing": [], "errors": {"run": traceback.format_exc()[-4000:]},
-                  "substitutes": SUBSTITUTES}
+                  "substitutes": substitutes()}
         print(f"plugin_h200: {type(exc).__name__}: {exc}", file=sys.stderr)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1, sort_keys=True, default=str) + "\n")

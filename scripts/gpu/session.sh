@@ -33,7 +33,7 @@ for part in "${PARTS[@]}"; do
     moe) step moe "${MOE_LIMIT:-300}" python3 -m netra.bench.kernels_moe --out "$OUT/moe" --git-sha "$SHA" ;;
     step) step step "${STEP_LIMIT:-300}" python3 -m netra.bench.step --batches "${STEP_BATCHES:-1,8,64}" \
             --out "$OUT/step" --git-sha "$SHA" ;;
-    plugin) step plugin "${PLUGIN_LIMIT:-150}" python3 scripts/gpu/plugin_h200.py --sglang-root .sglang_plugin ;;
+    plugin) step plugin "${PLUGIN_LIMIT:-150}" python3 scripts/gpu/plugin_h200.py --sglang-root .sglang_peer --git-sha "$SHA" ;;
     dense) step dense "${DENSE_LIMIT:-200}" python3 scripts/gpu/dense.py --out "$OUT/dense" ;;
     gdn) step gdn "${GDN_LIMIT:-240}" python3 scripts/gpu/gdn.py --out "$OUT/gdn" ${GDN_ARGS:-} ;;
     attention) step attention "${ATTN_LIMIT:-240}" python3 scripts/gpu/attention.py --out "$OUT/attention" ;;

@@ -1,9 +1,9 @@
 """Netra's SGLang plugin on an sm90 GPU, against SGLang 0.5.23's own fused_experts and Sampler.forward.
 
-Runs scripts/gpu/plugin_h200.py in a child process (it installs an import finder for the staged
-wheel files, which must not leak into this process) and asserts on its record. Needs the staged
-files: ``.venv/bin/python scripts/gpu/plugin_h200.py --stage .sglang_plugin`` on a machine with the
-pinned wheel, then carry the folder (it is untracked) and build/.
+Runs scripts/gpu/plugin_h200.py in a child process (it installs the SGLang peer loader's import
+finder, which must not leak into this process) and asserts on its record. Needs the staged folder
+the peers use: ``make sglang-peer`` (nvcc, no GPU) on a machine with the pinned wheel, then carry
+.sglang_peer (git-ignored) and build/.
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu" / "plugin_h200.py"
-STAGED = REPO / ".sglang_plugin"
+STAGED = REPO / ".sglang_peer"
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
 def record(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    if not (STAGED / "sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe.py").is_file():
-        pytest.skip(f"SGLang's files are not staged in {STAGED} (python {SCRIPT.relative_to(REPO)} --stage {STAGED})")
+    if not (STAGED / "sglang/srt/layers/sampler.py").is_file():
+        pytest.skip(f"SGLang's files are not staged in {STAGED} (make sglang-peer)")
     out = tmp_path_factory.mktemp("plugin") / "plugin_h200.json"
     env = {k: v for k, v in os.environ.items() if k != "OUT"}
     proc = subprocess.run([sys.executable, str(SCRIPT), "--sglang-root", str(STAGED), str(out)], cwd=REPO,
@@ -76,3 +76,13 @@ def test_sampler_hook_greedy_and_non_greedy(record: dict[str, Any]) -> None:
     checks = _checks(record, "argmax")
     assert len(checks) == 5 and all(c["pass"] for c in checks.values()), checks
     assert record["evidence"]["counts"]["argmax"]["miss_reasons"]["not every request is greedy"] >= 2
+
+
+def test_the_original_runs_sglangs_jit_pipeline(record: dict[str, Any]) -> None:
+    """The unhooked call is SGLang's production pipeline: its JIT quant, activation and align modules
+    loaded through the peers' loader; only the AOT sgl_kernel ops (torch 2.14.1 ABI) are stood in."""
+    jit = [n for n in record["loader_notes"] if n.startswith("jit ")]
+    for name in ("per_token_group_quant", "activation", "moe_align_block_size"):
+        assert any(n.startswith(f"jit sgl_kernel_jit_{name}") for n in jit), jit
+    assert len(record["substitutes"]) == 2, record["substitutes"]
+    assert all(s.startswith("ran sglang.kernels.ops.") and " for sgl_kernel." in s for s in record["substitutes"])
