@@ -81,22 +81,33 @@ def _health(base_url: str, start_period_s: float) -> dict[str, Any]:
 
 
 def _nginx_conf(plan: Any) -> str:
-    """The front's config for the plan, with its `user` line fixed for the container: the master
-    starts as the container's root (it reads the config and opens the logs), its worker processes,
-    which handle every connection, run as Debian's unprivileged nginx user `www-data`.
+    """The front's config for the plan, fixed for the container: nginx runs as Debian's unprivileged
+    user `www-data` from its first instruction (the compose command prepares the paths it writes as
+    root, then `setpriv` drops to www-data before `exec nginx`), so the template's `user` line goes
+    (it makes sense only to a master started as root) and the pid file moves into the temp folder
+    that www-data owns.
 
     `nginx.render` picks the user from the rendering process's uid; a compose file must not depend on
-    who rendered it, so the line produced by the template's ``{{user_directive}}`` is replaced."""
+    who rendered it, so the lines produced by ``{{user_directive}}`` and ``pid {{pid_path}};`` are
+    replaced."""
     from netra.deploy import nginx
 
     template = nginx.TEMPLATE.read_text().splitlines()
     marker = [i for i, line in enumerate(template) if line.strip() == "{{user_directive}}"]
-    before = "\n".join(template[: marker[0]]) if marker else ""
-    if len(marker) != 1 or "{{" in before:
-        raise ComposeError(f"{nginx.TEMPLATE}: expected one '{{{{user_directive}}}}' line after plain text")
+    pid = [i for i, line in enumerate(template) if line.strip() == "pid {{pid_path}};"]
     lines = nginx.render(plan).splitlines()
-    lines[marker[0]] = f"user {NGINX_USER};"
+    ok = len(marker) == 1 and len(pid) == 1 and lines[pid[0]].startswith("pid ") and \
+        (lines[marker[0]] == "" or lines[marker[0]].startswith("user "))
+    if not ok:  # the placeholders above them render to one line each, so the indices carry over
+        raise ComposeError(f"{nginx.TEMPLATE}: expected one '{{{{user_directive}}}}' and one 'pid {{{{pid_path}}}};' "
+                           "line, each after single-line placeholders only")
+    lines[marker[0]] = f"# no user line: the master itself runs as {NGINX_USER} (setpriv in the compose command)"
+    lines[pid[0]] = f"pid {_front_temp(plan) / 'nginx.pid'};"
     return "\n".join(lines) + "\n"
+
+
+def _front_temp(plan: Any) -> Path:
+    return Path(plan.run_dir) / "nginx-temp"
 
 
 def _escape(obj: Any) -> Any:
@@ -187,16 +198,19 @@ def build(profile: Any, topology_dir: str | Path | None = None, overrides: Any =
         if w.cpus:
             svc["cpuset"] = w.cpulist  # the worker's NUMA-local share; the response layer is light
         services[f"serve{w.index}"] = svc
-    temp = Path(plan.run_dir) / "nginx-temp"
+    temp = _front_temp(plan)
     mkdir = ["mkdir", "-p", *(str(temp / d) for d in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))]
-    # The unprivileged workers write the temp paths and the access log.
-    own = ["touch", front.access_log]
-    chown = ["chown", "-R", NGINX_USER, str(temp), front.access_log]
+    # nginx (master and workers) writes the temp paths, its pid file and both logs as www-data.
+    own = ["touch", front.access_log, front.error_log]
+    chown = ["chown", "-R", f"{NGINX_USER}:{NGINX_USER}", str(temp), front.access_log, front.error_log]
+    drop = ["setpriv", f"--reuid={NGINX_USER}", f"--regid={NGINX_USER}", "--init-groups"]
+    if front.port < 1024:  # a privileged port: keep only the capability to bind it
+        drop += ["--inh-caps=+net_bind_service", "--ambient-caps=+net_bind_service"]
     nginx_argv = ["nginx", "-p", plan.run_dir, "-e", front.error_log, "-c", NGINX_CONF, "-g", "daemon off;"]
     services["front"] = {
         **common,
         "command": ["sh", "-c", f"{shlex.join(mkdir)} && {shlex.join(own)} && {shlex.join(chown)} && "
-                                f"exec {shlex.join(nginx_argv)}"],
+                                f"exec {shlex.join(drop + nginx_argv)}"],
         "configs": [{"source": "nginx_conf", "target": NGINX_CONF}],
         "ulimits": {"nofile": nofile},
         "volumes": [run_volume],

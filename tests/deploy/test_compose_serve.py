@@ -6,6 +6,8 @@ a hub id as SGLang does), answer a chat request; with an empty cache their /heal
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -61,12 +63,19 @@ def test_serve_services_mount_the_workers_cache_and_get_hf_token(resolved: dict[
         assert services[f"serve{i}"]["environment"]["HF_TOKEN"] == "hf_from_the_environment"
 
 
-def test_front_runs_nginx_workers_unprivileged(resolved: dict[str, Any]) -> None:
+def test_front_runs_nginx_master_and_workers_unprivileged(resolved: dict[str, Any]) -> None:
     front = resolved["services"]["front"]
     script = front["command"][-1]
-    assert "chown -R www-data" in script and script.rstrip().split(" && ")[-1].startswith("exec nginx")
+    steps = script.rstrip().split(" && ")
+    assert "chown -R www-data:www-data" in script
+    # the last step drops to www-data, then execs nginx: no nginx process ever runs as root
+    last = shlex.split(steps[-1])
+    assert last[:5] == ["exec", "setpriv", "--reuid=www-data", "--regid=www-data", "--init-groups"], last
+    assert last[5] == "nginx" and "--ambient-caps=+net_bind_service" not in last  # port 8000: no capability kept
     conf = resolved["configs"]["nginx_conf"]["content"]
-    assert "user www-data;" in conf and "user root;" not in conf
+    assert not re.search(r"^\s*user\s", conf, re.M), "a user line makes sense only to a root master"
+    pid = re.search(r"^pid (\S+);", conf, re.M)
+    assert pid is not None and pid.group(1).startswith(steps[0].split()[-1].rsplit("/", 1)[0]), (pid, steps[0])
 
 
 def test_api_key_comes_from_the_environment_and_is_required(tmp_path: Path) -> None:

@@ -201,6 +201,16 @@ def test_plain_docker_compose_up_serves_and_down_leaves_nothing(env: Env, tmp_pa
                                                max_tokens=8, temperature=0)
         assert reply.usage is not None and reply.usage.completion_tokens == 8
         assert len(_project_containers(project)) == 5
+        # No nginx process of the front runs as root: the master too was started as www-data.
+        ids = subprocess.run(["docker", "ps", "-q", "--filter", f"label=com.docker.compose.project={project}",
+                              "--filter", "label=com.docker.compose.service=front"],
+                             capture_output=True, text=True, check=True).stdout.split()
+        assert len(ids) == 1, ids
+        top = subprocess.run(["docker", "top", ids[0]], capture_output=True, text=True, check=True).stdout
+        lines = top.splitlines()  # UID PID PPID C STIME TTY TIME CMD (the host resolves the uid)
+        nginx = [(line.split()[0], line) for line in lines[1:] if " nginx: " in line]  # the processes, not init
+        assert any("master process" in line for _, line in nginx) and len(nginx) >= 2, top
+        assert all(uid in ("www-data", "33") for uid, _ in nginx), top
     finally:
         down = subprocess.run([binary, "-p", project, "-f", str(path), "down", "--volumes"], capture_output=True,
                               text=True, timeout=300)
