@@ -23,8 +23,13 @@ from pathlib import Path
 from typing import Any
 
 BATCHES = (1, 8, 32, 64, 128)
-FAMILY_PATTERNS = (("moe", ("moe_",)), ("argmax", ("argmax",)), ("gemm", ("gemm", "gemv", "cutlass", "sm90_xmma", "nvjet")),
-                   ("gdn", ("gdn", "delta", "recurrent")), ("conv", ("conv",)), ("attention", ("attn", "attention")),
+# First match wins (a kernel's lower-cased name): attention's prologue before the norms, Netra's Triton linear kernels
+# beside the library GEMMs.
+FAMILY_PATTERNS = (("moe", ("moe_",)), ("argmax", ("argmax",)),
+                   ("linear", ("_linear_kernel", "_split_sum_kernel", "w8a8", "fp8_matmul")),
+                   ("gemm", ("gemm", "gemv", "cutlass", "sm90_xmma", "nvjet")),
+                   ("gdn", ("gdn", "delta", "recurrent")), ("conv", ("conv",)),
+                   ("attention", ("attn", "attention", "decode_fp8", "decode_merge", "qk_norm_rope")),
                    ("norm", ("norm",)), ("elementwise", ("elementwise", "vectorized", "unrolled", "reduce", "index")))
 
 
@@ -111,8 +116,9 @@ def floor_bytes(engine: Any, b: int, lens: list[int]) -> dict[str, float]:
             "kv_cache": kv, "total": total}
 
 
-def breakdown(graph: Any) -> dict[str, float]:
-    """µs per kernel family in one replay, from the profiler's kernel records."""
+def breakdown(graph: Any, top: int = 15) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """µs per kernel family in one replay, from the profiler's kernel records, and the ``top`` kernels by time
+    (name -> µs summed over the replay, launches)."""
     torch = _torch()
     from torch.profiler import ProfilerActivity, profile
 
@@ -120,13 +126,19 @@ def breakdown(graph: Any) -> dict[str, float]:
         graph.replay()
         torch.cuda.synchronize()
     out: dict[str, float] = {}
+    kernels: dict[str, list[float]] = {}
     for ev in prof.events():
         if ev.device_type != torch.autograd.DeviceType.CUDA:
             continue
         name = ev.name.lower()
         fam = next((f for f, pats in FAMILY_PATTERNS if any(s in name for s in pats)), "other")
         out[fam] = out.get(fam, 0.0) + float(ev.device_time)
-    return {k: round(v, 1) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
+        k = kernels.setdefault(ev.name[:96], [0.0, 0.0])
+        k[0] += float(ev.device_time)
+        k[1] += 1
+    ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]
+    return ({k: round(v, 1) for k, v in sorted(out.items(), key=lambda kv: -kv[1])},
+            {name: {"us": round(v[0], 1), "launches": int(v[1])} for name, (v) in ranked})
 
 
 def shadow_moe(engine: Any, fb: Any) -> dict[str, Any]:
@@ -226,7 +238,7 @@ def measure(engine: Any, b: int, context: int, replays: int, eager_off_steps: in
     row["floor_ms"] = round(fl["total"] / copy_bps * 1e3, 3)
     row["floor_fraction"] = round(row["floor_ms"] / med, 3)
     try:
-        row["breakdown_us"] = breakdown(graph)
+        row["breakdown_us"], row["top_kernels_us"] = breakdown(graph)
     except Exception as exc:  # the breakdown is informative; a profiler failure must not lose the row
         row["breakdown_us"] = {"error": f"{type(exc).__name__}: {exc}"}
     del graph, out
