@@ -64,10 +64,6 @@ SCRIPT = textwrap.dedent("""
                   "USE_PDL": pdl, "stride_gd": 1}
         out[f"merge pdl={pdl}"] = compile_(dk._decode_merge_kernel, types, consts, free, num_warps=m["merge_warps"],
                                            launch_pdl=pdl)
-    consts = {"Q_HEADS": 16, "HEAD_DIM": 256, "BLOCK_N": m["BLOCK_N"], "SPLITS_P2": 128, "D_BLOCK": 64,
-              "HAS_GATE": True, "USE_PDL": False, "stride_gd": 1}
-    out["tile merge (exploration)"] = compile_(dk._decode_merge_tile_kernel, types, consts, free,
-                                               num_warps=m["merge_warps"])
     pk = load("kernels/sm90/attention/qk_norm_rope_store.py")
     plaunch = contract("qk_norm_rope_store_fp8")["launch"]
     ptypes = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "QW": "*bf16", "KW": "*bf16", "Pos": "*i64",

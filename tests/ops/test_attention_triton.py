@@ -94,19 +94,6 @@ def test_decode_fresh_random_with_padded_rows(dk: Any, splits: int) -> None:
     assert_close(run_decode(dk, q, kc, vc, slots, lens, splits), ref, DECODE["numerics"]["rtol"])
 
 
-@pytest.mark.parametrize("splits", [2, 13, 47])
-def test_decode_tile_merge(dk: Any, splits: int) -> None:
-    """The one-round-trip merge (launch meta MERGE_D, an exploration the contracts do not select yet) over
-    a [splits, MERGE_D] tile: the same results as the reference, the gate included."""
-    torch.manual_seed(20 + splits)
-    kc, vc = kv_cache(3, 3000, seed=splits)
-    q, gate = torch.randn(2, HQ, D).bfloat16(), torch.randn(2, HQ, D).bfloat16()
-    slots, lens = torch.tensor([1, 2]), torch.tensor([2999, 700])
-    ref = attention.attention_decode_gated_ref(q, gate, kc, vc, slots, lens, 3000, D ** -0.5)
-    out = run_decode(dk, q, kc, vc, slots, lens, splits, gate=gate, MERGE_D=64)
-    assert_close(out, ref, GATED["numerics"]["rtol"])
-
-
 def test_decode_long_context_many_splits(dk: Any) -> None:
     torch.manual_seed(1)
     kc, vc = kv_cache(2, 3000, seed=1)

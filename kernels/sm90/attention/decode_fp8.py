@@ -163,38 +163,6 @@ def _decode_merge_kernel(
     tl.store(Out + b * stride_ob + h * stride_oh + offs_d, o)
 
 
-@triton.jit(do_not_specialize=["splits", "ctx_len"])
-def _decode_merge_tile_kernel(
-    SeqLens, Gate, Out, PartO, PartLse,
-    stride_gb, stride_gh, stride_gd, stride_ob, stride_oh, v_scale, ctx_len, splits,
-    Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS_P2: tl.constexpr,
-    D_BLOCK: tl.constexpr, HAS_GATE: tl.constexpr, USE_PDL: tl.constexpr,
-):
-    """The merge in one memory round trip: one program per (request, query head, ``D_BLOCK`` slice of the
-    head dim) loads every live split's log2-sum-exp and its ``[splits, D_BLOCK]`` partials at once (the
-    chunked merge walks the splits in dependent steps, which a one-request batch pays in latency)."""
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-    pid = tl.program_id(0)
-    b = pid // Q_HEADS
-    h = pid % Q_HEADS
-    seq_len = tl.minimum(tl.load(SeqLens + b).to(tl.int32), ctx_len)
-    n_blocks = tl.cdiv(seq_len, BLOCK_N)
-    live = tl.cdiv(n_blocks, tl.maximum(tl.cdiv(n_blocks, splits), 1))
-    offs_s = tl.arange(0, SPLITS_P2)
-    mask_s = offs_s < live
-    rows = pid.to(tl.int64) * splits + offs_s
-    lse = tl.load(PartLse + rows, mask=mask_s, other=float("-inf"))
-    w = tl.where(mask_s, tl.exp2(lse - tl.max(lse, axis=0)), 0.0)
-    offs_d = tl.program_id(1) * D_BLOCK + tl.arange(0, D_BLOCK)
-    po = tl.load(PartO + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_s[:, None], other=0.0)
-    o = (tl.sum(po * w[:, None], axis=0) / tl.sum(w, axis=0) * v_scale).to(Out.dtype.element_ty)
-    if HAS_GATE:
-        g = tl.load(Gate + b * stride_gb + h * stride_gh + offs_d * stride_gd).to(tl.float32)
-        o = (o.to(tl.float32) * tl.sigmoid(g)).to(Out.dtype.element_ty)
-    tl.store(Out + b * stride_ob + h * stride_oh + offs_d, o)
-
-
 # ---- host side ------------------------------------------------------------------------------------
 
 def dims_of(q: torch.Tensor, k_cache: torch.Tensor) -> dict[str, int]:
@@ -237,18 +205,11 @@ def launch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         DIRECT=splits == 1, GROUP=hq // hkv, KV_HEADS=hkv, HEAD_DIM=d, BLOCK_H=block_h, BLOCK_N=block_n,
         HAS_GATE=gate is not None, num_warps=int(meta["num_warps"]), num_stages=int(meta["num_stages"]))
     if splits > 1:
-        common = (seq_lens, g, out, part_o, part_lse, g.stride(0), g.stride(1), g.stride(2), out.stride(0),
-                  out.stride(1), float(v_scale), k_cache.shape[1], splits)
-        launch_opts = {"num_warps": int(meta["merge_warps"]), **({"launch_pdl": True} if pdl else {})}
-        d_block = int(meta.get("MERGE_D", 0))  # 0: the chunked merge; else the one-round-trip tile merge
-        if d_block:
-            _decode_merge_tile_kernel[(b * hq, d // d_block)](
-                *common, Q_HEADS=hq, HEAD_DIM=d, BLOCK_N=block_n, SPLITS_P2=triton.next_power_of_2(splits),
-                D_BLOCK=d_block, HAS_GATE=gate is not None, USE_PDL=pdl, **launch_opts)
-        else:
-            _decode_merge_kernel[(b * hq,)](
-                *common, Q_HEADS=hq, HEAD_DIM=d, BLOCK_N=block_n, CHUNK=int(meta["MERGE_CHUNK"]),
-                HAS_GATE=gate is not None, USE_PDL=pdl, **launch_opts)
+        _decode_merge_kernel[(b * hq,)](
+            seq_lens, g, out, part_o, part_lse, g.stride(0), g.stride(1), g.stride(2), out.stride(0), out.stride(1),
+            float(v_scale), k_cache.shape[1], splits, Q_HEADS=hq, HEAD_DIM=d, BLOCK_N=block_n,
+            CHUNK=int(meta["MERGE_CHUNK"]), HAS_GATE=gate is not None, USE_PDL=pdl,
+            num_warps=int(meta["merge_warps"]), **({"launch_pdl": True} if pdl else {}))
     return out
 
 
