@@ -31,7 +31,7 @@ def interp_entry() -> Callable[[str], tuple[Any, dict[str, Any]]]:
 
 
 def interpreter_fixes() -> Callable[[], None]:
-    """Mend two defects of Triton 3.6's interpreter; returns the function that undoes it.
+    """Mend three defects of Triton 3.6's interpreter; returns the function that undoes it.
 
     * A scalar tensor becomes a Python int through ``int(array)`` of a one-element array, which NumPy
       >= 2.3 refuses ("only 0-dimensional arrays can be converted"): ``for i in range(start, end, step)``
@@ -39,6 +39,8 @@ def interpreter_fixes() -> Callable[[], None]:
     * FP32 -> BF16 (and -> FP8) narrows by truncating the mantissa where the GPU rounds to nearest even
       (``cvt.rn``): float conversions between formats torch knows go through torch (round to nearest
       even, as the hardware does).
+    * ``tl.dot`` of BF16 operands multiplies their raw 16-bit patterns (NumPy has no BF16): BF16 operands
+      are widened to FP32 (exact) before the product.
     """
     import torch
     import triton.language as tl
@@ -61,10 +63,24 @@ def interpreter_fixes() -> Callable[[], None]:
         bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[formats[dst].itemsize]
         return raw.to(formats[dst]).view(bits).numpy()
 
+    dot = interpreter.InterpreterBuilder.create_dot
+
+    def dot_bf16(self: Any, a: Any, b: Any, d: Any, input_precision: Any, max_num_imprecise_acc: Any) -> Any:
+        if a.dtype == tl.bfloat16 or b.dtype == tl.bfloat16:
+            def wide(h: Any) -> Any:
+                if h.dtype != tl.bfloat16:
+                    return h
+                f32 = torch.from_numpy(h.data.copy()).view(torch.bfloat16).float().numpy()
+                return interpreter.TensorHandle(f32, tl.float32)
+            a, b = wide(a), wide(b)
+        return dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+
     interpreter._patch_lang_tensor, interpreter._convert_float = patched, convert_rn
+    interpreter.InterpreterBuilder.create_dot = dot_bf16
 
     def undo() -> None:
         interpreter._patch_lang_tensor, interpreter._convert_float = patch_tensor, convert
+        interpreter.InterpreterBuilder.create_dot = dot
 
     return undo
 

@@ -1,21 +1,39 @@
 """Dense projections of the decode step on sm90, in Triton: FP8 block-scaled (W8A8) and BF16 weights, 1..128 rows.
 
-Contracts: ``linear_fp8_block_decode`` (op ``linear_fp8_block``), ``linear_group_fp8_decode`` (op ``linear_group``:
-projections sharing an input, stacked once), ``linear_bf16_decode`` (op ``linear_bf16``: lm_head, GDN b / a).
+Contracts (configuration per m-bucket is contract data: ``launch.meta``, the grid rule):
 
-Byte floor: decode projections are weight-bound (M <= 128 rows against N x K weights): the floor is N*K bytes
-(FP8) or 2*N*K (BF16) over the copy rate, e.g. GDN's qkv+z (12288 x 2048 FP8, 25 MB) ~6 us, lm_head (248320 x 2048
-BF16, 1.0 GB) ~240 us. So every weight byte is read once per call: a CTA owns BLOCK_N output columns for every row
-tile (one pass over its weight columns per row tile; M <= 64 is one tile), and a call with too few column tiles to
-fill the 132 SMs splits K over `split` CTAs whose FP32 partials a second kernel sums in a fixed order (bitwise
-deterministic, no atomics).
+* ``linear_fp8_block_decode`` (m 1..16), ``linear_fp8_block_decode_m64`` (17..64), ``linear_fp8_block_decode_m128``
+  (65..128): op ``linear_fp8_block`` -> `_fp8_gemm_kernel`;
+* ``linear_group_fp8_decode`` / ``_m64`` / ``_m128``: op ``linear_group`` (FP8 projections sharing an input, the
+  weights stacked once) -> the same kernel;
+* ``linear_bf16_decode`` (lm_head) and ``linear_group_bf16_decode`` (GDN b|a, 2048 -> 32 + 32): `_linear_kernel`.
 
-FP8 numerics (netra/ops/linear.py linear_ref): the activation is quantized per token in groups of 128 inside the
-GEMM (each K block of 128 is one group: amax, scale = max(amax, 1e-10) / 448 and q = e4m3(clamp(x / scale)) with
-IEEE divisions, as netra/ops/fp8.py), the block's E4M3 dot is accumulated in FP32 by the tensor cores and scaled by
-the activation group scale times the weight block's scale, blocks summed in K order; rounded once to the output
-dtype. BF16: FP32 accumulation of exact BF16 products. The contracts declare a relative-L2 tolerance against the
-FP32 references (the tensor cores' internal accumulation order differs from a CPU/cuBLAS GEMM).
+Byte floor: decode projections are weight-bound (M <= 128 rows against N x K weights): the floor is N*K bytes (FP8) or
+2*N*K (BF16) over the copy rate (4.14 TB/s measured): GDN qkv|z 12288 x 2048 (25.2 MB) 6.07 us, attention q|gate,k,v
+9216 x 2048 (18.9 MB) 4.56 us, GDN out / attention o 2048 x 4096 (8.4 MB) 2.03 us, lm_head 248320 x 2048 BF16 (1.02 GB)
+245 us, GDN b|a 64 x 2048 BF16 (0.26 MB) 0.06 us (launch-bound: a kernel launch in a graph is ~2 us).
+
+FP8 design (`_fp8_gemm_kernel`): swap AB -- the weight tile ``[BLOCK_N, 128]`` is the MMA's M side (wgmma needs 64 rows)
+and the activation rows ``[128, BM]`` (BM = 16..128) its N side, so one decode row costs a 16-wide MMA instead of a
+64-row tile; every weight byte is read once per call (one row tile when m <= BLOCK_M). Grids with too few column
+tiles for the 132 SMs split K over ``split`` CTAs; each writes its FP32 partial tile and takes a ticket from a
+per-tile counter, and the last of a tile's CTAs sums the partials in split order (bitwise deterministic, one launch,
+no second pass); it resets the counter, so the counter array stays zero between calls (workspace, zeroed once).
+Activation quantization: for m <= 16 (``QUANT_IN=1``) each CTA quantizes its rows' K blocks itself (a [16, 128]
+tile per step, cheap beside the weight tile); above, one small pre-kernel (`_act_quant_kernel`) quantizes x once
+(E4M3 rows + FP32 group scales) and the GEMM reads them, instead of every column CTA recomputing it.
+
+FP8 numerics (netra/ops/linear.py linear_ref): the activation is quantized per token in groups of 128 (amax,
+scale = max(amax, 1e-10) / 448 and q = e4m3(clamp(x / scale)) with IEEE divisions, as netra/ops/fp8.py), each K
+block's E4M3 dot is accumulated in FP32 by the tensor cores and scaled by the activation group scale times the weight
+block's scale, blocks summed in K order within a split and the splits' partials summed in split order; rounded once
+to the output dtype. BF16: FP32 accumulation of exact BF16 products. The contracts declare a relative-L2 tolerance
+against the FP32 references (the tensor cores' internal accumulation order differs from a CPU/cuBLAS GEMM).
+
+Prediction (before the H200 run of this design): m <= 16: qkv|z ~9 us (0.65 of the floor), q|gate,k,v ~7.5 us (0.6),
+o / out ~4 us (0.5: short per-CTA loops, the ticket's round trip); m = 128: qkv|z ~12 us (0.5) with the quant
+pre-kernel, o ~6 us (0.35). The SGLang peer (`w8a8_block_fp8_matmul`, no tuned H200 file for these N,K: its default
+64 x 128 x 128 tile, 3 stages, no split) predicted ~25-40 us at m = 1 for qkv|z, slower than ours everywhere.
 """
 
 from __future__ import annotations
@@ -26,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-_stacks: dict[tuple[int, ...], tuple[list[Any], torch.Tensor, torch.Tensor]] = {}
+_stacks: dict[tuple[int, ...], tuple[list[Any], torch.Tensor, torch.Tensor | None]] = {}
 
 
 @triton.jit
@@ -85,9 +103,158 @@ def _split_sum_kernel(part_ptr, out_ptr, total, SPLIT: tl.constexpr, BLOCK: tl.c
         tl.store(out_ptr + offs, acc.to(tl.bfloat16), mask=mask)
 
 
+@triton.jit
+def _act_quant_kernel(x_ptr, xq_ptr, xs_ptr, K, NKB: tl.constexpr, KB_P2: tl.constexpr):
+    """One row: x [K] BF16 -> xq [K] E4M3 and xs [K / 128] FP32 (per group of 128, IEEE divisions)."""
+    row = tl.program_id(0)
+    g = tl.arange(0, KB_P2)
+    c = tl.arange(0, 128)
+    gmask = g < NKB
+    offs = row * K + g[:, None] * 128 + c[None, :]
+    x = tl.load(x_ptr + offs, mask=gmask[:, None], other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    sa = tl.math.div_rn(tl.maximum(amax, 1e-10), 448.0)
+    q = tl.clamp(tl.math.div_rn(x, sa[:, None]), -448.0, 448.0).to(tl.float8e4nv)
+    tl.store(xq_ptr + offs, q, mask=gmask[:, None])
+    tl.store(xs_ptr + row * NKB + g, sa, mask=gmask)
+
+
+@triton.jit
+def _fp8_gemm_kernel(x_ptr, xq_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, kb_per_split,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, QUANT_IN: tl.constexpr,
+                     OUT_F32: tl.constexpr):
+    """Swap-AB W8A8 block GEMM: acc[BLOCK_N, BLOCK_M] = W[n, k-range] . Xq[m, k-range]^T, per K block scaled."""
+    BLOCK_K: tl.constexpr = 128
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_mask = offs_n < N
+    m_mask = offs_m < M
+    n_kb = K // BLOCK_K
+    kb0 = pid_k * kb_per_split
+    w_ptrs = w_ptr + offs_n[:, None] * K + (kb0 * BLOCK_K + offs_k[None, :])
+    ws_ptrs = ws_ptr + ((pid_n * BLOCK_N) // 128) * n_kb + kb0
+    if QUANT_IN:
+        a_ptrs = x_ptr + offs_m[:, None] * K + (kb0 * BLOCK_K + offs_k[None, :])
+    else:
+        a_ptrs = xq_ptr + offs_m[:, None] * K + (kb0 * BLOCK_K + offs_k[None, :])
+        s_ptrs = xs_ptr + offs_m * n_kb + kb0
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for _ in range(0, kb_per_split):
+        w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
+        if QUANT_IN:
+            af = tl.load(a_ptrs, mask=m_mask[:, None], other=0.0).to(tl.float32)
+            sa = tl.math.div_rn(tl.maximum(tl.max(tl.abs(af), axis=1), 1e-10), 448.0)
+            aq = tl.clamp(tl.math.div_rn(af, sa[:, None]), -448.0, 448.0).to(tl.float8e4nv)
+        else:
+            aq = tl.load(a_ptrs, mask=m_mask[:, None], other=0.0)
+            sa = tl.load(s_ptrs, mask=m_mask, other=0.0)
+            s_ptrs += 1
+        ws = tl.load(ws_ptrs)
+        d = tl.dot(w, tl.trans(aq), out_dtype=tl.float32)
+        acc += d * (sa[None, :] * ws)
+        w_ptrs += BLOCK_K
+        a_ptrs += BLOCK_K
+        ws_ptrs += 1
+    mask = m_mask[None, :] & n_mask[:, None]
+    o_offs = offs_m[None, :] * N + offs_n[:, None]
+    if SPLIT == 1:
+        if OUT_F32:
+            tl.store(out_ptr + o_offs, acc, mask=mask)
+        else:
+            tl.store(out_ptr + o_offs, acc.to(tl.bfloat16), mask=mask)
+    else:
+        # fixed-order split-K in one launch: every CTA stores its partial, takes a ticket; the tile's last CTA
+        # sums the partials in split order (whichever CTA it is) and resets the ticket counter
+        tile = pid_m * tl.num_programs(0) + pid_n
+        tl.store(part_ptr + pid_k * M * N + o_offs, acc, mask=mask)
+        tl.debug_barrier()
+        ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT - 1:
+            tl.debug_barrier()
+            tot = tl.load(part_ptr + o_offs, mask=mask, other=0.0, cache_modifier=".cg")
+            for s in tl.static_range(1, SPLIT):
+                tot += tl.load(part_ptr + s * M * N + o_offs, mask=mask, other=0.0, cache_modifier=".cg")
+            if OUT_F32:
+                tl.store(out_ptr + o_offs, tot, mask=mask)
+            else:
+                tl.store(out_ptr + o_offs, tot.to(tl.bfloat16), mask=mask)
+            tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
+
+
 def _block_m(m: int) -> int:
     """Rows per tile: all of a decode batch in one tile (every weight byte read once per call)."""
     return 16 if m <= 16 else (32 if m <= 32 else (64 if m <= 64 else 128))
+
+
+_COUNTERS = 4096  # split-K tickets: one per output tile of a split call (at most cdiv(12288, 64) * 1 here)
+_counters: dict[Any, torch.Tensor] = {}
+
+
+def _tickets(device: torch.device) -> torch.Tensor:
+    """The per-device ticket counters (zeroed once; every split call leaves them zero)."""
+    t = _counters.get(device)
+    if t is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("linear: split-K counters first made inside a capture; run the op eagerly first")
+        t = torch.zeros(_COUNTERS, dtype=torch.int32, device=device)
+        _counters[device] = t
+    return t
+
+
+def fp8_plan(meta: dict[str, Any], m: int, n: int, k: int) -> dict[str, int]:
+    """The FP8 launch of one call from the contract's meta (the m-bucket's data): the row tile (16..BLOCK_M, the
+    rows' power of two), and the K split -- doubled while the tiles do not reach TARGET_CTAS, up to MAX_SPLIT, and
+    only while it divides the K blocks."""
+    bm_max, bn = int(meta["BLOCK_M"]), int(meta["BLOCK_N"])
+    bm = 16
+    while bm < m and bm < bm_max:
+        bm *= 2
+    n_kb = k // 128
+    tiles = triton.cdiv(n, bn) * triton.cdiv(m, bm)
+    split = 1
+    while tiles * split < int(meta["TARGET_CTAS"]) and split * 2 <= int(meta["MAX_SPLIT"]) \
+            and n_kb % (split * 2) == 0:
+        split *= 2
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "split": split, "kb_per_split": n_kb // split, "tiles": tiles}
+
+
+def _launch_fp8(launch: dict[str, Any], x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor,
+                out_dtype: torch.dtype) -> torch.Tensor:
+    from netra.runtime import grid_size
+
+    meta = launch["meta"]
+    m, k = x.shape
+    n = w.shape[0]
+    if k % 128 or x.stride(-1) != 1 or x.stride(0) != k:
+        raise ValueError(f"linear fp8: x [{m}, {k}] must be contiguous with K a multiple of 128")
+    pl = fp8_plan(meta, m, n, k)
+    quant_in = int(meta["QUANT_IN"])
+    out = torch.empty(m, n, dtype=out_dtype, device=x.device)
+    if quant_in:
+        xq, xs = x, x
+    else:
+        n_kb = k // 128
+        xq = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
+        xs = torch.empty(m, n_kb, dtype=torch.float32, device=x.device)
+        _act_quant_kernel[(m,)](x, xq, xs, k, NKB=n_kb, KB_P2=triton.next_power_of_2(n_kb), num_warps=4)
+    split = pl["split"]
+    if split > 1:
+        if pl["tiles"] > _COUNTERS:
+            raise ValueError(f"linear fp8: {pl['tiles']} split tiles exceed the {_COUNTERS} counters")
+        part = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+        cnt = _tickets(x.device)
+    else:
+        part, cnt = out, out
+    gx, gy, gz = grid_size(launch["grid"], {"n": n, "m": m, "k": k, **{a: int(b) for a, b in meta.items()}, **pl})
+    _fp8_gemm_kernel[(gx, gy, gz)](x, xq, xs, w, ws, out, part, cnt, m, n, k, pl["kb_per_split"],
+                                   BLOCK_M=pl["BLOCK_M"], BLOCK_N=pl["BLOCK_N"], SPLIT=split, QUANT_IN=quant_in,
+                                   OUT_F32=out_dtype == torch.float32, num_warps=int(launch["block"]) // 32,
+                                   num_stages=int(meta["num_stages"]))
+    return out
 
 
 def _launch(launch: dict[str, Any], x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor | None,
@@ -125,23 +292,31 @@ def linear(launch: dict[str, Any], *, x: torch.Tensor, weight: Any, out_dtype: t
     """Op ``linear_fp8_block`` / ``linear_bf16``: ``x [..., K]`` -> ``[..., N]`` in ``out_dtype``."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
-    out = _launch(launch, x2, weight.data, weight.scale_inv if weight.is_fp8 else None, out_dtype)
+    if weight.is_fp8:
+        out = _launch_fp8(launch, x2.contiguous(), weight.data, weight.scale_inv, out_dtype)
+    else:
+        out = _launch(launch, x2, weight.data, None, out_dtype)
     return out.reshape(*lead, out.shape[-1])
 
 
 def linear_group(launch: dict[str, Any], *, x: torch.Tensor, weights: list[Any],
                  out_dtype: torch.dtype) -> list[torch.Tensor]:
-    """Op ``linear_group`` (FP8 projections sharing an input): the weights stacked once (cached), one GEMM,
-    the outputs as column views (the reference's split)."""
+    """Op ``linear_group`` (projections sharing an input, all FP8 or all BF16): the weights stacked once (cached),
+    one GEMM, the outputs as column views (the reference's split)."""
     key = tuple(id(w.data) for w in weights)
     hit = _stacks.get(key)
     if hit is None or any(a is not b.data for a, b in zip(hit[0], weights, strict=True)):
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("linear_group: weights first stacked inside a capture; run the op eagerly first")
+        fp8 = weights[0].is_fp8
         hit = ([w.data for w in weights], torch.cat([w.data for w in weights]).contiguous(),
-               torch.cat([w.scale_inv for w in weights]).contiguous())
+               torch.cat([w.scale_inv for w in weights]).contiguous() if fp8 else None)
         _stacks[key] = hit
     lead = x.shape[:-1]
-    out = _launch(launch, x.reshape(-1, x.shape[-1]), hit[1], hit[2], out_dtype)
+    x2 = x.reshape(-1, x.shape[-1])
+    if hit[2] is not None:
+        out = _launch_fp8(launch, x2.contiguous(), hit[1], hit[2], out_dtype)
+    else:
+        out = _launch(launch, x2, hit[1], None, out_dtype)
     parts = out.split([w.data.shape[0] for w in weights], dim=-1)
     return [p.reshape(*lead, p.shape[-1]) for p in parts]

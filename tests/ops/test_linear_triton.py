@@ -1,0 +1,143 @@
+"""The dense-projection tactics (kernels/sm90/linear/linear.py) under Triton's CPU interpreter, against
+`linear_ref` / `linear_group_ref` per each contract's declared relative-L2 tolerance: every FP8 m-bucket
+(in-kernel activation quantization at m <= 16, the pre-quantization kernel above), with and without the
+split-K ticket sum, adversarial magnitudes, the BF16 group (GDN b|a); split results are bitwise repeatable and
+leave the ticket counters zero."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+
+from netra.ops import fp8
+from netra.ops.linear import Weight, linear_group_ref, linear_ref
+
+pytestmark = pytest.mark.triton_interp
+
+D = "kernels/sm90/linear/"
+BUCKETS = {"linear_fp8_block_decode": (1, 5, 16), "linear_fp8_block_decode_m64": (17, 40),
+           "linear_fp8_block_decode_m128": (65,)}
+
+
+@pytest.fixture
+def interp_entry(interp_source: Any) -> Any:
+    """``(entry, contract JSON)`` of a linear contract, its source under the interpreter (with the
+    interpreter fixes: the K loop's bound is a runtime scalar)."""
+    from netra.ops import _triton
+
+    def load(path: str) -> tuple[Any, dict[str, Any]]:
+        doc = _triton.read_contract(path)
+        return getattr(interp_source(doc["kernel"]["source"]), doc["kernel"]["symbol"]), doc
+
+    return load
+
+
+def rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((got.double() - ref.double()).norm() / ref.double().norm().clamp(min=1e-300))
+
+
+def fp8_weight(n: int, k: int, seed: int) -> Weight:
+    g = torch.Generator().manual_seed(seed)
+    return Weight(*fp8.block_quantize_weight(torch.randn(n, k, generator=g) * k ** -0.5))
+
+
+def x_of(m: int, k: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g)
+    x[:, 128:256] *= 50.0  # an outlier group
+    return x.bfloat16()
+
+
+def with_meta(doc: dict[str, Any], **meta: int) -> dict[str, Any]:
+    launch = copy.deepcopy(doc["launch"])
+    launch["meta"].update(meta)
+    return launch
+
+
+@pytest.mark.parametrize("name", list(BUCKETS))
+@pytest.mark.parametrize("split", [False, True])
+def test_fp8_buckets_against_the_reference(interp_entry, name: str, split: bool) -> None:
+    entry, doc = interp_entry(D + name + ".contract.json")
+    w = fp8_weight(256, 512, seed=1)
+    # TARGET_CTAS 1: no split; 64: the 4 column tiles split K 4 ways (the ticket sum)
+    launch = with_meta(doc, TARGET_CTAS=64 if split else 1)
+    for m in BUCKETS[name]:
+        x = x_of(m, 512, seed=m)
+        got = entry(launch, x=x, weight=w, out_dtype=torch.bfloat16)
+        ref = linear_ref(x, w, torch.bfloat16)
+        assert got.shape == ref.shape and got.dtype == torch.bfloat16
+        assert rel_l2(got, ref) <= doc["numerics"]["rtol"], (m, rel_l2(got, ref))
+
+
+def test_fp8_split_is_repeatable_and_leaves_the_counters_zero(interp_entry) -> None:
+    from netra.runtime import grid_size
+
+    entry, doc = interp_entry(D + "linear_fp8_block_decode_m64.contract.json")
+    mod = __import__("sys").modules[entry.__module__]  # the interpreted source module
+    w = fp8_weight(384, 1024, seed=2)
+    x = x_of(33, 1024, seed=3)
+    launch = with_meta(doc, TARGET_CTAS=48, MAX_SPLIT=8)
+    pl = mod.fp8_plan(launch["meta"], 33, 384, 1024)
+    assert pl["split"] == 8 and pl["BLOCK_M"] == 64
+    assert grid_size(launch["grid"], {"n": 384, "m": 33, **launch["meta"], **pl}) == [6, 8, 1]
+    a = entry(launch, x=x, weight=w, out_dtype=torch.float32)
+    b = entry(launch, x=x, weight=w, out_dtype=torch.float32)
+    assert torch.equal(a, b)
+    assert int(mod._tickets(x.device).abs().sum()) == 0
+    assert rel_l2(a, linear_ref(x, w, torch.float32)) <= doc["numerics"]["rtol"]
+
+
+@pytest.mark.parametrize("case", ["huge", "tiny", "zero_rows", "one_hot"])
+def test_fp8_adversarial_magnitudes(interp_entry, case: str) -> None:
+    entry, doc = interp_entry(D + "linear_fp8_block_decode.contract.json")
+    w = fp8_weight(128, 256, seed=4)
+    x = x_of(6, 256, seed=5).float()
+    if case == "huge":
+        x[0] *= 1e30
+        x[1, :128] *= 1e35
+    elif case == "tiny":
+        x *= 1e-30
+    elif case == "zero_rows":
+        x[2] = 0.0
+        x[3, 128:] = 0.0
+    elif case == "one_hot":
+        x.zero_()
+        x[:, 7] = 3.0
+        x[4, 200] = -1e4
+    x = x.bfloat16()
+    got = entry(with_meta(doc, TARGET_CTAS=8), x=x, weight=w, out_dtype=torch.float32)
+    ref = linear_ref(x, w, torch.float32)
+    assert torch.isfinite(got).all()
+    for r in range(x.shape[0]):  # per row: every row's magnitude is judged on its own
+        if float(ref[r].norm()) == 0.0:
+            assert float(got[r].abs().max()) == 0.0
+        else:
+            assert rel_l2(got[r], ref[r]) <= doc["numerics"]["rtol"], (case, r)
+
+
+@pytest.mark.parametrize("name,m", [("linear_group_fp8_decode", 3), ("linear_group_fp8_decode_m128", 70)])
+def test_fp8_group_outputs_are_the_per_weight_projections(interp_entry, name: str, m: int) -> None:
+    entry, doc = interp_entry(D + name + ".contract.json")
+    ws = [fp8_weight(256, 256, seed=6), fp8_weight(128, 256, seed=7)]
+    x = x_of(m, 256, seed=8)
+    outs = entry(with_meta(doc, TARGET_CTAS=32), x=x, weights=ws, out_dtype=torch.bfloat16)
+    refs = [linear_ref(x, w_, torch.bfloat16) for w_ in ws]
+    assert [o.shape for o in outs] == [r.shape for r in refs]
+    for o, r in zip(outs, refs, strict=True):
+        assert rel_l2(o, r) <= doc["numerics"]["rtol"]
+
+
+def test_bf16_group_b_a(interp_entry) -> None:
+    entry, doc = interp_entry(D + "linear_group_bf16_decode.contract.json")
+    g = torch.Generator().manual_seed(9)
+    ws = [Weight((torch.randn(32, 512, generator=g) / 16).bfloat16()) for _ in range(2)]
+    x = torch.randn(3, 512, generator=g).bfloat16()
+    for target in (1, 16):  # one CTA; K split 4 ways (the second-pass sum)
+        outs = entry(with_meta(doc, TARGET_CTAS=target), x=x, weights=ws, out_dtype=torch.float32)
+        refs = linear_group_ref(x, ws, torch.float32)
+        for o, r in zip(outs, refs, strict=True):
+            assert o.shape == (3, 32)
+            assert rel_l2(o, r) <= doc["numerics"]["rtol"]
