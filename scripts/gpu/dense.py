@@ -150,6 +150,21 @@ def check(cat: Catalog, case: Case, m: int, checks: list[dict[str, Any]]) -> str
                              "rel_l2": max((v["rel_l2"] for v in verdicts), default=None),
                              "eager_equals_replay": all(torch.equal(a, b) for a, b in zip(got, rep, strict=True))}
     del g
+    if c is not None and case.fp and case.od != torch.float32:  # the same call with FP32 out: the accumulation alone
+        try:
+            kw = {"weights": case.ws[0]} if case.group else {"weight": case.ws[0][0]}
+            g32 = torch.cat([t.float() for t in as_list(hit[1].tactic.entry(hit[1].contract.launch, x=x,
+                                                                             out_dtype=torch.float32, **kw))], -1)
+            fn_ref = linear_group_ref if case.group else linear_ref
+            r32 = torch.cat([t.float() for t in as_list(fn_ref(x, case.ws[0] if case.group else case.ws[0][0],
+                                                                torch.float32))], -1)
+            d = (g32 - r32).abs()
+            j = int(d.argmax())
+            entry["rel_l2_f32out"] = float((g32 - r32).norm() / r32.norm())
+            entry["worst_f32out"] = {"row": j // case.n, "col": j % case.n, "got": float(g32.flatten()[j]),
+                                     "ref": float(r32.flatten()[j])}
+        except Exception:
+            entry["f32out_error"] = traceback.format_exc()[-300:]
     if c is not None and case.fp:
         xa = adversarial(m, case.k)
         ga = torch.cat([t.float() for t in as_list(case.op(xa))], dim=-1)
@@ -183,6 +198,10 @@ def providers(case: Case, m: int) -> list[Provider]:
             provs.append(Provider("sglang_matmul", lambda i, q=q, p=peers: p[i].matmul(*q[i]), n_in, hold=(q, peers)))
         except Exception:
             print("sglang peer unavailable:", traceback.format_exc()[-600:], flush=True)
+    if case.label == "lm_head":  # cuBLAS with the engine's FP32 logits (the linear_bf16_cublas_decode tactic)
+        provs.append(Provider("cublas_f32out", lambda i, xs=xs, w=stacks: torch.mm(xs[i], w[i][0].t(),
+                                                                                   out_dtype=torch.float32),
+                              n_in, hold=xs))
     if m in (1, 8, 128) or not case.fp:
         dq = [w if s is None else fp8.block_dequantize_weight(w, s, dtype=torch.bfloat16) for w, s in stacks]
         provs.append(Provider("cublas_bf16", lambda i, xs=xs, dq=dq: torch.matmul(xs[i], dq[i].t()), n_in,
@@ -191,11 +210,14 @@ def providers(case: Case, m: int) -> list[Provider]:
 
 
 SWEEP = {  # m -> meta overrides of the m-bucket's contract launch ({"block": ...} sets the warps)
-    1: [{"BLOCK_N": 128}, {"num_stages": 6}, {"TARGET_CTAS": 264}, {"QUANT_IN": 0}],
-    16: [{"BLOCK_N": 128}, {"num_stages": 6}, {"TARGET_CTAS": 264}, {"QUANT_IN": 0}],
-    32: [{"QUANT_IN": 1, "BLOCK_M": 32}, {"BLOCK_N": 128}, {"TARGET_CTAS": 264}],
-    64: [{"BLOCK_N": 128}, {"num_stages": 3}, {"TARGET_CTAS": 264}],
-    128: [{"BLOCK_N": 128, "block": 256}, {"num_stages": 4}, {"TARGET_CTAS": 264}, {"BLOCK_M": 64}],
+    1: [{"BLOCK_N": 64}, {"num_stages": 4}, {"num_stages": 8}, {"TARGET_CTAS": 132}, {"TARGET_CTAS": 528, "MAX_SPLIT": 16},
+        {"block": 256}, {"QUANT_IN": 1}],
+    16: [{"BLOCK_N": 64}, {"num_stages": 4}, {"num_stages": 8}, {"TARGET_CTAS": 132},
+         {"TARGET_CTAS": 528, "MAX_SPLIT": 16}, {"block": 256}],
+    64: [{"BLOCK_N": 64}, {"num_stages": 3}, {"num_stages": 8}, {"TARGET_CTAS": 132},
+         {"TARGET_CTAS": 528, "MAX_SPLIT": 16}, {"BLOCK_M": 32}],
+    128: [{"BLOCK_N": 128, "block": 256}, {"BLOCK_N": 128}, {"BLOCK_M": 64}, {"num_stages": 4}, {"TARGET_CTAS": 264},
+          {"BLOCK_N": 128, "BLOCK_M": 64, "TARGET_CTAS": 264}],
 }
 
 
@@ -221,6 +243,9 @@ def sweep(case: Case, m: int, rows: list[dict[str, Any]], copy_bps: float) -> No
             provs.append(Provider(f"v{j}", lambda i, xs=xs, ln=launch: entry(ln, x=xs[i], weight=case.ws[i][0],
                                                                               out_dtype=case.od), n_in, hold=xs))
     provs.append(Provider("base", lambda i, xs=xs: case.op(xs[i], i), n_in, hold=xs))
+    quant = getattr(dec.tactic.module, "quantize_rows", None)
+    if quant is not None:  # the pre-kernel alone (its share of the call)
+        provs.append(Provider("act_quant", lambda i, xs=xs, q=quant: q(xs[i]), n_in, hold=xs))
     st = interleave(provs, samples=12, deadline_s=2.0)
     for p, s in st.items():
         ov = SWEEP[m][int(p[1:])] if p.startswith("v") else {}
@@ -277,7 +302,7 @@ def main() -> int:
                 ck = checks[-1]
                 print(f"{case.label} m={m} [{cname}]: " + "  ".join(f"{k2} {v['median_us']:.2f}" for k2, v in st.items())
                       + f"  rel {ck.get('rel_l2')} ok={ck['ok']} replay={ck['eager_equals_replay']}"
-                      f" adv={ck.get('adversarial_bad_rows')}", flush=True)
+                      f" adv={ck.get('adversarial_bad_rows')} f32out {ck.get('rel_l2_f32out')}", flush=True)
             except Exception:
                 checks.append({"shape": case.label, "m": m, "ok": False, "error": traceback.format_exc()[-800:]})
                 print(checks[-1]["error"], flush=True)

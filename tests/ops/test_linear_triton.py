@@ -59,11 +59,13 @@ def with_meta(doc: dict[str, Any], **meta: int) -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", list(BUCKETS))
 @pytest.mark.parametrize("split", [False, True])
-def test_fp8_buckets_against_the_reference(interp_entry, name: str, split: bool) -> None:
+@pytest.mark.parametrize("quant_in", [0, 1])
+def test_fp8_buckets_against_the_reference(interp_entry, name: str, split: bool, quant_in: int) -> None:
     entry, doc = interp_entry(D + name + ".contract.json")
     w = fp8_weight(256, 512, seed=1)
-    # TARGET_CTAS 1: no split; 64: the 4 column tiles split K 4 ways (the ticket sum)
-    launch = with_meta(doc, TARGET_CTAS=64 if split else 1)
+    # TARGET_CTAS 1: no split; 64: the column tiles split K 4 ways (the ticket sum); QUANT_IN: x quantized in the
+    # GEMM (1) or by the pre-kernel (0)
+    launch = with_meta(doc, TARGET_CTAS=64 if split else 1, QUANT_IN=quant_in)
     for m in BUCKETS[name]:
         x = x_of(m, 512, seed=m)
         got = entry(launch, x=x, weight=w, out_dtype=torch.bfloat16)
@@ -79,7 +81,7 @@ def test_fp8_split_is_repeatable_and_leaves_the_counters_zero(interp_entry) -> N
     mod = __import__("sys").modules[entry.__module__]  # the interpreted source module
     w = fp8_weight(384, 1024, seed=2)
     x = x_of(33, 1024, seed=3)
-    launch = with_meta(doc, TARGET_CTAS=48, MAX_SPLIT=8)
+    launch = with_meta(doc, TARGET_CTAS=48, MAX_SPLIT=8, BLOCK_N=64)
     pl = mod.fp8_plan(launch["meta"], 33, 384, 1024)
     assert pl["split"] == 8 and pl["BLOCK_M"] == 64
     assert grid_size(launch["grid"], {"n": 384, "m": 33, **launch["meta"], **pl}) == [6, 8, 1]

@@ -222,6 +222,16 @@ def fp8_plan(meta: dict[str, Any], m: int, n: int, k: int) -> dict[str, int]:
     return {"BLOCK_M": bm, "BLOCK_N": bn, "split": split, "kb_per_split": n_kb // split, "tiles": tiles}
 
 
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [m, K]`` BF16 -> (E4M3 ``[m, K]``, FP32 group scales ``[m, K / 128]``): the pre-kernel, one CTA per row."""
+    m, k = x.shape
+    n_kb = k // 128
+    xq = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
+    xs = torch.empty(m, n_kb, dtype=torch.float32, device=x.device)
+    _act_quant_kernel[(m,)](x, xq, xs, k, NKB=n_kb, KB_P2=triton.next_power_of_2(n_kb), num_warps=4)
+    return xq, xs
+
+
 def _launch_fp8(launch: dict[str, Any], x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor,
                 out_dtype: torch.dtype) -> torch.Tensor:
     from netra.runtime import grid_size
@@ -234,13 +244,7 @@ def _launch_fp8(launch: dict[str, Any], x: torch.Tensor, w: torch.Tensor, ws: to
     pl = fp8_plan(meta, m, n, k)
     quant_in = int(meta["QUANT_IN"])
     out = torch.empty(m, n, dtype=out_dtype, device=x.device)
-    if quant_in:
-        xq, xs = x, x
-    else:
-        n_kb = k // 128
-        xq = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
-        xs = torch.empty(m, n_kb, dtype=torch.float32, device=x.device)
-        _act_quant_kernel[(m,)](x, xq, xs, k, NKB=n_kb, KB_P2=triton.next_power_of_2(n_kb), num_warps=4)
+    xq, xs = (x, x) if quant_in else quantize_rows(x)
     split = pl["split"]
     if split > 1:
         if pl["tiles"] > _COUNTERS:
@@ -320,3 +324,15 @@ def linear_group(launch: dict[str, Any], *, x: torch.Tensor, weights: list[Any],
         out = _launch(launch, x2, hit[1], None, out_dtype)
     parts = out.split([w.data.shape[0] for w in weights], dim=-1)
     return [p.reshape(*lead, p.shape[-1]) for p in parts]
+
+
+def linear_cublas(launch: dict[str, Any], *, x: torch.Tensor, weight: Any, out_dtype: torch.dtype) -> torch.Tensor:
+    """Op ``linear_bf16`` through cuBLAS (``torch.mm`` with an FP32 accumulator and ``out_dtype`` output, one
+    kernel): the lm_head's rows where the record shows cuBLAS ahead of `_linear_kernel` (contract
+    ``linear_bf16_cublas_decode``; ``launch`` carries no tunables)."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    w = weight.data
+    out = torch.mm(x2, w.t()) if out_dtype == x.dtype else torch.mm(x2, w.t(), out_dtype=out_dtype)
+    return out.reshape(*lead, out.shape[-1])
+
