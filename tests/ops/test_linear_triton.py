@@ -59,13 +59,13 @@ def with_meta(doc: dict[str, Any], **meta: int) -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", list(BUCKETS))
 @pytest.mark.parametrize("split", [False, True])
-@pytest.mark.parametrize("quant_in", [0, 1])
-def test_fp8_buckets_against_the_reference(interp_entry, name: str, split: bool, quant_in: int) -> None:
+@pytest.mark.parametrize("quant_in,swap", [(0, 1), (1, 1), (0, 0)])
+def test_fp8_buckets_against_the_reference(interp_entry, name: str, split: bool, quant_in: int, swap: int) -> None:
     entry, doc = interp_entry(D + name + ".contract.json")
     w = fp8_weight(256, 512, seed=1)
     # TARGET_CTAS 1: no split; 64: the column tiles split K 4 ways (the ticket sum); QUANT_IN: x quantized in the
-    # GEMM (1) or by the pre-kernel (0)
-    launch = with_meta(doc, TARGET_CTAS=64 if split else 1, QUANT_IN=quant_in)
+    # GEMM (1) or by the pre-kernel (0); SWAP: the weight as the MMA's M side (1) or N side (0)
+    launch = with_meta(doc, TARGET_CTAS=64 if split else 1, QUANT_IN=quant_in, SWAP=swap)
     for m in BUCKETS[name]:
         x = x_of(m, 512, seed=m)
         got = entry(launch, x=x, weight=w, out_dtype=torch.bfloat16)
@@ -143,3 +143,15 @@ def test_bf16_group_b_a(interp_entry) -> None:
         for o, r in zip(outs, refs, strict=True):
             assert o.shape == (3, 32)
             assert rel_l2(o, r) <= doc["numerics"]["rtol"]
+
+
+def test_bf16_lm_head_entry(interp_entry) -> None:
+    """The BF16 path as the lm_head contract launches it (FP32 logits), with and without the K split."""
+    entry, doc = interp_entry(D + "linear_bf16_decode.contract.json")
+    g = torch.Generator().manual_seed(10)
+    w = Weight((torch.randn(200, 512, generator=g) / 16).bfloat16())
+    for m, target in ((1, 1), (5, 64), (20, 1)):
+        x = torch.randn(m, 512, generator=g).bfloat16()
+        got = entry(with_meta(doc, TARGET_CTAS=target), x=x, weight=w, out_dtype=torch.float32)
+        assert got.dtype == torch.float32 and got.shape == (m, 200)
+        assert rel_l2(got, linear_ref(x, w, torch.float32)) <= doc["numerics"]["rtol"]

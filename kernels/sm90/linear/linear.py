@@ -6,7 +6,8 @@ Contracts (configuration per m-bucket is contract data: ``launch.meta``, the gri
   (65..128): op ``linear_fp8_block`` -> `_fp8_gemm_kernel`;
 * ``linear_group_fp8_decode`` / ``_m64`` / ``_m128``: op ``linear_group`` (FP8 projections sharing an input, the
   weights stacked once) -> the same kernel;
-* ``linear_bf16_decode`` (lm_head) and ``linear_group_bf16_decode`` (GDN b|a, 2048 -> 32 + 32): `_linear_kernel`.
+* ``linear_bf16_decode`` (lm_head, m 1..32) and ``linear_group_bf16_decode`` (GDN b|a, 2048 -> 32 + 32):
+  `_linear_kernel`; ``linear_bf16_cublas_decode`` (lm_head, m 33..128): `linear_cublas` (torch.mm, FP32 out).
 
 Byte floor: decode projections are weight-bound (M <= 128 rows against N x K weights): the floor is N*K bytes (FP8) or
 2*N*K (BF16) over the copy rate (4.14 TB/s measured): GDN qkv|z 12288 x 2048 (25.2 MB) 6.07 us, attention q|gate,k,v
@@ -19,9 +20,12 @@ and the activation rows ``[128, BM]`` (BM = 16..128) its N side, so one decode r
 tiles for the 132 SMs split K over ``split`` CTAs; each writes its FP32 partial tile and takes a ticket from a
 per-tile counter, and the last of a tile's CTAs sums the partials in split order (bitwise deterministic, one launch,
 no second pass); it resets the counter, so the counter array stays zero between calls (workspace, zeroed once).
-Activation quantization: for m <= 16 (``QUANT_IN=1``) each CTA quantizes its rows' K blocks itself (a [16, 128]
-tile per step, cheap beside the weight tile); above, one small pre-kernel (`_act_quant_kernel`) quantizes x once
-(E4M3 rows + FP32 group scales) and the GEMM reads them, instead of every column CTA recomputing it.
+Activation quantization (``QUANT_IN=0``, every contract): one small pre-kernel (`_act_quant_kernel`) quantizes x
+once (E4M3 rows + FP32 group scales) and the GEMM reads them. ``QUANT_IN=1`` (each CTA quantizes its rows' K block in
+the loop) is kept as a launch option: the per-element IEEE divisions sit on every iteration's critical path and
+measured 3-5x slower (r1: 55 us at m = 1 for qkv|z). Options not yet run on the H200 (interpreter-tested): ``SWAP=0``
+(the activation rows as the MMA's M side, SGLang's orientation) and ``PDL=1`` (the GEMM launched as the quantization
+kernel's programmatic dependent, to hide the ~2 us launch gap the pre-kernel costs: r2 timed it alone at 2.1-2.7 us).
 
 FP8 numerics (netra/ops/linear.py linear_ref): the activation is quantized per token in groups of 128 (amax,
 scale = max(amax, 1e-10) / 448 and q = e4m3(clamp(x / scale)) with IEEE divisions, as netra/ops/fp8.py), each K
@@ -34,6 +38,14 @@ Prediction (before the H200 run of this design): m <= 16: qkv|z ~9 us (0.65 of t
 o / out ~4 us (0.5: short per-CTA loops, the ticket's round trip); m = 128: qkv|z ~12 us (0.5) with the quant
 pre-kernel, o ~6 us (0.35). The SGLang peer (`w8a8_block_fp8_matmul`, no tuned H200 file for these N,K: its default
 64 x 128 x 128 tile, 3 stages, no split) predicted ~25-40 us at m = 1 for qkv|z, slower than ours everywhere.
+
+Outcome (results/sm90/dense_fp8_h200_r1.json, _r2.json; the contracts' launches): m = 1: qkv|z 11.9 us (0.51 of the
+floor; SGLang's linear 29.3), q|gate,k,v 10.9 (0.42; 24.6), o 9.1 (0.22; 23.4); m = 128: qkv|z 18.6 (0.33; 17.3),
+q|gate,k,v 18.4 (0.25; 16.9), o 15.7 (0.13; 23.1). Ahead of the peer at small m everywhere and for o / out at every m;
+behind it by 1-3 us on the column-heavy groups at m >= 4..128 (its 64 x 128 tiles move more bytes per CTA
+iteration). Far from the prediction: the floor needs ~36 GB/s per SM, and a 64 x 128 E4M3 tile per pipelined step
+(4 stages) with a wgmma wait per K block (the block scale is applied before the next block) keeps too few bytes in
+flight; the pre-kernel's launch is another ~2 us. See results/sm90/dense_fp8_h200.md.
 """
 
 from __future__ import annotations
@@ -48,9 +60,11 @@ _stacks: dict[tuple[int, ...], tuple[list[Any], torch.Tensor, torch.Tensor | Non
 
 
 @triton.jit
-def _linear_kernel(x_ptr, w_ptr, ws_ptr, out_ptr, part_ptr, M, N, K,
-                   KB_PER_SPLIT: tl.constexpr, FP8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def _linear_kernel(x_ptr, w_ptr, out_ptr, part_ptr, M, N, K,
+                   KB_PER_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    SPLIT: tl.constexpr, OUT_F32: tl.constexpr):
+    """BF16 GEMM (lm_head, GDN b|a): acc[BLOCK_M, BLOCK_N] over one K range; split partials summed by
+    `_split_sum_kernel` in split order."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -59,7 +73,6 @@ def _linear_kernel(x_ptr, w_ptr, ws_ptr, out_ptr, part_ptr, M, N, K,
     offs_k = tl.arange(0, BLOCK_K)
     m_mask = offs_m < M
     n_mask = offs_n < N
-    n_kb = K // BLOCK_K
     kb0 = pid_k * KB_PER_SPLIT
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     x_rows = x_ptr + offs_m[:, None] * K + offs_k[None, :]
@@ -68,16 +81,7 @@ def _linear_kernel(x_ptr, w_ptr, ws_ptr, out_ptr, part_ptr, M, N, K,
         kb = kb0 + i
         a = tl.load(x_rows + kb * BLOCK_K, mask=m_mask[:, None], other=0.0)
         w = tl.load(w_cols + kb * BLOCK_K, mask=n_mask[None, :], other=0.0)
-        if FP8:
-            af = a.to(tl.float32)
-            amax = tl.max(tl.abs(af), axis=1)
-            sa = tl.math.div_rn(tl.maximum(amax, 1e-10), 448.0)
-            aq = tl.clamp(tl.math.div_rn(af, sa[:, None]), -448.0, 448.0).to(tl.float8e4nv)
-            ws = tl.load(ws_ptr + ((pid_n * BLOCK_N) // 128) * n_kb + kb)
-            d = tl.dot(aq, w, out_dtype=tl.float32)
-            acc += d * (sa[:, None] * ws)
-        else:
-            acc += tl.dot(a, w, out_dtype=tl.float32)
+        acc += tl.dot(a, w, out_dtype=tl.float32)
     mask = m_mask[:, None] & n_mask[None, :]
     if SPLIT == 1:
         o = out_ptr + offs_m[:, None] * N + offs_n[None, :]
@@ -104,8 +108,11 @@ def _split_sum_kernel(part_ptr, out_ptr, total, SPLIT: tl.constexpr, BLOCK: tl.c
 
 
 @triton.jit
-def _act_quant_kernel(x_ptr, xq_ptr, xs_ptr, K, NKB: tl.constexpr, KB_P2: tl.constexpr):
-    """One row: x [K] BF16 -> xq [K] E4M3 and xs [K / 128] FP32 (per group of 128, IEEE divisions)."""
+def _act_quant_kernel(x_ptr, xq_ptr, xs_ptr, K, NKB: tl.constexpr, KB_P2: tl.constexpr, PDL: tl.constexpr):
+    """One row: x [K] BF16 -> xq [K] E4M3 and xs [K / 128] FP32 (per group of 128, IEEE divisions). ``PDL``: let the
+    GEMM (launched as its programmatic dependent) start now; its ``gdc_wait`` still sees every write of this grid."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0)
     g = tl.arange(0, KB_P2)
     c = tl.arange(0, 128)
@@ -122,9 +129,12 @@ def _act_quant_kernel(x_ptr, xq_ptr, xs_ptr, K, NKB: tl.constexpr, KB_P2: tl.con
 @triton.jit
 def _fp8_gemm_kernel(x_ptr, xq_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, kb_per_split,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, QUANT_IN: tl.constexpr,
-                     OUT_F32: tl.constexpr):
-    """Swap-AB W8A8 block GEMM: acc[BLOCK_N, BLOCK_M] = W[n, k-range] . Xq[m, k-range]^T, per K block scaled."""
+                     SWAP: tl.constexpr, OUT_F32: tl.constexpr, PDL: tl.constexpr):
+    """W8A8 block GEMM over one K range, per K block scaled: swap AB (``SWAP``) acc[BLOCK_N, BLOCK_M] =
+    W[n, k] . Xq[m, k]^T (the weight is the MMA's M side), else acc[BLOCK_M, BLOCK_N] = Xq[m, k] . W[n, k]^T."""
     BLOCK_K: tl.constexpr = 128
+    if PDL:  # launched early behind the quantization kernel: wait for its rows (and everything before it)
+        tl.extra.cuda.gdc_wait()
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -142,7 +152,10 @@ def _fp8_gemm_kernel(x_ptr, xq_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, part_ptr, cn
     else:
         a_ptrs = xq_ptr + offs_m[:, None] * K + (kb0 * BLOCK_K + offs_k[None, :])
         s_ptrs = xs_ptr + offs_m * n_kb + kb0
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for _ in range(0, kb_per_split):
         w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
         if QUANT_IN:
@@ -154,13 +167,19 @@ def _fp8_gemm_kernel(x_ptr, xq_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, part_ptr, cn
             sa = tl.load(s_ptrs, mask=m_mask, other=0.0)
             s_ptrs += 1
         ws = tl.load(ws_ptrs)
-        d = tl.dot(w, tl.trans(aq), out_dtype=tl.float32)
-        acc += d * (sa[None, :] * ws)
+        if SWAP:
+            acc += tl.dot(w, tl.trans(aq), out_dtype=tl.float32) * (sa[None, :] * ws)
+        else:
+            acc += tl.dot(aq, tl.trans(w), out_dtype=tl.float32) * (sa[:, None] * ws)
         w_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
         ws_ptrs += 1
-    mask = m_mask[None, :] & n_mask[:, None]
-    o_offs = offs_m[None, :] * N + offs_n[:, None]
+    if SWAP:
+        mask = m_mask[None, :] & n_mask[:, None]
+        o_offs = offs_m[None, :] * N + offs_n[:, None]
+    else:
+        mask = m_mask[:, None] & n_mask[None, :]
+        o_offs = offs_m[:, None] * N + offs_n[None, :]
     if SPLIT == 1:
         if OUT_F32:
             tl.store(out_ptr + o_offs, acc, mask=mask)
@@ -222,13 +241,14 @@ def fp8_plan(meta: dict[str, Any], m: int, n: int, k: int) -> dict[str, int]:
     return {"BLOCK_M": bm, "BLOCK_N": bn, "split": split, "kb_per_split": n_kb // split, "tiles": tiles}
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x [m, K]`` BF16 -> (E4M3 ``[m, K]``, FP32 group scales ``[m, K / 128]``): the pre-kernel, one CTA per row."""
+def quantize_rows(x: torch.Tensor, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [m, K]`` BF16 -> (E4M3 ``[m, K]``, FP32 group scales ``[m, K / 128]``): the pre-kernel, one CTA per row
+    (``pdl``: it releases the next kernel, launched with programmatic dependent launch, at its start)."""
     m, k = x.shape
     n_kb = k // 128
     xq = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
     xs = torch.empty(m, n_kb, dtype=torch.float32, device=x.device)
-    _act_quant_kernel[(m,)](x, xq, xs, k, NKB=n_kb, KB_P2=triton.next_power_of_2(n_kb), num_warps=4)
+    _act_quant_kernel[(m,)](x, xq, xs, k, NKB=n_kb, KB_P2=triton.next_power_of_2(n_kb), PDL=pdl, num_warps=4)
     return xq, xs
 
 
@@ -244,7 +264,10 @@ def _launch_fp8(launch: dict[str, Any], x: torch.Tensor, w: torch.Tensor, ws: to
     pl = fp8_plan(meta, m, n, k)
     quant_in = int(meta["QUANT_IN"])
     out = torch.empty(m, n, dtype=out_dtype, device=x.device)
-    xq, xs = (x, x) if quant_in else quantize_rows(x)
+    # PDL (launch meta): the GEMM is launched as the quantization kernel's programmatic dependent, so its CTAs are
+    # resident when the rows land (not on Triton's interpreter, which has no PDL)
+    pdl = bool(int(meta.get("PDL", 0))) and not quant_in and x.is_cuda
+    xq, xs = (x, x) if quant_in else quantize_rows(x, pdl)
     split = pl["split"]
     if split > 1:
         if pl["tiles"] > _COUNTERS:
@@ -256,13 +279,14 @@ def _launch_fp8(launch: dict[str, Any], x: torch.Tensor, w: torch.Tensor, ws: to
     gx, gy, gz = grid_size(launch["grid"], {"n": n, "m": m, "k": k, **{a: int(b) for a, b in meta.items()}, **pl})
     _fp8_gemm_kernel[(gx, gy, gz)](x, xq, xs, w, ws, out, part, cnt, m, n, k, pl["kb_per_split"],
                                    BLOCK_M=pl["BLOCK_M"], BLOCK_N=pl["BLOCK_N"], SPLIT=split, QUANT_IN=quant_in,
+                                   SWAP=int(meta.get("SWAP", 1)), PDL=pdl, **({"launch_pdl": True} if pdl else {}),
                                    OUT_F32=out_dtype == torch.float32, num_warps=int(launch["block"]) // 32,
                                    num_stages=int(meta["num_stages"]))
     return out
 
 
-def _launch(launch: dict[str, Any], x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor | None,
-            out_dtype: torch.dtype) -> torch.Tensor:
+def _launch(launch: dict[str, Any], x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """The BF16 path (`_linear_kernel`)."""
     meta = launch.get("meta", {})
     m, k = x.shape
     n = w.shape[0]
@@ -277,12 +301,11 @@ def _launch(launch: dict[str, Any], x: torch.Tensor, w: torch.Tensor, ws: torch.
     kb_per_split = n_kb // split
     out = torch.empty(m, n, dtype=out_dtype, device=x.device)
     part = torch.empty(split, m, n, dtype=torch.float32, device=x.device) if split > 1 else out
-    fp8 = ws is not None
     from netra.runtime import grid_size
 
     gx, gy, gz = grid_size(launch["grid"], {"n": n, "m": m, "BLOCK_N": bn, "BLOCK_M": bm, "split": split})
     grid = (gx, gy, gz)
-    _linear_kernel[grid](x, w, ws if fp8 else w, out, part, m, n, k, KB_PER_SPLIT=kb_per_split, FP8=fp8, BLOCK_M=bm, BLOCK_N=bn,
+    _linear_kernel[grid](x, w, out, part, m, n, k, KB_PER_SPLIT=kb_per_split, BLOCK_M=bm, BLOCK_N=bn,
                          BLOCK_K=bk, SPLIT=split, OUT_F32=out_dtype == torch.float32,
                          num_warps=launch["block"] // 32, num_stages=int(meta["num_stages"]))
     if split > 1:
@@ -299,7 +322,7 @@ def linear(launch: dict[str, Any], *, x: torch.Tensor, weight: Any, out_dtype: t
     if weight.is_fp8:
         out = _launch_fp8(launch, x2.contiguous(), weight.data, weight.scale_inv, out_dtype)
     else:
-        out = _launch(launch, x2, weight.data, None, out_dtype)
+        out = _launch(launch, x2, weight.data, out_dtype)
     return out.reshape(*lead, out.shape[-1])
 
 
@@ -321,7 +344,7 @@ def linear_group(launch: dict[str, Any], *, x: torch.Tensor, weights: list[Any],
     if hit[2] is not None:
         out = _launch_fp8(launch, x2.contiguous(), hit[1], hit[2], out_dtype)
     else:
-        out = _launch(launch, x2, hit[1], None, out_dtype)
+        out = _launch(launch, x2, hit[1], out_dtype)
     parts = out.split([w.data.shape[0] for w in weights], dim=-1)
     return [p.reshape(*lead, p.shape[-1]) for p in parts]
 
