@@ -26,7 +26,8 @@ BATCHES = (1, 8, 32, 64, 128)
 # First match wins (a kernel's lower-cased name): attention's prologue before the norms, Netra's Triton linear kernels
 # beside the library GEMMs.
 FAMILY_PATTERNS = (("moe", ("moe_",)), ("argmax", ("argmax",)),
-                   ("linear", ("_linear_kernel", "_split_sum_kernel", "w8a8", "fp8_matmul")),
+                   ("linear", ("_linear_kernel", "_split_sum_kernel", "_fp8_gemm_kernel", "_act_quant_kernel", "w8a8",
+                               "fp8_matmul")),
                    ("gemm", ("gemm", "gemv", "cutlass", "sm90_xmma", "nvjet")),
                    ("gdn", ("gdn", "delta", "recurrent")), ("conv", ("conv",)),
                    ("attention", ("attn", "attention", "decode_fp8", "decode_merge", "qk_norm_rope")),
