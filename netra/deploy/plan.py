@@ -184,6 +184,8 @@ def _netra_engine_argv(profile: Profile, port: int, index: int) -> tuple[list[st
     if e.mamba_ssm_dtype is not None:
         argv += ["--mamba-ssm-dtype", e.mamba_ssm_dtype]
     argv += ["--device", e.device, "--seed", str(e.seed)]
+    if e.mem_fraction_static is not None:
+        argv += ["--mem-fraction-static", f"{e.mem_fraction_static:g}"]
     if e.model_path is not None:
         argv += ["--model-path", e.model_path]
     argv += ["--served-model-name", profile.serve.model_name, "--worker-id", str(index)]
@@ -200,6 +202,8 @@ def _netra_engine_argv(profile: Profile, port: int, index: int) -> tuple[list[st
         expect["cuda_graph_bs"] = list(e.cuda_graph_bs)
     if e.mamba_ssm_dtype is not None:
         expect["mamba_ssm_dtype"] = e.mamba_ssm_dtype
+    if e.mem_fraction_static is not None:
+        expect["mem_fraction_static"] = e.mem_fraction_static
     return argv, expect
 
 

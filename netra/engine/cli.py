@@ -8,7 +8,7 @@ from typing import Any
 
 from netra import logs
 from netra.engine.config import PRESETS
-from netra.engine.options import EngineOptions, OptionsError
+from netra.engine.options import MIXED_CHUNK, EngineOptions, OptionsError
 
 _D = {f.name: f.default for f in fields(EngineOptions)}
 
@@ -59,6 +59,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="model_name label of the metrics (default: netra-PRESET, or the checkpoint's name)")
     p.add_argument("--worker-id", default=_D["worker_id"],
                    help="worker label of the metrics and log lines (the launcher passes the worker index)")
+    p.add_argument("--mem-fraction-static", type=float, default=None,
+                   help="CUDA: share of the device memory for weights + KV/state pools; the pools get what the "
+                        "weights leave of it, in request slots (default 0.90)")
+    p.add_argument("--pool-memory-gib", type=float, default=None,
+                   help="memory for the KV/state pools, in GiB (overrides the free-memory rule; on a CPU the "
+                        "only way to size the pools by memory)")
+    p.add_argument("--mixed-chunk", default=_D["mixed_chunk"], choices=list(MIXED_CHUNK),
+                   help="prompts arriving while requests decode: split (default: the decode graph and a prefill "
+                        "forward in one step), fused (one forward carrying both), off (prefill steps stall decode)")
     p.add_argument("--load-log-interval", dest="load_log_interval_s", type=float,
                    default=_D["load_log_interval_s"],
                    help="seconds between the 'running / queued / throughput' log lines while busy (0: off)")

@@ -12,6 +12,7 @@ import torch
 from netra.engine.cache import StatePools
 from netra.engine.config import ModelConfig, preset
 from netra.engine.loader import load_checkpoint
+from netra.engine.memory import PoolPlan, plan_pools
 from netra.engine.model import Model
 from netra.engine.options import EngineOptions, OptionsError
 from netra.engine.scheduler import Scheduler
@@ -30,6 +31,7 @@ class Engine:
     scheduler: Scheduler
     tokenizer: Tokenizer
     startup_s: float
+    pool_plan: PoolPlan
 
 
 def build_engine(options: EngineOptions) -> Engine:
@@ -47,12 +49,11 @@ def build_engine(options: EngineOptions) -> Engine:
                            f"max_position_embeddings {cfg.max_position_embeddings}")
     ssm_dtype = options.mamba_ssm_dtype or cfg.mamba_ssm_dtype
     options = replace(options, mamba_ssm_dtype=ssm_dtype)
-    pools = StatePools(cfg, options.max_running_requests, options.context_length, device,
-                       options.kv_cache_dtype, ssm_dtype)
+    plan = plan_pools(options, cfg, device, ssm_dtype)
+    pools = StatePools(cfg, plan.slots, options.context_length, device, options.kv_cache_dtype, ssm_dtype)
     model = Model(cfg, weights, pools, device)
     tokenizer = load_tokenizer(Path(options.checkpoint) if options.checkpoint else None)
     scheduler = Scheduler(model, pools, options, cfg.eos_token_id)
     startup = time.perf_counter() - t0
-    log.info("engine ready: preset %s, %s, pools %.1f MiB, %.2f s", options.preset, device,
-             pools.nbytes() / 2**20, startup)
-    return Engine(options, cfg, model, pools, scheduler, tokenizer, startup)
+    log.info("engine ready: preset %s, %s, %s, %.2f s", options.preset, device, plan.describe(), startup)
+    return Engine(options, cfg, model, pools, scheduler, tokenizer, startup, plan)

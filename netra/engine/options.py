@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+MIXED_CHUNK = ("off", "split", "fused")
 DEFAULT_GRAPH_BS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 
 
@@ -34,6 +35,13 @@ class EngineOptions:
     enable_metrics: bool = False  # GET /metrics (SGLang's metric names where the meaning is the same)
     served_model_name: str | None = None  # the model_name label of the metrics (None: netra-PRESET)
     worker_id: str = "0"  # the worker label of the metrics (the launcher passes the index)
+    # Pool sizing (netra/engine/memory.py): on CUDA from the free memory and this fraction (None: 0.90);
+    # --pool-memory-gib states the pools' budget outright (the way to size by memory on a CPU).
+    mem_fraction_static: float | None = None
+    pool_memory_gib: float | None = None
+    # Prompts arriving while requests decode: off (a prefill step stalls every running stream), split
+    # (the decode rows' graph plus a prefill forward in one step), fused (one forward carrying both).
+    mixed_chunk: str = "split"
     load_log_interval_s: float = 10.0  # the periodic running / queued / throughput line (0: off)
 
     def __post_init__(self) -> None:
@@ -55,6 +63,12 @@ class EngineOptions:
             raise OptionsError(f"--mamba-ssm-dtype {self.mamba_ssm_dtype!r}: expected float32 or bfloat16")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise OptionsError(f"--device {self.device!r}: expected cpu, cuda or cuda:N")
+        if self.mem_fraction_static is not None and not 0.05 <= self.mem_fraction_static <= 0.99:
+            raise OptionsError(f"--mem-fraction-static {self.mem_fraction_static}: expected 0.05 .. 0.99")
+        if self.pool_memory_gib is not None and not self.pool_memory_gib > 0:
+            raise OptionsError(f"--pool-memory-gib {self.pool_memory_gib}: expected a positive size")
+        if self.mixed_chunk not in MIXED_CHUNK:
+            raise OptionsError(f"--mixed-chunk {self.mixed_chunk!r}: expected one of {', '.join(MIXED_CHUNK)}")
         if self.load_log_interval_s < 0:
             raise OptionsError(f"--load-log-interval {self.load_log_interval_s}: expected seconds >= 0")
         if self.context_length < 2:

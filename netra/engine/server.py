@@ -253,6 +253,7 @@ class Server:
                         for (_, dev), t in sorted(loaded_tactics().items())]
         return {**self.opt.to_json(), "engine": "netra", "version": netra.__version__,
                 "startup_s": self.engine.startup_s, "state_pool_bytes": self.engine.pools.nbytes(),
+                "pool_slots": self.engine.pool_plan.slots, "pools": self.engine.pool_plan.describe(),
                 "load": self.sched.load(), "code_objects": code_objects, "dispatch": decisions()}
 
     async def _load_lines(self) -> None:
