@@ -12,6 +12,8 @@ meaning is the same (so an SGLang dashboard reads a Netra worker unchanged):
 | `sglang:queue_time_seconds` | histogram | arrival to admission into a slot |
 | `sglang:prompt_tokens_total`, `sglang:generation_tokens_total` | counter | tokens of finished requests |
 | `netra_engine_requests_finished_total{finish_reason}` | counter | finished requests by reason (stop, length, abort) |
+| `netra_engine_step_host_seconds{kind}` | histogram | host time of one scheduler step (kind: prefill, decode, mixed); on CUDA the step less its wait for the device |
+| `netra_engine_step_device_gap_seconds{kind}` | histogram | device idle time before the step's first device work (CUDA events; on a CPU, the host time) |
 
 Every series carries `worker` and `model_name` labels (netra/serve/metrics.py).
 """
@@ -32,6 +34,8 @@ log = logging.getLogger("netra.engine")
 _TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 15.0, 20.0,
          25.0, 30.0)
 _E2E = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0)
+_STEP = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5,
+         1.0)
 _QUEUE = (0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
@@ -58,7 +62,18 @@ class EngineMetrics:
                                          registry=r)
         self.finished = Counter("netra_engine_requests_finished", "finished requests by finish reason",
                                 ["finish_reason"], registry=r)
+        self.step_host = Histogram("netra_engine_step_host_seconds", "host time of one scheduler step",
+                                   ["kind"], buckets=_STEP, registry=r)
+        self.step_gap = Histogram("netra_engine_step_device_gap_seconds",
+                                  "device idle time between the previous step and this one", ["kind"],
+                                  buckets=_STEP, registry=r)
+        scheduler.step_observer = self.observe_step
         self._last: tuple[float, int] = (time.monotonic(), 0)
+
+    def observe_step(self, kind: str, host_s: float, gap_s: float) -> None:
+        """Called on the scheduler thread after every step."""
+        self.step_host.labels(kind).observe(host_s)
+        self.step_gap.labels(kind).observe(gap_s)
 
     def _load(self) -> dict[str, int]:
         load: dict[str, int] = self.sched.load()

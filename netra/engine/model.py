@@ -3,8 +3,10 @@
 Layer l is gated full attention when ``(l+1) % full_attention_interval == 0``, Gated DeltaNet
 otherwise; every layer ends in the sparse MoE block. Each hot op goes through `netra.ops` (dispatch,
 reference fallback). `ForwardBatch` carries either a prefill batch (chunks of several sequences,
-concatenated) or a decode batch (one token per row, possibly padded with rows on `PAD_SLOT`);
-the decode path reads only tensors of fixed shape per bucket (plus ``max_len``, the reference's
+concatenated), a decode batch (one token per row, possibly padded with rows on `PAD_SLOT`), or a
+mixed batch (``decode_rows`` decode rows first, then prefill chunks): row-wise ops run once over every
+token, the mixers (attention, convolution, delta rule) run their decode op on the decode rows and
+their prefill op on the chunks, so a decode row's arithmetic is the decode path's. The decode path reads only tensors of fixed shape per bucket (plus ``max_len``, the reference's
 attention span), so a captured graph can replay it from persistent buffers.
 """
 
@@ -16,6 +18,7 @@ import torch
 
 from netra.engine.cache import StatePools
 from netra.engine.config import ModelConfig
+from netra.engine.overlap import to_device
 from netra.engine.weights import AttentionWeights, GDNWeights, ModelWeights
 from netra.ops import attention, conv, gdn, norm
 from netra.ops._common import acc_dtype
@@ -38,6 +41,9 @@ class ForwardBatch:
     seq_slots: list[int]
     seq_starts: list[int]
     q_lens: list[int]
+    # Mixed batch (decode False): the first ``decode_rows`` tokens are decode rows described by
+    # ``slots`` / ``seq_lens`` / ``max_len``; the prefill chunks (``seq_*``, ``q_lens``) follow them.
+    decode_rows: int = 0
 
 
 class Model:
@@ -108,9 +114,14 @@ class Model:
         if fb.decode:  # the output gate rides in the decode op (fused on sm90)
             o = attention.attention_decode(q, kc, vc, fb.slots, fb.seq_lens, fb.max_len, self.sm_scale, gate=gate)
         else:
-            o = attention.attention_prefill(q, kc, vc, fb.seq_slots, fb.seq_starts, fb.q_lens, self.sm_scale)
+            nd = fb.decode_rows
+            o = attention.attention_prefill(q[nd:], kc, vc, fb.seq_slots, fb.seq_starts, fb.q_lens, self.sm_scale)
             if gate is not None:
-                o = attention.output_gate(o, gate)
+                o = attention.output_gate(o, gate[nd:])
+            if nd:
+                od = attention.attention_decode(q[:nd], kc, vc, fb.slots, fb.seq_lens, fb.max_len, self.sm_scale,
+                                                gate=None if gate is None else gate[:nd])
+                o = torch.cat([od, o])
         return linear(o.reshape(t, hq * d), w.o_proj)
 
     def _gdn(self, x: torch.Tensor, w: GDNWeights, fb: ForwardBatch, li: int) -> torch.Tensor:
@@ -122,8 +133,12 @@ class Model:
         z = z.reshape(t, hv, dv)
         b, a = linear_group(x, [w.in_proj_b, w.in_proj_a])
         conv_pool, ssm_pool = self.pools.conv[li], self.pools.ssm[li]
+        nd = fb.decode_rows
         if fb.decode:
             qkv = conv.causal_conv1d_update(qkv, w.conv1d, conv_pool, fb.slots)
+        elif nd:
+            qkv = torch.cat([conv.causal_conv1d_update(qkv[:nd], w.conv1d, conv_pool, fb.slots),
+                             conv.causal_conv1d_prefill(qkv[nd:], w.conv1d, conv_pool, fb.seq_slots, fb.q_lens)])
         else:
             qkv = conv.causal_conv1d_prefill(qkv, w.conv1d, conv_pool, fb.seq_slots, fb.q_lens)
         kd = cfg.linear_key_dim
@@ -133,30 +148,41 @@ class Model:
         if fb.decode:  # gating + L2 norm + delta rule + output, one op (pad rows: zeros, pool untouched)
             o = gdn.gdn_decode_fused(q, k, v, a, b, w.a_log, w.dt_bias, ssm_pool, fb.slots)
         else:
-            g, beta = gdn.gdn_gating(a, b, w.a_log, w.dt_bias)
-            o = gdn.gdn_prefill(q, k, v, g, beta, ssm_pool, fb.seq_slots, fb.q_lens)
+            g, beta = gdn.gdn_gating(a[nd:], b[nd:], w.a_log, w.dt_bias)
+            o = gdn.gdn_prefill(q[nd:], k[nd:], v[nd:], g, beta, ssm_pool, fb.seq_slots, fb.q_lens)
+            if nd:
+                o = torch.cat([gdn.gdn_decode_fused(q[:nd], k[:nd], v[:nd], a[:nd], b[:nd], w.a_log, w.dt_bias,
+                                                    ssm_pool, fb.slots), o])
         o = norm.gated_rmsnorm(o, z, w.norm, cfg.rms_norm_eps)
         return linear(o.reshape(t, hv * dv), w.out_proj)
 
 
-def prefill_batch(device: torch.device, chunks: list[tuple[int, list[int], int, bool]]) -> ForwardBatch:
-    """Build a prefill `ForwardBatch` from ``(slot, token_ids, start, wants_logits)`` per sequence."""
-    ids: list[int] = []
-    pos: list[int] = []
-    tok_slots: list[int] = []
-    rows: list[int] = []
+def prefill_batch(device: torch.device, chunks: list[tuple[int, list[int], int, bool]],
+                  decode: list[tuple[int, int, int]] | None = None) -> ForwardBatch:
+    """Build a prefill `ForwardBatch` from ``(slot, token_ids, start, wants_logits)`` per sequence; with
+    ``decode`` (``(slot, token_id, seq_len)`` per running request) a mixed batch: those decode rows first,
+    each wanting logits, then the chunks."""
+    rows_d = decode or []
+    ids = [tok for _, tok, _ in rows_d]
+    pos = [n - 1 for _, _, n in rows_d]
+    tok_slots = [slot for slot, _, _ in rows_d]
+    rows = list(range(len(rows_d)))
     for slot, toks, start, wants in chunks:
         ids += toks
         pos += range(start, start + len(toks))
         tok_slots += [slot] * len(toks)
         if wants:
             rows.append(len(ids) - 1)
-    seq_lens = [start + len(toks) for _, toks, start, _ in chunks]
+    if rows_d:
+        slots, seq_lens = [r[0] for r in rows_d], [r[2] for r in rows_d]
+    else:
+        slots, seq_lens = [c[0] for c in chunks], [start + len(toks) for _, toks, start, _ in chunks]
 
-    def t(v: list[int]) -> torch.Tensor:
-        return torch.tensor(v, dtype=torch.int64, device=device)
+    def t(v: list[int]) -> torch.Tensor:  # no host-device synchronisation: the device may still be busy
+        return to_device(v, device)
 
     return ForwardBatch(decode=False, input_ids=t(ids), positions=t(pos), token_slots=t(tok_slots),
-                        slots=t([c[0] for c in chunks]), seq_lens=t(seq_lens), max_len=max(seq_lens),
+                        slots=t(slots), seq_lens=t(seq_lens), max_len=max(seq_lens),
                         logits_rows=t(rows), seq_slots=[c[0] for c in chunks],
-                        seq_starts=[c[2] for c in chunks], q_lens=[len(c[1]) for c in chunks])
+                        seq_starts=[c[2] for c in chunks], q_lens=[len(c[1]) for c in chunks],
+                        decode_rows=len(rows_d))

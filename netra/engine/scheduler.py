@@ -28,6 +28,7 @@ from netra.engine.cache import PAD_SLOT, StatePools
 from netra.engine.grammar import Grammar
 from netra.engine.model import ForwardBatch, Model, prefill_batch
 from netra.engine.options import EngineOptions
+from netra.engine.overlap import StepClock, to_device
 from netra.engine.sampler import SlotSampler, StepResult
 
 log = logging.getLogger("netra.engine")
@@ -109,6 +110,11 @@ class StepStats:
     forward_cpu_s: float = 0.0
     sample_cpu_s: float = 0.0
     step_cpu_s: float = 0.0
+    mixed_steps: int = 0  # steps carrying decode rows and prompt chunks (--mixed-chunk split or fused)
+    # Host time per step (on CUDA: the step less its wait for the device) and the device's idle time
+    # between steps (CUDA events; on a CPU, the host time).
+    host_s: float = 0.0
+    gap_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -116,6 +122,8 @@ class StepStats:
         d["overhead_ms_per_step"] = 1e3 * d["overhead_s"] / max(1, self.steps)
         d["forward_ms_per_step"] = 1e3 * self.forward_s / max(1, self.steps)
         d["forward_cpu_ms_per_step"] = 1e3 * self.forward_cpu_s / max(1, self.steps)
+        d["host_ms_per_step"] = 1e3 * self.host_s / max(1, self.steps)
+        d["gap_ms_per_step"] = 1e3 * self.gap_s / max(1, self.steps)
         d["overhead_cpu_ms_per_step"] = 1e3 * (self.step_cpu_s - self.forward_cpu_s - self.sample_cpu_s) / max(1, self.steps)
         return d
 
@@ -132,6 +140,9 @@ class Scheduler:
         self.by_rid: dict[str, Request] = {}
         self.inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.stats = StepStats()
+        self.clock = StepClock(self.device)
+        # Called after every step with (kind: prefill | decode | mixed, host seconds, device idle gap seconds).
+        self.step_observer: Callable[[str, float, float], None] | None = None
         self.progress_at = time.monotonic()  # start or end of the latest step (liveness: /health)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -277,50 +288,121 @@ class Scheduler:
             req.admitted = time.perf_counter()  # queue time ends here (sglang:queue_time_seconds)
             self.sampler.admit(req.slot, req.params, req.seed, req.grammar)
             self.prefilling.append(req)
-        if self.prefilling:
+        self.clock.begin()
+        f0, s0 = self.stats.forward_s, self.stats.sample_s
+        if self.prefilling and self.decoding and self.opt.mixed_chunk != "off":
+            kind = "mixed"
+            self._mixed_step(fused=self.opt.mixed_chunk == "fused")
+        elif self.prefilling:
+            kind = "prefill"
             self._prefill_step()
         else:
+            kind = "decode"
             self._decode_step()
+        wall = time.perf_counter() - t0
         self.stats.steps += 1
-        self.stats.step_s += time.perf_counter() - t0
+        self.stats.step_s += wall
         self.stats.step_cpu_s += time.thread_time() - c0
+        gap = self.clock.end()
+        if self.clock.on_device:  # host time: the step less its wait for the device; the gap: CUDA events
+            host = wall - self.clock.wait_s
+        else:  # on a CPU the "device" work is the forward and the sampling; the rest is host time, all of it a gap
+            host = wall - (self.stats.forward_s - f0) - (self.stats.sample_s - s0)
+            gap = host
+        self.stats.host_s += host
+        self.stats.gap_s += gap
+        if self.step_observer is not None:
+            self.step_observer(kind, host, gap)
         self.progress_at = time.monotonic()
 
-    def _prefill_step(self) -> None:
+    def _dev(self, v: list[int]) -> torch.Tensor:
+        """A host list as an int64 tensor on the engine's device, without a host-device synchronisation."""
+        return to_device(v, self.device)
+
+    def _plan_chunks(self, budget: int) -> tuple[list[Request], list[tuple[int, list[int], int, bool]], int]:
+        """The prompt chunks of this step: each prompt is cut at a multiple of ``chunked_prefill_size``
+        of its own positions; whole chunks are taken in admission order while they fit in ``budget``
+        tokens (the first one always, so a prompt always progresses)."""
         size = self.opt.chunked_prefill_size
         chunks: list[tuple[int, list[int], int, bool]] = []
         batch: list[Request] = []
         total = 0
         for req in self.prefilling:
             n = min(len(req.prompt) - req.cached, size - req.cached % size)
-            if batch and total + n > size:
+            if batch and total + n > budget:
                 break
             last = req.cached + n == len(req.prompt)
             chunks.append((req.slot, req.prompt[req.cached:req.cached + n], req.cached, last))
             batch.append(req)
             total += n
-        fb = prefill_batch(self.device, chunks)
-        t, c = time.perf_counter(), time.thread_time()
-        logits = self.model.forward(fb)
-        self.stats.forward_s += time.perf_counter() - t
-        self.stats.forward_cpu_s += time.thread_time() - c
-        self.stats.prefill_steps += 1
         self.stats.prefill_tokens += total
+        return batch, chunks, total
+
+    def _advance(self, batch: list[Request], chunks: list[tuple[int, list[int], int, bool]]) -> list[Request]:
+        """Account the chunks as cached; the requests whose prompt is now complete (they want a token)."""
         done = []
         for req, (_, toks, _, last) in zip(batch, chunks, strict=True):
             req.cached += len(toks)
             if last:
                 done.append(req)
+        return done
+
+    def _start_decoding(self, done: list[Request]) -> None:
+        for req in done:
+            self.prefilling.remove(req)
+            self.decoding.append(req)
+
+    def _forward(self, fb: ForwardBatch) -> torch.Tensor:
+        t, c = time.perf_counter(), time.thread_time()
+        logits = self.model.forward(fb)
+        self.stats.forward_s += time.perf_counter() - t
+        self.stats.forward_cpu_s += time.thread_time() - c
+        return logits
+
+    def _prefill_step(self) -> None:
+        batch, chunks, _ = self._plan_chunks(self.opt.chunked_prefill_size)
+        logits = self._forward(prefill_batch(self.device, chunks))
+        self.stats.prefill_steps += 1
+        done = self._advance(batch, chunks)
         if done:
-            slots = torch.tensor([r.slot for r in done], dtype=torch.int64, device=self.device)
-            tokens = self._sample(done, logits, slots)
-            for req in done:
-                self.prefilling.remove(req)
-                self.decoding.append(req)
+            tokens = self._sample(done, logits, self._dev([r.slot for r in done]))
+            self._start_decoding(done)
             self._append(done, tokens)
 
-    def _decode_step(self) -> None:
-        reqs = self.decoding
+    def _mixed_step(self, fused: bool) -> None:
+        """Every running request decodes one token and waiting prompts advance by a chunk budget.
+
+        fused: one eager forward carrying the decode rows then the chunks (weights read once; the
+        budget is ``chunked_prefill_size`` less the decode rows). split: the decode rows go through the
+        decode path (its CUDA graph) and the chunks through a prefill forward launched right behind it,
+        while the device still runs the decode; one sampling call serves both.
+        """
+        reqs = list(self.decoding)
+        n = len(reqs)
+        self.stats.mixed_steps += 1
+        self.stats.decode_rows += n
+        if fused:
+            batch, chunks, _ = self._plan_chunks(max(0, self.opt.chunked_prefill_size - n))
+            decode = [(r.slot, r.output[-1], r.cached + 1) for r in reqs]
+            logits = self._forward(prefill_batch(self.device, chunks, decode))  # n decode rows, then prompts
+            slots = self._dev([r.slot for r in reqs])
+        else:
+            _, out = self._launch_decode(reqs)
+            batch, chunks, _ = self._plan_chunks(self.opt.chunked_prefill_size)  # host work while it runs
+            logits = torch.cat([out[:n], self._forward(prefill_batch(self.device, chunks))])
+            slots = self._slots[:n]
+        for r in reqs:
+            r.cached += 1
+        done = self._advance(batch, chunks)
+        if done:
+            slots = torch.cat([slots, self._dev([r.slot for r in done])])
+        tokens = self._sample(reqs + done, logits, slots)
+        self._start_decoding(done)
+        self._append(reqs + done, tokens)
+
+    def _launch_decode(self, reqs: list[Request]) -> tuple[int, torch.Tensor]:
+        """Fill the persistent decode buffers for ``reqs`` (padded to the next bucket with rows on the pad
+        slot) and launch the decode forward (graph replay where captured); its bucket and logits."""
         n = len(reqs)
         bucket = next((b for b in self.buckets if b >= n), n)
         ids = [r.output[-1] for r in reqs] + [0] * (bucket - n)
@@ -329,10 +411,10 @@ class Scheduler:
         graphed = self.use_graphs and bucket in self.buckets and bucket not in self.eager_buckets
         if graphed and bucket not in self._graphs:
             self._capture(bucket)
-        self._ids[:bucket].copy_(torch.tensor(ids, dtype=torch.int64))
-        self._lens[:bucket].copy_(torch.tensor(lens, dtype=torch.int64))
+        self._ids[:bucket].copy_(self._dev(ids), non_blocking=True)
+        self._lens[:bucket].copy_(self._dev(lens), non_blocking=True)
         self._pos[:bucket].copy_(self._lens[:bucket] - 1)
-        self._slots[:bucket].copy_(torch.tensor(slots, dtype=torch.int64))
+        self._slots[:bucket].copy_(self._dev(slots), non_blocking=True)
         t, c = time.perf_counter(), time.thread_time()
         if graphed:
             graph, out = self._graphs[bucket]
@@ -342,13 +424,18 @@ class Scheduler:
             logits = self.model.forward(self._decode_batch(bucket, max(lens)))
         self.stats.forward_s += time.perf_counter() - t
         self.stats.forward_cpu_s += time.thread_time() - c
-        self.stats.decode_steps += 1
-        self.stats.decode_rows += n
         self.stats.padded_rows += bucket - n
+        return bucket, logits
+
+    def _decode_step(self) -> None:
+        reqs = list(self.decoding)
+        bucket, logits = self._launch_decode(reqs)
+        self.stats.decode_steps += 1
+        self.stats.decode_rows += len(reqs)
         for r in reqs:
             r.cached += 1
-        tokens = self._sample(list(reqs), logits, self._slots[:bucket])
-        self._append(list(reqs), tokens)
+        tokens = self._sample(reqs, logits, self._slots[:bucket])
+        self._append(reqs, tokens)
 
     def _decode_batch(self, bucket: int, max_len: int) -> ForwardBatch:
         """The decode batch over the persistent buffers' first ``bucket`` rows."""
@@ -390,6 +477,7 @@ class Scheduler:
         variant = self.sampler.variant([r.params for r in reqs], [r.slot for r in reqs])
         self.sampler.prepare([r.slot for r in reqs])
         res = self.sampler.step(logits, slots, variant)
+        self.clock.sync()  # the step's one wait for the device: its tokens are read next
         n = len(reqs)
         tokens: list[int] = res.tokens[:n].tolist()
         if variant.logprobs:

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from netra.engine.process import engine_process
@@ -42,6 +43,7 @@ def test_engine_metrics_have_sglang_names_labels_and_exact_counts(tmp_path: Path
         assert stop["meta_info"]["finish_reason"]["type"] == "stop"
         time.sleep(0.5)  # at least one load interval with work in it
         after = _families(url)
+        stats = httpx.get(url + "/engine_stats", timeout=10).json()
 
     def value(fams: dict[str, list], sample: str, **labels: str) -> float:
         name = sample.removesuffix("_total").removesuffix("_count").removesuffix("_sum")
@@ -56,6 +58,14 @@ def test_engine_metrics_have_sglang_names_labels_and_exact_counts(tmp_path: Path
     assert value(after, "netra_engine_requests_finished_total", finish_reason="length") == 2
     assert value(after, "netra_engine_requests_finished_total", finish_reason="stop") == 1
     assert value(after, "sglang:num_running_reqs") == 0 and value(after, "sglang:num_queue_reqs") == 0
+    # one host-time and one gap observation per step, by kind: three one-step prefills, 5 + 5 decode steps
+    for name in ("netra_engine_step_host_seconds", "netra_engine_step_device_gap_seconds"):
+        assert value(after, f"{name}_count", kind="prefill") == 3 == stats["prefill_steps"]
+        assert value(after, f"{name}_count", kind="decode") == 10 == stats["decode_steps"]
+        assert value(after, f"{name}_count") == stats["steps"] == 13
+    host = value(after, "netra_engine_step_host_seconds_sum")
+    assert 0 < host == pytest.approx(stats["host_s"]) and host < stats["step_s"]
+    assert value(after, "netra_engine_step_device_gap_seconds_sum") == pytest.approx(host)  # CPU: gap = host time
     e2e = value(after, "sglang:e2e_request_latency_seconds_sum")
     assert 0 < value(after, "sglang:time_to_first_token_seconds_sum") <= e2e
     text = log.read_text()

@@ -88,3 +88,26 @@ def test_chunked_prefill_matches_one_shot() -> None:
     last = m.forward(prefill_batch(CPU, [(2, prompt[64:], 64, True)]))
     assert torch.allclose(one, last, atol=0.05, rtol=0.05)
     assert int(one.argmax()) == int(last.argmax())
+
+
+def test_mixed_batch_rows_equal_the_decode_and_prefill_paths_bitwise() -> None:
+    """A mixed forward (decode rows, then prompt chunks) gives each decode row the decode path's logits and
+    each chunk the prefill path's, bitwise, and leaves the same state in the pools."""
+    prompts = [list(range(10, 30)), list(range(100, 107))]
+    new = [(3, list(range(50, 83)), 0, True), (4, list(range(7, 19)), 0, False)]
+    models = [_model(), _model()]
+    for m in models:  # two running requests, prefilled
+        m.forward(prefill_batch(CPU, [(s + 1, p, 0, True) for s, p in enumerate(prompts)]))
+    rows = [(s + 1, 65 + s, len(p)) for s, p in enumerate(prompts)]
+    ref, mix = models
+    want_d = _decode(ref, rows, bucket=4)
+    want_p = ref.forward(prefill_batch(CPU, new))
+    got = mix.forward(prefill_batch(CPU, new, decode=[(s, t, p + 1) for s, t, p in rows]))
+    assert got.shape[0] == len(rows) + 1
+    assert torch.equal(got[:2], want_d) and torch.equal(got[2:], want_p)
+    for pool in ("k", "v", "ssm", "conv"):
+        a, b = getattr(ref.pools, pool), getattr(mix.pools, pool)
+        assert torch.equal(a[:, 1:].float(), b[:, 1:].float()), pool  # slot 0 (pad rows) excluded
+    # and the next decode step continues both identically
+    nxt = [(s, t + 1, p + 1) for s, t, p in rows] + [(3, int(want_p[0].argmax()), 33)]
+    assert torch.equal(_decode(ref, nxt), _decode(mix, nxt))

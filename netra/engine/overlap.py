@@ -1,0 +1,64 @@
+"""Host/device overlap helpers of the scheduler: host lists to the device without a synchronisation, and
+the step clock (host time per step, device idle gap between steps).
+
+A step's host work (admission, batch building, output processing) overlaps the device only while the
+device has queued work; `to_device` keeps batch building from synchronising (pinned staging buffer and
+an asynchronous copy), so the only synchronisation of a step is the one that reads its sampled tokens.
+`StepClock` times that wait and brackets each step's device work with CUDA events: the gap between one
+step's last event and the next step's first is the device's idle time between steps. On a CPU there is
+no separate device: the gap is the step's host time (the step less its forward and sampling).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import torch
+
+
+def to_device(v: list[int], device: torch.device) -> torch.Tensor:
+    """``v`` as an int64 tensor on ``device``; on CUDA through pinned memory, asynchronously (stream-ordered)."""
+    if device.type != "cuda":
+        return torch.tensor(v, dtype=torch.int64, device=device)
+    return torch.tensor(v, dtype=torch.int64, pin_memory=True).to(device, non_blocking=True)
+
+
+class StepClock:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.on_device = device.type == "cuda"
+        self.wait_s = 0.0  # this step's wait for the device
+        self._start: torch.cuda.Event | None = None
+        self._prev_end: torch.cuda.Event | None = None
+        self._pending: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque()
+
+    def begin(self) -> None:
+        """Before the step's first device work."""
+        self.wait_s = 0.0
+        if self.on_device:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record(torch.cuda.current_stream(self.device))
+
+    def sync(self) -> None:
+        """Wait for the device's queued work (before reading results on the host), timed."""
+        if self.on_device:
+            t = time.perf_counter()
+            torch.cuda.current_stream(self.device).synchronize()
+            self.wait_s += time.perf_counter() - t
+
+    def end(self) -> float:
+        """After the step's last device work: the device idle gaps resolved so far, in seconds (a gap is
+        resolved once the next step's first event has run; a step that did not wait resolves it later)."""
+        if not self.on_device or self._start is None:
+            return 0.0
+        end = torch.cuda.Event(enable_timing=True)
+        end.record(torch.cuda.current_stream(self.device))
+        if self._prev_end is not None:
+            self._pending.append((self._prev_end, self._start))
+        self._prev_end, self._start = end, None
+        gap = 0.0
+        while self._pending and self._pending[0][1].query():
+            prev, start = self._pending.popleft()
+            gap += max(0.0, prev.elapsed_time(start)) / 1e3
+        return gap
