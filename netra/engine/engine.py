@@ -18,6 +18,7 @@ from netra.engine.options import EngineOptions, OptionsError
 from netra.engine.scheduler import Scheduler
 from netra.engine.tokenizer import Tokenizer, load_tokenizer
 from netra.engine.weights import seeded_weights
+from netra.ops import gdn
 
 log = logging.getLogger("netra.engine")
 
@@ -44,6 +45,8 @@ def build_engine(options: EngineOptions) -> Engine:
     else:
         cfg = preset(options.preset)
         weights = seeded_weights(cfg, options.seed, device)
+    if device.type == "cuda" and cfg.gdn_layers:
+        log.info("GDN prefill on CUDA: %s", gdn.cuda_prefill_backend())  # fails here if fla-core is missing
     if options.context_length > cfg.max_position_embeddings:
         raise OptionsError(f"--context-length {options.context_length} exceeds the model's "
                            f"max_position_embeddings {cfg.max_position_embeddings}")

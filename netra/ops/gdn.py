@@ -12,16 +12,30 @@ The chunked form (prefill) solves each chunk of C tokens at once. With G the in-
 log decay, Γ = exp(G) and D[t,s] = exp(G_t − G_s) (s ≤ t), the deltas satisfy the unit lower
 triangular system ``(I + A) U = βV − (βΓ)⊙(K S₀)`` with ``A[t,s] = β_t D[t,s] (k_t·k_s)`` for s < t;
 then ``O = (Γ⊙Q) S₀ + ((Q Kᵀ)⊙D) U`` and ``S_C = Γ_C S₀ + (K⊙exp(G_C − G))ᵀ U``.
+
+Prefill on CUDA (no tactic selected) runs fla-core's ``chunk_gated_delta_rule`` (pinned in
+requirements/gpu.txt) over the concatenated sequences at once (``cu_seqlens``), starting from and
+writing back the pool's states; `gdn_prefill_fla`. ``NETRA_GDN_PREFILL=reference`` runs the PyTorch
+reference instead. Against the reference (FP32): fla rounds the L2-normalised q/k to the input dtype
+(BF16) and accumulates in FP32 tiles, so outputs and states agree to `FLA_TOLERANCE`, not bitwise
+(tests/ops/test_gdn_fla_gpu.py). The CPU path is the reference.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
+from netra import settings
 from netra.ops._common import bind, route
 from netra.ops._triton import launch_tactic
 
 L2_EPS = 1e-6
+# fla-core's chunked prefill against the FP32 reference (atol, rtol) on outputs and final states.
+FLA_TOLERANCE = (2e-2, 2e-2)
 PAD_SLOT = 0  # decode rows on this slot are bucket padding (netra/engine/cache.py never hands it out)
 
 
@@ -104,6 +118,50 @@ def gdn_prefill_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     return torch.cat(outs, dim=0)
 
 
+@functools.cache
+def _fla_chunk() -> Callable[..., Any]:
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except ImportError as exc:
+        raise RuntimeError("GDN prefill on CUDA runs fla-core's chunk_gated_delta_rule, which does not import "
+                           f"here ({exc}): install requirements/gpu.txt (fla-core==0.6.0), or set "
+                           "NETRA_GDN_PREFILL=reference for the PyTorch reference") from exc
+    fn: Callable[..., Any] = chunk_gated_delta_rule
+    return fn
+
+
+def cuda_prefill_backend() -> str:
+    """``fla`` or ``reference`` (``NETRA_GDN_PREFILL``) for the GDN prefill on CUDA; with fla, fla-core must
+    import (the engine asks at start-up, so a missing one fails there, naming the fix)."""
+    how = settings.get("NETRA_GDN_PREFILL")
+    if how == "fla":
+        _fla_chunk()
+    elif how != "reference":
+        raise settings.SettingError(f"NETRA_GDN_PREFILL={how!r}: expected fla or reference")
+    return str(how)
+
+
+def gdn_prefill_fla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                    state_pool: torch.Tensor, seq_slots: list[int], q_lens: list[int]) -> torch.Tensor:
+    """`gdn_prefill_ref`'s contract through fla-core: every sequence in one varlen call (``cu_seqlens``),
+    initial states gathered from the pool and final states scattered back (in the pool's dtype)."""
+    offsets = [0]
+    for n in q_lens:
+        offsets.append(offsets[-1] + n)
+    cu_cpu = torch.tensor(offsets, dtype=torch.int64)
+    # pinned, asynchronous: no host-device synchronisation in the prefill forward
+    cu = cu_cpu.pin_memory().to(q.device, non_blocking=True)
+    slots = torch.tensor(seq_slots, dtype=torch.int64).pin_memory().to(q.device, non_blocking=True)
+    h0 = state_pool.index_select(0, slots).float()
+    o, final = _fla_chunk()(q.unsqueeze(0).contiguous(), k.unsqueeze(0).contiguous(), v.unsqueeze(0).contiguous(),
+                            g.float().unsqueeze(0).contiguous(), beta.float().unsqueeze(0).contiguous(),
+                            scale=q.shape[-1] ** -0.5, initial_state=h0, output_final_state=True,
+                            use_qk_l2norm_in_kernel=True, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu)
+    state_pool.index_copy_(0, slots, final.to(state_pool.dtype))
+    out: torch.Tensor = o.squeeze(0).to(v.dtype)
+    return out
+
+
 def gdn_decode_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                    state_pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """One token per row: ``q, k [B, Hk, dk]``, ``v [B, Hv, dv]``; updates ``state_pool[slots]`` in place."""
@@ -157,6 +215,8 @@ def gdn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
     if hit is not None:
         return hit[0](hit[1], q=q, k=k, v=v, g=g, beta=beta, state_pool=state_pool, seq_slots=seq_slots,
                       q_lens=q_lens)
+    if q.is_cuda and cuda_prefill_backend() == "fla":
+        return gdn_prefill_fla(q, k, v, g, beta, state_pool, seq_slots, q_lens)
     return gdn_prefill_ref(q, k, v, g, beta, state_pool, seq_slots, q_lens)
 
 
