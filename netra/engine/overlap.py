@@ -30,30 +30,39 @@ class StepClock:
         self.on_device = device.type == "cuda"
         self.wait_s = 0.0  # this step's wait for the device
         self._start: torch.cuda.Event | None = None
+        self._end: torch.cuda.Event | None = None
         self._prev_end: torch.cuda.Event | None = None
         self._pending: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque()
 
     def begin(self) -> None:
-        """Before the step's first device work."""
+        """Before the step's first device work (admission zeroes the new slots' state)."""
         self.wait_s = 0.0
+        self._end = None
         if self.on_device:
             self._start = torch.cuda.Event(enable_timing=True)
             self._start.record(torch.cuda.current_stream(self.device))
 
     def sync(self) -> None:
-        """Wait for the device's queued work (before reading results on the host), timed."""
+        """Mark the end of the step's device work, then wait for it (before reading results), timed."""
         if self.on_device:
+            self._end = torch.cuda.Event(enable_timing=True)
+            self._end.record(torch.cuda.current_stream(self.device))
             t = time.perf_counter()
-            torch.cuda.current_stream(self.device).synchronize()
+            self._end.synchronize()
             self.wait_s += time.perf_counter() - t
 
     def end(self) -> float:
-        """After the step's last device work: the device idle gaps resolved so far, in seconds (a gap is
-        resolved once the next step's first event has run; a step that did not wait resolves it later)."""
+        """At the end of the step: the device idle gaps resolved so far, in seconds. A gap runs from the
+        end of one step's device work (its `sync`) to the first device work of the next (`begin`): the
+        device idles while the host reads the tokens, emits outputs, admits and builds the next batch.
+        It is resolved once the next step's first event has run (read without waiting)."""
         if not self.on_device or self._start is None:
             return 0.0
-        end = torch.cuda.Event(enable_timing=True)
-        end.record(torch.cuda.current_stream(self.device))
+        end = self._end
+        if end is None:  # a step that did not wait (a prefill step finishing no prompt): its work ends here
+            end = torch.cuda.Event(enable_timing=True)
+            end.record(torch.cuda.current_stream(self.device))
+        self._end = None
         if self._prev_end is not None:
             self._pending.append((self._prev_end, self._start))
         self._prev_end, self._start = end, None

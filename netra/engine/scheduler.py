@@ -282,13 +282,13 @@ class Scheduler:
     def step(self) -> None:
         self.progress_at = time.monotonic()
         t0, c0 = time.perf_counter(), time.thread_time()
+        self.clock.begin()
         while self.waiting and self.pools.free_slots:
             req = self.waiting.popleft()
             req.slot = self.pools.alloc()
             req.admitted = time.perf_counter()  # queue time ends here (sglang:queue_time_seconds)
             self.sampler.admit(req.slot, req.params, req.seed, req.grammar)
             self.prefilling.append(req)
-        self.clock.begin()
         f0, s0 = self.stats.forward_s, self.stats.sample_s
         if self.prefilling and self.decoding and self.opt.mixed_chunk != "off":
             kind = "mixed"
