@@ -186,6 +186,8 @@ def _netra_engine_argv(profile: Profile, port: int, index: int) -> tuple[list[st
     argv += ["--device", e.device, "--seed", str(e.seed)]
     if e.mem_fraction_static is not None:
         argv += ["--mem-fraction-static", f"{e.mem_fraction_static:g}"]
+    if e.mixed_chunk is not None:
+        argv += ["--mixed-chunk", e.mixed_chunk]
     if e.model_path is not None:
         argv += ["--model-path", e.model_path]
     argv += ["--served-model-name", profile.serve.model_name, "--worker-id", str(index)]
@@ -204,6 +206,8 @@ def _netra_engine_argv(profile: Profile, port: int, index: int) -> tuple[list[st
         expect["mamba_ssm_dtype"] = e.mamba_ssm_dtype
     if e.mem_fraction_static is not None:
         expect["mem_fraction_static"] = e.mem_fraction_static
+    if e.mixed_chunk is not None:
+        expect["mixed_chunk"] = e.mixed_chunk
     return argv, expect
 
 

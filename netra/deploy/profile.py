@@ -69,6 +69,9 @@ class Engine:
     chunked_prefill_size: int = field(default=32768, metadata=_meta("prefill tokens per batch", ge=16))
     mem_fraction_static: float | None = field(default=None, metadata=_meta(
         "fraction of GPU memory for weights + KV/state pools (null: engine default)", ge=0.05, le=0.99))
+    mixed_chunk: Literal["off", "split", "fused"] | None = field(default=None, metadata=_meta(
+        "embedded engine: prompts arriving while requests decode run in mixed steps, split (decode graph + "
+        "prefill forward) or fused (one forward), or off (prefill steps stall decode); null: engine default"))
     cuda_graph_bs: tuple[int, ...] = field(default=(), metadata=_meta(
         "decode graph batch buckets, ascending; must reach max_running_requests (empty: no graphs)", ge=1))
     kv_cache_dtype: Literal["auto", "fp8_e4m3", "bfloat16"] = field(default="auto", metadata=_meta(
@@ -316,6 +319,9 @@ def _cross_checks(p: Profile) -> None:
             raise ProfileError("engine.model_path: an SGLang worker needs a checkpoint")
         if p.target == "cpu":
             raise ProfileError("target: SGLang profiles run on a GPU target (sm90 or gfx950), not cpu")
+    if e.kind == "sglang" and e.mixed_chunk is not None:
+        raise ProfileError("engine.mixed_chunk: an embedded-engine option (kind netra); SGLang workers take "
+                           "their own scheduling flags")
     if e.tactics != "none":
         if e.kind != "sglang":
             raise ProfileError("engine.tactics: only SGLang workers load Netra's plugin; the embedded engine "

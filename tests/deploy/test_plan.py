@@ -116,3 +116,26 @@ def test_netra_plan_cli_dual_socket() -> None:
                        "--set", "engine.stream_interval=4", "--set", "engine.speculative=null")
     assert override.returncode == 0, override.stderr
     assert json.loads(override.stdout)["profile"]["engine"]["stream_interval"] == 4
+
+
+def test_embedded_engine_scheduling_and_memory_options_reach_the_engine(tmp_path: Path) -> None:
+    """dp1-h200's mem_fraction_static and an overridden mixed_chunk become `netra engine` flags, and the
+    launch checks them in /server_info (engine_expect); the engine's own parser accepts the argv."""
+    from netra.deploy.profile import ProfileError
+    from netra.engine.cli import add_arguments, options_from_args
+
+    prof = load_profile("dp1-h200").replace("engine.mixed_chunk", "fused")
+    w = make_plan(prof, NUMA / "dual-socket-8x-h200", Overrides(run_dir=tmp_path)).workers[0]
+    argv = list(w.engine_argv)
+    assert argv[argv.index("--mem-fraction-static") + 1] == "0.9"
+    assert argv[argv.index("--mixed-chunk") + 1] == "fused"
+    assert w.engine_expect["mem_fraction_static"] == 0.9 and w.engine_expect["mixed_chunk"] == "fused"
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    opts = options_from_args(parser.parse_args(argv[2:]))
+    assert (opts.mem_fraction_static, opts.mixed_chunk) == (0.9, "fused")
+    assert "--mixed-chunk" not in make_plan(load_profile("local"), None, Overrides(run_dir=tmp_path)).workers[0].engine_argv
+    with pytest.raises(ProfileError, match=r"engine\.mixed_chunk: an embedded-engine option"):
+        load_profile("dp8-h200-throughput128").replace("engine.mixed_chunk", "split")
