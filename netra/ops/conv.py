@@ -25,7 +25,8 @@ def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor
     y = seq[0:length] * w[:, 0]
     for j in range(1, k):  # fixed summation order j = 0..K-1
         y = y + seq[j:j + length] * w[:, j]
-    new_state = seq[length:].t().to(state.dtype)
+    # the state moves values in its own dtype, never through FP32 (see causal_conv1d_update_ref)
+    new_state = torch.cat([state.t(), x.to(state.dtype)], dim=0)[length:].t()
     return torch.nn.functional.silu(y).to(x.dtype), new_state
 
 
@@ -34,7 +35,11 @@ def causal_conv1d_update_ref(x: torch.Tensor, weight: torch.Tensor, state_pool: 
     """One step for a batch: ``x [B, C]``; reads and writes ``state_pool[slots]`` in place.
 
     Rows on ``PAD_SLOT`` (bucket padding) output zeros and leave the pool as it was: they write
-    back slot 0's own old value (no data-dependent shapes, so the step stays graph-capturable)."""
+    back slot 0's own old value (no data-dependent shapes, so the step stays graph-capturable).
+
+    The new state is built from the raw values in the pool's dtype (the shift computes nothing): a
+    round trip through FP32 would canonicalise NaN payloads on the GPU (``cvt.rn.bf16.f32`` gives
+    0x7FFF for every NaN), so the pool would depend on the device, not on the inputs."""
     k = weight.shape[1]
     st = state_pool.index_select(0, slots)  # [B, C, K-1]
     window = torch.cat([st.float(), x.float()[:, :, None]], dim=-1)  # [B, C, K]
@@ -43,7 +48,8 @@ def causal_conv1d_update_ref(x: torch.Tensor, weight: torch.Tensor, state_pool: 
     for j in range(1, k):
         y = y + window[..., j] * w[:, j]
     pad = (slots == PAD_SLOT)[:, None]
-    state_pool.index_copy_(0, slots, torch.where(pad[:, :, None], st, window[..., 1:].to(state_pool.dtype)))
+    shifted = torch.cat([st[..., 1:], x.to(state_pool.dtype)[:, :, None]], dim=-1)
+    state_pool.index_copy_(0, slots, torch.where(pad[:, :, None], st, shifted))
     return torch.where(pad, 0.0, torch.nn.functional.silu(y)).to(x.dtype)
 
 

@@ -45,8 +45,11 @@ GDN_CONTRACTS = sorted((ROOT / "kernels/sm90/gdn").glob("*.contract.json"))
 CONV_CONTRACTS = sorted((ROOT / "kernels/sm90/conv").glob("*.contract.json"))
 HK, HV, DK, DV, C, W = 16, 32, 128, 128, 8192, 4
 ZW = HV * DV  # the z part of the qkvz projection: q/k/v are strided views, as in the engine
-GDN_SWEEP = [(16, 2), (32, 2), (32, 4), (64, 4), (64, 8), (128, 8)]  # (BV, warps)
-CONV_SWEEP = [(1, 1024, 4), (4, 512, 4), (8, 256, 4), (16, 256, 8), (8, 512, 8), (32, 128, 4)]  # (BB, BC, warps)
+# (BV, warps, RELOAD): the first record's BV 32 / 4 warps, one-warp tiles (SGLang's shape of program), the
+# tile re-read from L1 after the reductions (fewer live registers, more programs resident), 128-byte runs
+GDN_SWEEP = [(32, 4, 0), (32, 1, 0), (32, 1, 1), (32, 2, 0), (32, 2, 1), (16, 1, 0), (64, 2, 1), (64, 4, 0),
+             (64, 4, 1), (128, 8, 0)]
+CONV_SWEEP = [(256, 4, 0), (128, 4, 1), (512, 4, 1), (256, 2, 1), (128, 2, 1), (1024, 8, 1)]  # (BC, warps, PDL)
 ADVERSARIAL = ["zero_qk", "huge_qk", "beta_extremes", "decay_extremes", "huge_v_state"]
 LOG: list[str] = []
 ADV_B = [8]  # the batch of the adversarial cases (pad rows every 8th)
@@ -171,6 +174,11 @@ def check_conv_case(entry: Any, doc: dict[str, Any], x: torch.Tensor, w: torch.T
     res: dict[str, Any] = {"y": _triton.tolerance_report(out, y_ref, rtol, atol),
                            "state_bitwise": bool(torch.equal(_bits(mine), _bits(ref))),
                            "pad_rows_zero": bool((out[pad] == 0).all())}
+    if not res["state_bitwise"]:  # where and how: (pool row, channel, tap, ours, reference) as raw bits
+        bad = (_bits(mine) != _bits(ref)).nonzero()
+        res["state_mismatch"] = {"elements": int(bad.shape[0]), "rows": sorted({int(r) for r in bad[:, 0].tolist()}),
+                                 "first": [[*map(int, e), int(_bits(mine)[tuple(e)]), int(_bits(ref)[tuple(e)])]
+                                           for e in bad[:8].tolist()]}
     if DEV[0] == "cpu":
         res["eager_equals_replay"] = None
         res["ok"] = res["y"]["ok"] and res["state_bitwise"] and res["pad_rows_zero"]
@@ -199,8 +207,9 @@ def conv_case(entry: Any, doc: dict[str, Any], b: int) -> dict[str, Any]:
     xz = torch.randn(b, C + ZW, device=DEV[0], generator=g).bfloat16()
     w = (torch.randn(C, W, device=DEV[0], generator=g) * 0.5).bfloat16()
     pool = torch.randn(b + 3, C, W - 1, device=DEV[0], generator=g).bfloat16()
-    if b >= 2:  # NaN, Inf and the largest finite values in a live row
+    if b >= 2:  # NaN, Inf and the largest finite values in a live row; NaNs with non-canonical payloads
         xz[0, :4] = torch.tensor([float("nan"), float("inf"), 3e38, -3e38]).bfloat16()
+        xz[1, 8:12] = torch.tensor([0x7FA1, -0x003F, 0x7F81, -0x0001], dtype=torch.int16).view(torch.bfloat16)
     return check_conv_case(entry, doc, xz[:, :C], w, pool, slots_for(b, b + 3, pad_every=8 if b >= 8 else 0))
 
 
@@ -296,12 +305,13 @@ def time_gdn(b: int, doc: dict[str, Any], entry: Any, peers: dict[str, Any], sam
     args = {k: t[k] for k in ("q", "k", "v", "a", "b", "a_log", "dt_bias")}
     providers = [Provider("netra", lambda i: entry(doc["launch"], **args, state_pool=pool, slots=slots[i]), n)]
     if sweep:
-        base = (doc["launch"]["meta"]["BV"], doc["launch"]["block"] // 32)
-        for bv, warps in GDN_SWEEP:
-            if (bv, warps) == base:
+        m = doc["launch"]["meta"]
+        base = (m["BV"], doc["launch"]["block"] // 32, int(m.get("RELOAD", 0)))
+        for bv, warps, reload in GDN_SWEEP:
+            if (bv, warps, reload) == base:
                 continue
-            launch = {**doc["launch"], "block": 32 * warps, "meta": {**doc["launch"]["meta"], "BV": bv}}
-            providers.append(Provider(f"sweep:BV{bv}w{warps}",
+            launch = {**doc["launch"], "block": 32 * warps, "meta": {**m, "BV": bv, "RELOAD": reload}}
+            providers.append(Provider(f"sweep:BV{bv}w{warps}r{reload}",
                                       lambda i, la=launch: entry(la, **args, state_pool=pool, slots=slots[i]), n))
     hold: list[Any] = [pool, t]
     if "sglang" in peers:
@@ -345,11 +355,11 @@ def time_conv(b: int, doc: dict[str, Any], entry: Any, peers: dict[str, Any], sa
     providers = [Provider("netra", lambda i: entry(doc["launch"], x=x, weight=w, state_pool=pool, slots=slots[i]), n)]
     if sweep:
         m = doc["launch"]["meta"]
-        for bb, bc, warps in CONV_SWEEP:
-            if (bb, bc, warps) == (m["BB"], m["BC"], doc["launch"]["block"] // 32):
+        for bc, warps, pdl in CONV_SWEEP:
+            if (bc, warps, pdl) == (m["BC"], doc["launch"]["block"] // 32, int(m.get("PDL", 0))):
                 continue
-            launch = {**doc["launch"], "block": 32 * warps, "meta": {**m, "BB": bb, "BC": bc}}
-            providers.append(Provider(f"sweep:BB{bb}BC{bc}w{warps}", lambda i, la=launch: entry(
+            launch = {**doc["launch"], "block": 32 * warps, "meta": {**m, "BC": bc, "PDL": pdl}}
+            providers.append(Provider(f"sweep:BC{bc}w{warps}pdl{pdl}", lambda i, la=launch: entry(
                 la, x=x, weight=w, state_pool=pool, slots=slots[i]), n))
     hold: list[Any] = [xz, w, pool, slots]
     if "sglang" in peers:

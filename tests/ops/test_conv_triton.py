@@ -50,13 +50,24 @@ def test_fresh_random_with_pad_rows(interp_entry, seed: int) -> None:
     check(entry, doc, x, w, pool, slots)
 
 
+def test_sixteen_rows_pad_every_eighth(interp_entry) -> None:
+    """The H200 check's shape of slots (B >= 8: every 8th row on the pad slot, the rest a permutation),
+    with a NaN/Inf/extreme row, as scripts/gpu/gdn.py builds it."""
+    entry, doc = interp_entry(CONTRACT)
+    x, w, pool = make(16, 8192, seed=5, n_slots=19)
+    x[0, :4] = torch.tensor([float("nan"), float("inf"), 3e38, -3e38]).bfloat16()
+    slots = torch.randperm(16, generator=torch.Generator().manual_seed(5)) + 1
+    slots[7::8] = conv.PAD_SLOT
+    check(entry, doc, x, w, pool, slots)
+
+
 def test_channels_not_a_multiple_of_the_block(interp_entry) -> None:
     entry, doc = interp_entry(CONTRACT)
     x, w, pool = make(3, 600, seed=2)
     check(entry, doc, x, w, pool, torch.tensor([2, 1, 0]))
 
 
-@pytest.mark.parametrize("case", ["huge", "tiny", "nan_inf", "zero_weight"])
+@pytest.mark.parametrize("case", ["huge", "tiny", "nan_inf", "nan_payloads", "zero_weight"])
 def test_adversarial(interp_entry, case: str) -> None:
     entry, doc = interp_entry(CONTRACT)
     x, w, pool = make(4, 8192, seed=3)
@@ -69,6 +80,10 @@ def test_adversarial(interp_entry, case: str) -> None:
         pool.mul_(1e-35)
     elif case == "nan_inf":
         x[0, :7] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 3e38, -3e38]).bfloat16()
+    elif case == "nan_payloads":  # non-canonical NaNs in x and in the state: the shift keeps their bits
+        payloads = torch.tensor([0x7FA1, -0x003F, 0x7F81, -0x0001], dtype=torch.int16).view(torch.bfloat16)
+        x[0, 100:104] = payloads
+        pool[2, 200:204, 1] = payloads
     elif case == "zero_weight":
         w.zero_()
     check(entry, doc, x, w, pool, torch.tensor([2, 5, 7, 0]))

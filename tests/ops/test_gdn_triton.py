@@ -69,6 +69,24 @@ def test_fresh_random_with_pad_rows(interp_entry, path: str, seed: int) -> None:
     assert_close(doc, o, o_ref, mine, ref, slots, args["state_pool"])
 
 
+@pytest.mark.parametrize("path", CONTRACTS)
+@pytest.mark.parametrize("bv,reload", [(16, 0), (32, 1), (64, 1), (128, 0)])
+def test_launch_variants(interp_entry, path: str, bv: int, reload: int) -> None:
+    """The GPU script's sweep variants (value tile BV, the tile re-read after the reductions) compute
+    the same step: each within the contract's tolerance, pad rows inert."""
+    entry, doc = interp_entry(path)
+    sd = DTYPES[doc["match"]["dtypes"]["state"][0]]
+    args = make(3, sd, seed=bv + reload)
+    slots = torch.tensor([4, 0, 7])
+    launch = {**doc["launch"], "meta": {**doc["launch"]["meta"], "BV": bv, "RELOAD": reload}}
+    pool = args["state_pool"]
+    mine, ref = pool.clone(), pool.clone()
+    common = {k: v for k, v in args.items() if k != "state_pool"}
+    o = entry(launch, **common, state_pool=mine, slots=slots)
+    o_ref = gdn.gdn_decode_fused_ref(**common, state_pool=ref, slots=slots)
+    assert_close(doc, o, o_ref, mine, ref, slots, pool)
+
+
 def _adversarial(name: str, args: dict[str, torch.Tensor]) -> None:
     q, k = args["q"], args["k"]
     if name == "zero_qk":

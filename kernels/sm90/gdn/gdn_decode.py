@@ -21,7 +21,19 @@ Byte floor (H200, Qwen3.6-35B-A3B: Hv = 32, dk = dv = 128): the state read and w
 B · 24.8 KB. B = 128: 537 MB fp32 (≈ 128 µs at 4.2 TB/s), 269 MB bf16 (≈ 64 µs); B = 1: 4.2 / 2.1 MB
 (≈ 1.0 / 0.5 µs, far below the launch + one dependent DRAM round trip, ≈ 2.5–3 µs in graph replay).
 Prediction before the first H200 run: B = 128 at 0.90–0.95 of the copy-rate floor (fp32 ≈ 135 µs,
-bf16 ≈ 68–70 µs), B = 1 ≈ 3–3.5 µs.
+bf16 ≈ 68–70 µs), B = 1 ≈ 3–3.5 µs. Measured (results/sm90/gdn_h200.json, 2026-12-02, BV 32, 4 warps):
+fp32 141.4 µs (0.90), bf16 103.8 µs (0.62; SGLang 73.8), B = 1 3.7 / 4.3 µs.
+
+Why bf16 fell short, and ``RELOAD`` (meta): a program's life is two dependent DRAM round trips (the
+slot, then the tile) plus the compute, so the rate is the bytes resident programs have in flight.
+With BV 32 / 4 warps a bf16 tile is 8 KB at 80 registers a thread: ≈ 6 programs an SM, ≈ 48 KB in
+flight (ptxas, sm_90a), against ≈ 112 KB for the fp32 tile (16 KB, 72 registers) that reached 0.90.
+``RELOAD = 1`` reads the tile a second time (``ld.global.ca``: L1) after the two reductions instead of
+keeping it live in FP32 across them: with one warp and BV 32 that is 128 registers (255 without), so
+≈ 16 one-warp programs an SM hold ≈ 128 KB of bf16 state in flight — SGLang's shape of program
+(one warp, BV 32) with fewer live registers. DRAM traffic is unchanged (the re-read hits L1/L2).
+Prediction before the second H200 run (bf16: BV 32, 1 warp, RELOAD): B = 128 ≈ 68–72 µs (0.88–0.93 of
+the floor; SGLang 73.8), B = 1 ≈ 3.5–4 µs (SGLang 3.9); fp32 unchanged unless the sweep says otherwise.
 """
 
 from __future__ import annotations
@@ -51,7 +63,7 @@ def _gdn_decode_fused_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, o_ptr,
     sq_b, sq_h, sq_d, sk_b, sk_h, sk_d, sv_b, sv_h, sv_d, sa_b, sa_h, sb_b, sb_h,
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-    PAD: tl.constexpr, EPS: tl.constexpr, SCALE: tl.constexpr,
+    PAD: tl.constexpr, EPS: tl.constexpr, SCALE: tl.constexpr, RELOAD: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
@@ -94,6 +106,8 @@ def _gdn_decode_fused_kernel(
     kq = tl.sum(k * q, axis=0)
     delta = beta * (v - decay * sk)
     o = decay * sq + kq * delta
+    if RELOAD:  # read the tile again (L1/L2) instead of keeping it live across the reductions
+        s = tl.load(s_ptrs, cache_modifier=".ca").to(tl.float32)
     s = s * decay + k[:, None] * delta[None, :]
     tl.store(s_ptrs, s.to(state_ptr.dtype.element_ty))
     tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty))
@@ -120,6 +134,7 @@ def gdn_decode_fused(launch: dict[str, Any], *, q: torch.Tensor, k: torch.Tensor
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         HV=hv, HK=hk, DK=dk, DV=dv, BV=meta["BV"], PAD=PAD_SLOT, EPS=L2_EPS, SCALE=dk ** -0.5,
+        RELOAD=int(meta.get("RELOAD", 0)),
         num_warps=int(launch["block"]) // 32, num_stages=num_stages,
     )
     return out
