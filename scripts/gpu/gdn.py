@@ -45,10 +45,11 @@ GDN_CONTRACTS = sorted((ROOT / "kernels/sm90/gdn").glob("*.contract.json"))
 CONV_CONTRACTS = sorted((ROOT / "kernels/sm90/conv").glob("*.contract.json"))
 HK, HV, DK, DV, C, W = 16, 32, 128, 128, 8192, 4
 ZW = HV * DV  # the z part of the qkvz projection: q/k/v are strided views, as in the engine
-# (BV, warps, RELOAD): the first record's BV 32 / 4 warps, one-warp tiles (SGLang's shape of program), the
-# tile re-read from L1 after the reductions (fewer live registers, more programs resident), 128-byte runs
-GDN_SWEEP = [(32, 4, 0), (32, 1, 0), (32, 1, 1), (32, 2, 0), (32, 2, 1), (16, 1, 0), (64, 2, 1), (64, 4, 0),
-             (64, 4, 1), (128, 8, 0)]
+# (BV, warps, RELOAD, BK): one-pass column tiles [dk, BV] (BK 0; RELOAD re-reads the tile from L1 after the
+# reductions), and the two-pass row-block kernel (BK > 0: [BK, BV] blocks, BV = dv gives whole contiguous rows)
+GDN_SWEEP = [(32, 4, 0, 0), (32, 1, 0, 0), (32, 1, 1, 0), (16, 1, 0, 0), (64, 4, 0, 0),
+             (128, 4, 0, 32), (128, 2, 0, 32), (128, 2, 0, 16), (128, 8, 0, 16), (64, 4, 0, 32), (64, 2, 0, 16)]
+SWEEP_CHECK_B = 24  # every sweep variant is also checked against the oracle (pad rows every 8th) at this batch
 CONV_SWEEP = [(256, 4, 0), (128, 4, 1), (512, 4, 1), (256, 2, 1), (128, 2, 1), (1024, 8, 1)]  # (BC, warps, PDL)
 ADVERSARIAL = ["zero_qk", "huge_qk", "beta_extremes", "decay_extremes", "huge_v_state"]
 LOG: list[str] = []
@@ -195,6 +196,20 @@ def check_conv_case(entry: Any, doc: dict[str, Any], x: torch.Tensor, w: torch.T
     return res
 
 
+def in_range(doc: dict[str, Any], b: int) -> bool:
+    rng = doc["match"]["dims"]["batch"]
+    return int(rng.get("min", 1)) <= b <= int(rng.get("max", 1 << 30))
+
+
+def gdn_sweep(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The sweep's launches other than the contract's own: (row label, launch)."""
+    m = doc["launch"]["meta"]
+    base = (m["BV"], doc["launch"]["block"] // 32, int(m.get("RELOAD", 0)), int(m.get("BK", 0)))
+    return [(f"sweep:BV{bv}w{warps}r{reload}k{bk}",
+             {**doc["launch"], "block": 32 * warps, "meta": {**m, "BV": bv, "RELOAD": reload, "BK": bk}})
+            for bv, warps, reload, bk in GDN_SWEEP if (bv, warps, reload, bk) != base]
+
+
 def gdn_case(entry: Any, doc: dict[str, Any], b: int, adv: str | None, label: str) -> dict[str, Any]:
     t = gdn_inputs(b, getattr(torch, doc["match"]["dtypes"]["state"][0]), b + 3, seed=zlib.crc32(label.encode()))
     if adv:
@@ -224,7 +239,7 @@ def dispatch_case(entries: dict[str, Any], docs: dict[str, Any]) -> dict[str, An
     res: dict[str, Any] = {}
     try:
         for name, doc in docs.items():
-            b = 8
+            b = max(8, int(doc["match"]["dims"]["batch"].get("min", 1)))  # a batch the contract covers
             if doc["family"] == "gdn":
                 t = gdn_inputs(b, getattr(torch, doc["match"]["dtypes"]["state"][0]), b + 3, seed=7)
                 args = {k: t[k] for k in ("q", "k", "v", "a", "b", "a_log", "dt_bias")}
@@ -253,18 +268,24 @@ def dispatch_case(entries: dict[str, Any], docs: dict[str, Any]) -> dict[str, An
     return res
 
 
-def run_checks(batches: list[int], entries: dict[str, Any], docs: dict[str, Any], failures: dict[str, str]
-               ) -> dict[str, Any]:
+def run_checks(batches: list[int], entries: dict[str, Any], docs: dict[str, Any], failures: dict[str, str],
+               sweep: bool = False) -> dict[str, Any]:
     checks: dict[str, Any] = {}
     for name, doc in docs.items():
         entry = entries.get(name)
         if entry is None:
             continue
         if doc["family"] == "gdn":
-            cases = [(f"random_b{b}", b, None) for b in batches] + [(c, ADV_B[0], c) for c in ADVERSARIAL]
+            cases = [(f"random_b{b}", b, None) for b in batches if in_range(doc, b)] + \
+                [(c, ADV_B[0], c) for c in ADVERSARIAL]
             for label, b, adv in cases:
                 checks[f"{name}/{label}"] = attempt(f"check {name} {label}", failures, gdn_case, entry, doc, b, adv,
                                                     label)
+            if sweep and DEV[0] == "cuda":  # the sweep's launches, so that a winner is checked in the same record
+                for label, launch in gdn_sweep(doc):
+                    checks[f"{name}/{label}_b{SWEEP_CHECK_B}"] = attempt(
+                        f"check {name} {label}", failures, gdn_case, entry, {**doc, "launch": launch}, SWEEP_CHECK_B,
+                        None, f"{label}_b{SWEEP_CHECK_B}")
         else:
             for b in batches:
                 checks[f"{name}/random_b{b}"] = attempt(f"check {name} b{b}", failures, conv_case, entry, doc, b)
@@ -305,14 +326,11 @@ def time_gdn(b: int, doc: dict[str, Any], entry: Any, peers: dict[str, Any], sam
     args = {k: t[k] for k in ("q", "k", "v", "a", "b", "a_log", "dt_bias")}
     providers = [Provider("netra", lambda i: entry(doc["launch"], **args, state_pool=pool, slots=slots[i]), n)]
     if sweep:
-        m = doc["launch"]["meta"]
-        base = (m["BV"], doc["launch"]["block"] // 32, int(m.get("RELOAD", 0)))
-        for bv, warps, reload in GDN_SWEEP:
-            if (bv, warps, reload) == base:
-                continue
-            launch = {**doc["launch"], "block": 32 * warps, "meta": {**m, "BV": bv, "RELOAD": reload}}
-            providers.append(Provider(f"sweep:BV{bv}w{warps}r{reload}",
-                                      lambda i, la=launch: entry(la, **args, state_pool=pool, slots=slots[i]), n))
+        def swept(la: dict[str, Any]) -> Any:
+            return lambda i: entry(la, **args, state_pool=pool, slots=slots[i])
+
+        for label, launch in gdn_sweep(doc):
+            providers.append(Provider(label, swept(launch), n))
     hold: list[Any] = [pool, t]
     if "sglang" in peers:
         spool = torch.zeros(n * b + 1, HV, DV, DK, dtype=sdt, device=DEV[0]).normal_().mul_(0.3)
@@ -354,13 +372,15 @@ def time_conv(b: int, doc: dict[str, Any], entry: Any, peers: dict[str, Any], sa
     slots = [torch.arange(1 + i * b, 1 + (i + 1) * b, dtype=torch.int64, device=DEV[0]) for i in range(n)]
     providers = [Provider("netra", lambda i: entry(doc["launch"], x=x, weight=w, state_pool=pool, slots=slots[i]), n)]
     if sweep:
+        def swept(la: dict[str, Any]) -> Any:
+            return lambda i: entry(la, x=x, weight=w, state_pool=pool, slots=slots[i])
+
         m = doc["launch"]["meta"]
         for bc, warps, pdl in CONV_SWEEP:
             if (bc, warps, pdl) == (m["BC"], doc["launch"]["block"] // 32, int(m.get("PDL", 0))):
                 continue
             launch = {**doc["launch"], "block": 32 * warps, "meta": {**m, "BC": bc, "PDL": pdl}}
-            providers.append(Provider(f"sweep:BC{bc}w{warps}pdl{pdl}", lambda i, la=launch: entry(
-                la, x=x, weight=w, state_pool=pool, slots=slots[i]), n))
+            providers.append(Provider(f"sweep:BC{bc}w{warps}pdl{pdl}", swept(launch), n))
     hold: list[Any] = [xz, w, pool, slots]
     if "sglang" in peers:
         cu = peers["sglang"]["conv"]
@@ -432,7 +452,7 @@ def load_peers(args: argparse.Namespace, failures: dict[str, str]) -> dict[str, 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--batches", default="1,8,32,64,128")
+    ap.add_argument("--batches", default="1,8,16,32,64,128")
     ap.add_argument("--samples", type=int, default=25)
     ap.add_argument("--peer-root", default=str(ROOT / ".sglang_peer"))
     ap.add_argument("--no-peers", action="store_true")
@@ -456,7 +476,7 @@ def main() -> int:
     log(f"device {device}, peers {sorted(peers)}, contracts {sorted(docs)}")
     copy_bps = copy_bandwidth() if DEV[0] == "cuda" else 0.0
     log(f"copy bandwidth {copy_bps / 1e12:.3f} TB/s ({time.monotonic() - t0:.0f} s)")
-    checks = run_checks(batches, entries, docs, failures)
+    checks = run_checks(batches, entries, docs, failures, sweep=not args.no_sweep)
     log(f"checks done ({time.monotonic() - t0:.0f} s): "
         f"{sum(1 for c in checks.values() if c and c['ok'])}/{len(checks)} ok")
     rows: list[dict[str, Any]] = []
@@ -464,6 +484,8 @@ def main() -> int:
         if entries.get(name) is None or DEV[0] == "cpu":
             continue
         for b in batches:
+            if not in_range(doc, b):
+                continue
             timer = time_gdn if doc["family"] == "gdn" else time_conv
             got = attempt(f"time {name} b{b}", failures, timer, b, doc, entries[name], peers, args.samples,
                           not args.no_sweep, copy_bps, failures)

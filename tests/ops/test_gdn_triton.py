@@ -13,7 +13,8 @@ from netra.ops._triton import tolerance_report
 pytestmark = pytest.mark.triton_interp
 
 CONTRACTS = ["kernels/sm90/gdn/gdn_decode_f32_hv32.contract.json",
-             "kernels/sm90/gdn/gdn_decode_bf16_hv32.contract.json"]
+             "kernels/sm90/gdn/gdn_decode_bf16_hv32.contract.json",
+             "kernels/sm90/gdn/gdn_decode_bf16_rows_hv32.contract.json"]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Small head counts keep the interpreter quick; head dims are the model's (the kernel's tile shape).
 HK, HV, DK, DV = 2, 4, 128, 128
@@ -69,16 +70,17 @@ def test_fresh_random_with_pad_rows(interp_entry, path: str, seed: int) -> None:
     assert_close(doc, o, o_ref, mine, ref, slots, args["state_pool"])
 
 
-@pytest.mark.parametrize("path", CONTRACTS)
-@pytest.mark.parametrize("bv,reload", [(16, 0), (32, 1), (64, 1), (128, 0)])
-def test_launch_variants(interp_entry, path: str, bv: int, reload: int) -> None:
-    """The GPU script's sweep variants (value tile BV, the tile re-read after the reductions) compute
-    the same step: each within the contract's tolerance, pad rows inert."""
+@pytest.mark.parametrize("path", CONTRACTS[:2])  # one per state dtype (the rows contract is a launch of the same entry)
+@pytest.mark.parametrize("bv,reload,bk", [(16, 0, 0), (32, 1, 0), (64, 1, 0), (128, 0, 0), (128, 0, 32), (64, 0, 16)])
+def test_launch_variants(interp_entry, path: str, bv: int, reload: int, bk: int) -> None:
+    """The GPU script's sweep variants (value tile BV, the tile re-read after the reductions, the
+    two-pass row-block kernel with BK rows a block) compute the same step: each within the contract's
+    tolerance, pad rows inert."""
     entry, doc = interp_entry(path)
     sd = DTYPES[doc["match"]["dtypes"]["state"][0]]
-    args = make(3, sd, seed=bv + reload)
+    args = make(3, sd, seed=bv + reload + bk)
     slots = torch.tensor([4, 0, 7])
-    launch = {**doc["launch"], "meta": {**doc["launch"]["meta"], "BV": bv, "RELOAD": reload}}
+    launch = {**doc["launch"], "meta": {**doc["launch"]["meta"], "BV": bv, "RELOAD": reload, "BK": bk}}
     pool = args["state_pool"]
     mine, ref = pool.clone(), pool.clone()
     common = {k: v for k, v in args.items() if k != "state_pool"}
