@@ -48,7 +48,8 @@ ZW = HV * DV  # the z part of the qkvz projection: q/k/v are strided views, as i
 # (BV, warps, RELOAD, BK): one-pass column tiles [dk, BV] (BK 0; RELOAD re-reads the tile from L1 after the
 # reductions), and the two-pass row-block kernel (BK > 0: [BK, BV] blocks, BV = dv gives whole contiguous rows)
 GDN_SWEEP = [(32, 4, 0, 0), (32, 1, 0, 0), (32, 1, 1, 0), (16, 1, 0, 0), (64, 4, 0, 0),
-             (128, 4, 0, 32), (128, 2, 0, 32), (128, 2, 0, 16), (128, 8, 0, 16), (64, 4, 0, 32), (64, 2, 0, 16)]
+             (128, 4, 0, 32), (128, 4, 0, 16), (128, 2, 0, 32), (128, 2, 0, 16), (128, 8, 0, 16), (128, 8, 0, 32),
+             (64, 4, 0, 32), (64, 2, 0, 16)]
 SWEEP_CHECK_B = 24  # every sweep variant is also checked against the oracle (pad rows every 8th) at this batch
 CONV_SWEEP = [(256, 4, 0), (128, 4, 1), (512, 4, 1), (256, 2, 1), (128, 2, 1), (1024, 8, 1)]  # (BC, warps, PDL)
 ADVERSARIAL = ["zero_qk", "huge_qk", "beta_extremes", "decay_extremes", "huge_v_state"]
