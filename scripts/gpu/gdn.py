@@ -45,11 +45,9 @@ GDN_CONTRACTS = sorted((ROOT / "kernels/sm90/gdn").glob("*.contract.json"))
 CONV_CONTRACTS = sorted((ROOT / "kernels/sm90/conv").glob("*.contract.json"))
 HK, HV, DK, DV, C, W = 16, 32, 128, 128, 8192, 4
 ZW = HV * DV  # the z part of the qkvz projection: q/k/v are strided views, as in the engine
-# (BV, warps, RELOAD, BK): one-pass column tiles [dk, BV] (BK 0; RELOAD re-reads the tile from L1 after the
-# reductions), and the two-pass row-block kernel (BK > 0: [BK, BV] blocks, BV = dv gives whole contiguous rows)
-GDN_SWEEP = [(32, 4, 0, 0), (32, 1, 0, 0), (32, 1, 1, 0), (16, 1, 0, 0), (64, 4, 0, 0),
-             (128, 4, 0, 32), (128, 4, 0, 16), (128, 2, 0, 32), (128, 2, 0, 16), (128, 8, 0, 16), (128, 8, 0, 32),
-             (64, 4, 0, 32), (64, 2, 0, 16)]
+# (BV, warps, RELOAD): one-pass column tiles [dk, BV]; RELOAD re-reads the tile from L1 after the reductions.
+# (A two-pass row-block kernel was swept on 2026-12-02 and lost everywhere: removed; results/sm90/gdn_h200.json.)
+GDN_SWEEP = [(32, 4, 0), (32, 1, 0), (32, 1, 1), (16, 1, 0), (64, 4, 0), (64, 2, 0), (128, 8, 0)]
 SWEEP_CHECK_B = 24  # every sweep variant is also checked against the oracle (pad rows every 8th) at this batch
 CONV_SWEEP = [(256, 4, 0), (128, 4, 1), (512, 4, 1), (256, 2, 1), (128, 2, 1), (1024, 8, 1)]  # (BC, warps, PDL)
 ADVERSARIAL = ["zero_qk", "huge_qk", "beta_extremes", "decay_extremes", "huge_v_state"]
@@ -205,10 +203,10 @@ def in_range(doc: dict[str, Any], b: int) -> bool:
 def gdn_sweep(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """The sweep's launches other than the contract's own: (row label, launch)."""
     m = doc["launch"]["meta"]
-    base = (m["BV"], doc["launch"]["block"] // 32, int(m.get("RELOAD", 0)), int(m.get("BK", 0)))
-    return [(f"sweep:BV{bv}w{warps}r{reload}k{bk}",
-             {**doc["launch"], "block": 32 * warps, "meta": {**m, "BV": bv, "RELOAD": reload, "BK": bk}})
-            for bv, warps, reload, bk in GDN_SWEEP if (bv, warps, reload, bk) != base]
+    base = (m["BV"], doc["launch"]["block"] // 32, int(m.get("RELOAD", 0)))
+    return [(f"sweep:BV{bv}w{warps}r{reload}",
+             {**doc["launch"], "block": 32 * warps, "meta": {**m, "BV": bv, "RELOAD": reload}})
+            for bv, warps, reload in GDN_SWEEP if (bv, warps, reload) != base]
 
 
 def gdn_case(entry: Any, doc: dict[str, Any], b: int, adv: str | None, label: str) -> dict[str, Any]:
@@ -415,6 +413,50 @@ def speedups(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def promotion(record: dict[str, Any], docs: dict[str, Any],
+              adopted: dict[str, tuple[str, str]] | None = None) -> dict[str, Any]:
+    """The promotion fields (tests/kernels/test_kernel_records.py) from the record's own checks and rows.
+
+    Per contract, over the batches its range covers: ``oracle`` (every check of it passed) and ``peers``
+    (its median at or below every measured peer's at each covered batch). ``adopted`` maps a contract
+    name to (the contract it was measured under, its ``sweep:`` row label), for a launch taken from a
+    sweep: its rows and its sweep check then stand for it. Contracts that pass both gates are listed
+    under ``promotion``, the others under ``not_promoted`` with the failing gate; ``code_objects`` pins
+    the source bytes measured (sha256, as the lock pins Triton sources)."""
+    import hashlib
+
+    adopted = adopted or {}
+    by_case = record["checks"]["by_case"]
+    gates: dict[str, Any] = {}
+    missed: dict[str, Any] = {}
+    objects: dict[str, Any] = {}
+    for name, doc in docs.items():
+        parent, label = adopted.get(name, (name, "netra"))
+        cases = [v for k, v in by_case.items() if k.startswith(f"{parent}/")
+                 and ((label == "netra" and not k.split("/", 1)[1].startswith("sweep:"))
+                      or (label != "netra" and k.split("/", 1)[1].startswith(label + "_")))]
+        oracle = bool(cases) and all(c and c["ok"] for c in cases)
+        ours = {r["shape"]["batch"]: r for r in record["rows"] if r.get("contract") == parent
+                and r["provider"] == label and in_range(doc, r["shape"]["batch"])}
+        lost = []
+        for b, r in sorted(ours.items()):
+            peers = [p for p in record["rows"] if p["op"] == r["op"] and p["dtype"] == r["dtype"]
+                     and p["shape"] == r["shape"] and not p["provider"].startswith(("netra", "sweep:"))]
+            best = min(peers, key=lambda p: p["median_us"]) if peers else None
+            if best is None or best["median_us"] < r["median_us"]:
+                lost.append({"batch": b, "ours_us": r["median_us"], "peer": best and best["provider"],
+                             "peer_us": best and best["median_us"]})
+        summary = {"oracle_cases": len(cases), "batches": sorted(ours), "measured_as": f"{parent}:{label}"}
+        if oracle and ours and not lost:
+            gates[f"{name}: oracle + at least as fast as every measured peer at every covered batch"] = \
+                {"pass": True, **summary}
+        else:
+            missed[name] = {"oracle": oracle, "slower_than_a_peer": lost, **summary}
+        src = ROOT / doc["kernel"]["source"]
+        objects[name] = {"sha256": hashlib.sha256(src.read_bytes()).hexdigest(), "source": doc["kernel"]["source"]}
+    return {"promotion": gates, "not_promoted": missed, "code_objects": objects}
+
+
 def git_sha() -> str:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
@@ -494,7 +536,8 @@ def main() -> int:
             torch.cuda.empty_cache()
         log(f"timed {name} ({time.monotonic() - t0:.0f} s)")
     all_ok = bool(checks) and all(c is not None and c["ok"] for c in checks.values())
-    summary = {"cases": len(checks), "failed": sum(1 for c in checks.values() if not (c and c["ok"])),
+    failed = sum(1 for c in checks.values() if not (c and c["ok"]))
+    summary = {"cases": len(checks), "failed": failed, "mismatches": failed,
                "eager_equals_replay": all(c is not None and c["eager_equals_replay"] is not False for c in checks.values())}
     record = {
         "kind": "kernel", "family": "gdn", "target": "sm90", "device": device,
@@ -510,6 +553,11 @@ def main() -> int:
         "checks": {"all_ok": all_ok, **summary, "by_case": checks}, "failures": failures, "rows": rows,
         "speedups": speedups(rows), "verdict": "info", "wall_s": round(time.monotonic() - t0, 1), "log": LOG,
     }
+    if rows:
+        record.update(promotion(record, docs))
+        # accepted: the record supports promoting the contracts under "promotion" (the others, under
+        # "not_promoted", stay below accepted); info when none passes
+        record["verdict"] = "accepted" if record["promotion"] else "info"
     path = args.out / "gdn_h200.json"
     path.write_text(json.dumps(record, indent=1, default=str))
     print_table(record)
