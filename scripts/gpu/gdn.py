@@ -17,7 +17,9 @@ PYTHONPATH by the device session; without them the fla-core rows are left out):
    pool; causal_conv1d_update), fla-core 0.6.0 ``fused_recurrent_gated_delta_rule`` (gating in
    kernel; a per-batch initial state, no pool gather, final state always FP32: favours the peer),
    and launch variants of ours (``sweep:``) to choose the contract's meta.
-3. A JSON record (RESULTS.md) in ``--out``; a short table printed last.
+3. JSON records (RESULTS.md) in ``--out``, one per family (``gdn_h200.json``, ``conv_h200.json``), each
+   with its promotion gates per contract (oracle + at least as fast as every measured peer at every
+   batch the contract covers) and the sha256 of the sources measured; a short table printed last.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ CONV_CONTRACTS = sorted((ROOT / "kernels/sm90/conv").glob("*.contract.json"))
 HK, HV, DK, DV, C, W = 16, 32, 128, 128, 8192, 4
 ZW = HV * DV  # the z part of the qkvz projection: q/k/v are strided views, as in the engine
 # (BV, warps, RELOAD): one-pass column tiles [dk, BV]; RELOAD re-reads the tile from L1 after the reductions.
-# (A two-pass row-block kernel was swept on 2026-12-02 and lost everywhere: removed; results/sm90/gdn_h200.json.)
+# (The two-pass row-block kernel, meta BK > 0, was swept on 2026-12-02 and lost everywhere: results/sm90/gdn_h200.json.)
 GDN_SWEEP = [(32, 4, 0), (32, 1, 0), (32, 1, 1), (16, 1, 0), (64, 4, 0), (64, 2, 0), (128, 8, 0)]
 SWEEP_CHECK_B = 24  # every sweep variant is also checked against the oracle (pad rows every 8th) at this batch
 CONV_SWEEP = [(256, 4, 0), (128, 4, 1), (512, 4, 1), (256, 2, 1), (128, 2, 1), (1024, 8, 1)]  # (BC, warps, PDL)
@@ -457,6 +459,36 @@ def promotion(record: dict[str, Any], docs: dict[str, Any],
     return {"promotion": gates, "not_promoted": missed, "code_objects": objects}
 
 
+def family_record(record: dict[str, Any], docs: dict[str, Any], family: str,
+                  adopted: dict[str, tuple[str, str]] | None = None) -> dict[str, Any]:
+    """The run's record restricted to one family's contracts (rows, checks, contracts, speedups), with its
+    promotion fields; ``adopted`` as in `promotion` (the contracts measured under another name)."""
+    adopted = adopted or {}
+    names = {n for n, d in docs.items() if d["family"] == family}
+    ran = names | {adopted[n][0] for n in names if n in adopted}
+    rows = [r for r in record["rows"] if r.get("contract") in ran]
+    by_case = {k: v for k, v in record["checks"]["by_case"].items() if k.split("/", 1)[0] in ran}
+    disp = record["checks"]["by_case"].get("dispatch_path")
+    if disp:
+        part = {k: v for k, v in disp.items() if k in ran}
+        by_case["dispatch_path"] = {**part, "ok": all(v["bitwise"] and v["chose_it"] for v in part.values()),
+                                    "eager_equals_replay": None}
+    failed = sum(1 for c in by_case.values() if not (c and c["ok"]))
+    sub = {**record, "family": family, "rows": rows, "speedups": speedups(rows),
+           "contracts": {n: c for n, c in record["contracts"].items() if n in ran},
+           "checks": {"all_ok": bool(by_case) and failed == 0, "cases": len(by_case), "failed": failed,
+                      "mismatches": failed,
+                      "eager_equals_replay": all(c is not None and c.get("eager_equals_replay") is not False
+                                                 for c in by_case.values()),
+                      "by_case": by_case}}
+    if rows:
+        sub.update(promotion(sub, {n: d for n, d in docs.items() if n in names}, adopted))
+        # accepted: the record supports promoting the contracts under "promotion" (the others, under
+        # "not_promoted", stay below accepted); info when none passes
+        sub["verdict"] = "accepted" if sub["promotion"] else "info"
+    return sub
+
+
 def git_sha() -> str:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
@@ -553,15 +585,12 @@ def main() -> int:
         "checks": {"all_ok": all_ok, **summary, "by_case": checks}, "failures": failures, "rows": rows,
         "speedups": speedups(rows), "verdict": "info", "wall_s": round(time.monotonic() - t0, 1), "log": LOG,
     }
-    if rows:
-        record.update(promotion(record, docs))
-        # accepted: the record supports promoting the contracts under "promotion" (the others, under
-        # "not_promoted", stay below accepted); info when none passes
-        record["verdict"] = "accepted" if record["promotion"] else "info"
-    path = args.out / "gdn_h200.json"
-    path.write_text(json.dumps(record, indent=1, default=str))
+    for family in ("conv", "gdn"):  # one record per family (a contract cites its family's record)
+        sub = family_record(record, docs, family)
+        (args.out / f"{family}_h200.json").write_text(json.dumps(sub, indent=1, default=str))
     print_table(record)
-    print(f"record: {path}  checks all_ok={all_ok}  failures={len(failures)}  wall {record['wall_s']} s")
+    print(f"records: {args.out}/gdn_h200.json, conv_h200.json  checks all_ok={all_ok}  failures={len(failures)}  "
+          f"wall {record['wall_s']} s")
     return 0 if all_ok and not failures else 1
 
 
