@@ -84,12 +84,13 @@ def routing(w: Any, x: Any) -> tuple[Any, Any]:
 
 
 def tactic_routing(x: Any) -> tuple[Any, Any]:
-    """The top-8 the block tactic's route kernel wrote for its last call on x's device (ids, weights)."""
+    """The top-8 the block tactic's route kernel wrote for its last call on x's device (ids, weights; its 9th route,
+    the shared expert's gate, is judged through the output against the oracle's own gate)."""
     from netra.ops import moe_sm90
 
     b = moe_sm90._bufs(x.device)
     m = x.shape[0]
-    return b.topk_ids[:m].clone(), b.topk_w[:m].clone()
+    return b.topk_ids[:m, :8].clone(), b.topk_w[:m, :8].clone()
 
 
 def floor_bytes(ids: Any, m: int, shared: bool) -> int:

@@ -98,27 +98,7 @@ def test_host_structs_match_every_contract_params_layout() -> None:
             seen.add(o.name)
     assert seen == set(moe_sm90.STRUCTS)
     with pytest.raises(Exception, match="params_layout"):
-        moe_sm90.check_struct(moe_sm90.SHARED, {"size": 64})
-
-
-def test_pack_shared_expert_stage_order() -> None:
-    """moe_shared reads stage (CTA c, K block kb) as one 32 KB copy: rows = c's gate rows then its up rows."""
-    from netra.ops.moe_sm90 import pack_shared_expert
-
-    g = torch.Generator().manual_seed(3)
-    w13 = torch.randint(0, 255, (1024, 2048), generator=g, dtype=torch.uint8).view(torch.float8_e4m3fn)
-    w2 = torch.randint(0, 255, (2048, 512), generator=g, dtype=torch.uint8).view(torch.float8_e4m3fn)
-    p13, p2 = pack_shared_expert(w13, w2)
-    a, b = p13.view(torch.uint8), p2.view(torch.uint8)
-    assert a.shape == (4, 16, 256, 128) and b.shape == (4, 4, 512, 128) and a.is_contiguous()
-    src13, src2 = w13.view(torch.uint8), w2.view(torch.uint8)
-    for c, kb, r in ((0, 0, 0), (1, 5, 127), (2, 15, 128), (3, 9, 255)):
-        row = 128 * c + r if r < 128 else 512 + 128 * c + (r - 128)
-        assert torch.equal(a[c, kb, r], src13[row, 128 * kb:128 * kb + 128])
-    for c, kb, r in ((0, 0, 0), (3, 3, 511), (1, 2, 300)):
-        assert torch.equal(b[c, kb, r], src2[512 * c + r, 128 * kb:128 * kb + 128])
-    with pytest.raises(ValueError, match="expected"):
-        pack_shared_expert(w13[:512], w2)
+        moe_sm90.check_struct(moe_sm90.ROUTE, {"size": 64})
 
 
 def test_dispatch_serves_each_token_range_and_explains_the_rest() -> None:

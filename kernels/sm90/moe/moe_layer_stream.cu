@@ -1,6 +1,9 @@
 // moe_layer_stream: the routed MoE layer (256 experts, top-8, FP8 block-scaled, width 512) for 2..128 tokens in ONE
-// cooperative kernel with a continuous weight stream per SM. Contracts moe_routed_stream (routed experts from given
-// top-8 ids and weights) and moe_block_stream (route -> this -> moe_shared).
+// cooperative kernel with a continuous weight stream per SM. Two entry points of one template: moe_ml (contract
+// moe_routed_stream: routed experts from given top-8 ids and weights) and moe_ml_shared (contract moe_block_stream:
+// moe_route -> this, with the shared expert as a 9th route of every token: topk_ids[t, 8] = 256 with its sigmoid gate
+// weight, expert 256 = the shared expert's weights sw13 / sw2, a slot of all M tokens after the routed slots; its
+// weights stream once per 8-token chunk, the repeats from L2 (evict_last, as any expert with more than 8 tokens)).
 //
 // Plan: every operand moves through the TMA queue. Weights go through a 4 x 32 KB ring fed by one producer warp (6 deep
 // across the gate_up -> down transition, in the freed x buffers); x rows and h rows plus the expert's scales go through
@@ -52,16 +55,17 @@ constexpr int ML_L2HINT = 2;
 constexpr int ML_EARLY_GO = 1;
 #define HID 2048
 #define INTER 512
-#define TOPK 8
+#define TOPK 8                        // routed ranks per token (moe_ml_shared: + the shared expert, TK = 9)
+#define SHARED_E 256                  // the shared expert's id in moe_ml_shared's routes
 #define ML_MAXM 128
 #define ML_CTAS 128
 #define ML_NCW (2 * ML_STAGES)        // consumer warps: a pair per ring stage
 #define ML_THREADS (32 * (ML_NCW + 2))  // + weight producer + B producer
 #define STAGE_BYTES 32768
 #define HALF_BYTES 16384              // 8 rows x 2048 B
-#define MAX_ROUTES (ML_MAXM * TOPK)   // 1024
-#define MAX_GCHUNKS (256 + MAX_ROUTES / GCH)
-#define MAX_DCHUNKS (256 + MAX_ROUTES / DCH)
+#define MAX_ROUTES (ML_MAXM * (TOPK + 1))  // 1152: the tables are sized for moe_ml_shared
+#define MAX_GCHUNKS (257 + MAX_ROUTES / GCH)
+static_assert(GCH == DCH, "a down chunk is the gate_up chunk of the same index (one chunk table)");
 #define GU_PER_CHUNK 64               // 512 columns / 8
 #define DN_PER_CHUNK 32               // 2048 rows / 64
 #define XROW 4096                     // x row stride in a B buffer: BF16 as copied, E4M3 after the in-place quantization
@@ -90,27 +94,32 @@ static_assert(XROW % 16 == 0 && HROW % 16 == 0 && OFF_B % 128 == 0, "bulk-copy a
 
 struct MlParams {
   const __nv_bfloat16* x;    // [M, 2048]
-  const int* topk_ids;       // [M, 8] int32, rank order, distinct per token
-  const float* topk_w;       // [M, 8] fp32
+  const int* topk_ids;       // [M, TK] int32, rank order, distinct per token (moe_ml_shared: id 256 last)
+  const float* topk_w;       // [M, TK] fp32
   const uint8_t* w13;        // [E(+1), 1024, 2048] e4m3
-  const float* w13_scale;    // [E(+1), 8, 16]
+  const float* w13_scale;    // [E, 8, 16]
   const uint8_t* w2;         // [E(+1), 2048, 512] e4m3
-  const float* w2_scale;     // [E(+1), 16, 4]
-  __nv_bfloat16* hbuf;       // [M * 8, 512] BF16 h, slot order: scratch
-  __nv_bfloat16* y;          // [M * 8, 2048] per-route contributions, rank order (row t * 8 + k)
+  const float* w2_scale;     // [E, 16, 4]
+  __nv_bfloat16* hbuf;       // [M * TK, 512] BF16 h, slot order: scratch
+  __nv_bfloat16* y;          // [M * TK, 2048] per-route contributions, rank order (row t * TK + k)
   __nv_bfloat16* out;        // [M, 2048]
   unsigned* bar;             // workspace: word 0 arrival count, word 32 generation (zeroed once)
   uint8_t* hq;               // ML_SEPARATE_AQ builds only: [M * 8, 512] e4m3, slot order
   float* hs;                 // [M * 8, 4]
   int M;
   int _pad;
+  const uint8_t* sw13;       // moe_ml_shared: the shared expert (expert 256): [1024, 2048] e4m3
+  const float* sw13_scale;   // [8, 16]
+  const uint8_t* sw2;        // [2048, 512] e4m3
+  const float* sw2_scale;    // [16, 4]
 };
 
 extern "C" __device__ unsigned int netra_params_layout[] = {
     sizeof(MlParams), offsetof(MlParams, x), offsetof(MlParams, topk_ids), offsetof(MlParams, topk_w),
     offsetof(MlParams, w13), offsetof(MlParams, w13_scale), offsetof(MlParams, w2), offsetof(MlParams, w2_scale),
     offsetof(MlParams, hbuf), offsetof(MlParams, y), offsetof(MlParams, out), offsetof(MlParams, bar),
-    offsetof(MlParams, hq), offsetof(MlParams, hs), offsetof(MlParams, M)};
+    offsetof(MlParams, hq), offsetof(MlParams, hs), offsetof(MlParams, M), offsetof(MlParams, sw13),
+    offsetof(MlParams, sw13_scale), offsetof(MlParams, sw2), offsetof(MlParams, sw2_scale)};
 
 #define ML_CNT_WORD 256               // the per-chunk counters: workspace words [256, 256 + MAX_GCHUNKS)
 
@@ -186,15 +195,28 @@ __device__ __forceinline__ void quant_rows_inplace(uint8_t* rows, int n, int str
   }
 }
 
-struct Meta {  // shared-memory route metadata (every CTA builds the same)
-  unsigned tm[256][4];                 // token bit mask per expert
-  int slot_start[257];                 // slot -> first position in the expert-major route list
-  short slot_expert[256];
-  int gchunk[MAX_GCHUNKS];             // gate_up chunk -> slot | chunk-in-slot << 16
-  int dchunk[MAX_DCHUNKS];
-  short prt[MAX_ROUTES];               // route-list position -> route (t * 8 + k)
+// Expert e's weights and scales (e == SHARED_E: the shared expert's, moe_ml_shared)
+__device__ __forceinline__ const uint8_t* w13_of(const MlParams& p, int e) {
+  return e < SHARED_E ? p.w13 + (size_t)e * 1024 * HID : p.sw13;
+}
+__device__ __forceinline__ const uint8_t* w2_of(const MlParams& p, int e) {
+  return e < SHARED_E ? p.w2 + (size_t)e * HID * INTER : p.sw2;
+}
+__device__ __forceinline__ const float* w13s_of(const MlParams& p, int e) {
+  return e < SHARED_E ? p.w13_scale + (size_t)e * 128 : p.sw13_scale;
+}
+__device__ __forceinline__ const float* w2s_of(const MlParams& p, int e) {
+  return e < SHARED_E ? p.w2_scale + (size_t)e * 64 : p.sw2_scale;
+}
+
+struct Meta {  // shared-memory route metadata (every CTA builds the same); sized for moe_ml_shared (257 experts)
+  unsigned tm[257][4];                 // token bit mask per expert
+  int slot_start[258];                 // slot -> first position in the expert-major route list
+  short slot_expert[257];
+  int gchunk[MAX_GCHUNKS];             // gate_up (= down) chunk -> slot | chunk-in-slot << 16
+  short prt[MAX_ROUTES];               // route-list position -> route (t * TK + k)
   float pw[MAX_ROUTES];                // route-list position -> routing weight
-  unsigned char slot_of[256];
+  unsigned char slot_of[256];          // routed experts only (the shared slot is the last)
   int nslots, ngc, ndc;
   int pre_items;                       // weight items issued by the owner thread (ring slots 0 ..)
 };
@@ -249,7 +271,8 @@ __device__ __forceinline__ void split(int n_items, int c, int& lo, int& hi) {
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParams p) {
+template <int TK>
+__device__ __forceinline__ void ml_body(const MlParams& p) {
   extern __shared__ __align__(1024) uint8_t smem[];
   __shared__ Meta m;
   uint8_t* ring = smem + OFF_RING;
@@ -262,7 +285,8 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   uint64_t* xfree = bstart + 1;  // [2]: x buffer b free (every warp past the last gate_up chunk in it)
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const int c = blockIdx.x;
-  const int M = p.M, R = M * TOPK;
+  const int M = p.M, R = M * TK;
+  constexpr int NE = TK > TOPK ? SHARED_E + 1 : SHARED_E;  // experts (moe_ml_shared: + the shared expert)
 
   if (tid == 0) {
     if (gridDim.x != ML_CTAS || blockDim.x != ML_THREADS || M < 1 || M > ML_MAXM) __trap();
@@ -284,7 +308,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   pdl_trigger();
   // the routes: ids and weights into registers (up to 6 per thread; ML_EARLY_GO: the consumer threads only, 4)
   constexpr int NRT = ML_EARLY_GO ? ML_NCW * 32 : ML_THREADS;
-  constexpr int RPT = (MAX_ROUTES + NRT - 1) / NRT;
+  constexpr int RPT = (ML_MAXM * TK + NRT - 1) / NRT;
   int rid[RPT];
   float rw[RPT];
 #pragma unroll
@@ -293,14 +317,16 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
     rid[u] = r < R && (tid < NRT) ? __ldg(p.topk_ids + r) : -1;
     rw[u] = r < R && (tid < NRT) ? __ldg(p.topk_w + r) : 0.0f;
   }
-  for (int i = tid; i < 256 * 4; i += ML_THREADS) (&m.tm[0][0])[i] = 0u;
+  for (int i = tid; i < NE * 4; i += ML_THREADS) (&m.tm[0][0])[i] = 0u;
   __syncthreads();
 #pragma unroll
   for (int u = 0; u < RPT; ++u) {
     const int r = tid + NRT * u;
     if (r < R && (tid < NRT)) {
-      if ((unsigned)rid[u] >= 256u) __trap();  // the contract: ids in [0, 256), distinct per token
-      atomicOr(&m.tm[rid[u]][r >> 8], 1u << ((r >> 3) & 31));
+      // the contract: ids in [0, 256), distinct per token; moe_ml_shared: rank 8 is the shared expert (256)
+      if ((unsigned)rid[u] >= (unsigned)NE || (TK > TOPK && (rid[u] == SHARED_E) != (r % TK == TOPK))) __trap();
+      const int t = r / TK;
+      atomicOr(&m.tm[rid[u]][t >> 5], 1u << (t & 31));
     }
   }
   __syncthreads();
@@ -332,22 +358,24 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
       pos += wsum[v * 3 + 1];
       gc += wsum[v * 3 + 2];
     }
+    // moe_ml_shared: the shared expert is one more slot after the routed ones (all M tokens, chunks [tot, tot + chs))
+    const int chs = TK > TOPK ? (M + GCH - 1) / GCH : 0;
     {
-      int tot = 0;  // the total chunk count, as m.ngc below
+      int tot = 0;  // the routed chunk count (m.ngc below: + chs)
       for (int v = 0; v < 8; ++v) tot += wsum[v * 3 + 2];
-      const long long NGI = (long long)tot * GU_PER_CHUNK;
+      const long long NGI = (long long)(tot + chs) * GU_PER_CHUNK;
       const int gb0 = (int)(NGI * c / ML_CTAS), ge0 = (int)(NGI * (c + 1) / ML_CTAS), gc00 = gb0 / GU_PER_CHUNK;
-      if (M >= ML_OWNER_MAX_M) {
-        if (tid == 0) m.pre_items = -1;  // not this time: the producers start as without ML_OWNER_GO
-      } else if (k > 0 && gc <= gc00 && gc00 < gc + ch) {  // expert e holds the CTA's first gate_up item
-        const int cis = gc00 - gc, n = min(GCH, k - cis * GCH);
-        uint8_t* dst = smem + OFF_B;  // B buffer 0: the x rows first in this SM's copy queue, as the B producer's chunk 0
+      // the owner of the CTA's first gate_up item (expert ee, its k_e tokens, chunks [g0, g0 + ch_e)): the x rows first
+      // in this SM's copy queue (B buffer 0, as the B producer's chunk 0), then up to ML_PRE_ITEMS weight items
+      auto own = [&](int ee, int ke, int g0, int che) {
+        const int cis = gc00 - g0, n = min(GCH, ke - cis * GCH);
+        uint8_t* dst = smem + OFF_B;
         mbar_expect_tx(&bfull[0], n * HID * 2 + 512);
-        bulk_g2s(dst + B_WS, p.w13_scale + (size_t)e * 128, 512, &bfull[0]);
-        issue_x_rows(p, m, e, cis * GCH, n, dst, &bfull[0]);
-        const uint8_t* base = p.w13 + (size_t)e * 1024 * HID;
+        bulk_g2s(dst + B_WS, w13s_of(p, ee), 512, &bfull[0]);
+        issue_x_rows(p, m, ee, cis * GCH, n, dst, &bfull[0]);
+        const uint8_t* base = w13_of(p, ee);
         int np = 0;
-        for (; np < ML_PRE_ITEMS && np < ge0 - gb0 && (gb0 + np) / GU_PER_CHUNK < gc + ch; ++np) {
+        for (; np < ML_PRE_ITEMS && np < ge0 - gb0 && (gb0 + np) / GU_PER_CHUNK < g0 + che; ++np) {
           const int col8 = (gb0 + np) % GU_PER_CHUNK;  // item gb0 + np -> ring slot np (first use)
           uint8_t* wd = smem + OFF_RING + np * STAGE_BYTES;
           mbar_expect_tx(&full[np], STAGE_BYTES);
@@ -355,19 +383,35 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
           bulk_g2s(wd + HALF_BYTES, base + (size_t)(512 + 8 * col8) * HID, HALF_BYTES, &full[np]);
         }
         m.pre_items = np;
+      };
+      if (M >= ML_OWNER_MAX_M) {
+        if (tid == 0) m.pre_items = -1;  // not this time: the producers start as without ML_OWNER_GO
+      } else if (k > 0 && gc <= gc00 && gc00 < gc + ch) {  // expert e holds the CTA's first gate_up item
+        own(e, k, gc, ch);
+      } else if (TK > TOPK && e == 255 && gc00 >= tot) {  // the shared expert does
+        own(SHARED_E, M, tot, chs);
       }
     }
     if (k > 0) {
       m.slot_of[e] = (unsigned char)sl;
       m.slot_expert[sl] = (short)e;
       m.slot_start[sl] = pos;
-      for (int u = 0; u < ch; ++u) m.gchunk[gc + u] = m.dchunk[gc + u] = sl | (u << 16);  // GCH == DCH
+      for (int u = 0; u < ch; ++u) m.gchunk[gc + u] = sl | (u << 16);
     }
     if (e == 255) {
-      m.nslots = sl + nz;
-      m.slot_start[sl + nz] = pos + k;
-      m.ngc = gc + ch;
-      m.ndc = gc + ch;
+      int ns = sl + nz, pe = pos + k, nc = gc + ch;
+      if (TK > TOPK) {  // the shared expert's slot: positions [8 M, 9 M), chunks [nc, nc + chs)
+        m.slot_expert[ns] = (short)SHARED_E;
+        m.slot_start[ns] = pe;
+        for (int u = 0; u < chs; ++u) m.gchunk[nc + u] = ns | (u << 16);
+        ns += 1;
+        pe += M;
+        nc += chs;
+      }
+      m.nslots = ns;
+      m.slot_start[ns] = pe;
+      m.ngc = nc;
+      m.ndc = nc;
     }
   }
   __syncthreads();
@@ -376,10 +420,10 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   for (int u = 0; u < RPT; ++u) {  // route r of token t to expert e -> position slot_start + (# tokens < t on e)
     const int r = tid + NRT * u;
     if (r < R && (tid < NRT)) {
-      const int e = rid[u], t = r >> 3;
+      const int e = rid[u], t = r / TK;
       int before = __popc(m.tm[e][t >> 5] & ((1u << (t & 31)) - 1u));
       for (int w = 0; w < (t >> 5); ++w) before += __popc(m.tm[e][w]);
-      const int q = m.slot_start[m.slot_of[e]] + before;
+      const int q = (e < SHARED_E ? m.slot_start[m.slot_of[e]] : M * TOPK) + before;  // the shared slot follows the routed
       m.prt[q] = (short)r;
       m.pw[q] = rw[u];
     }
@@ -419,18 +463,18 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
         mbar_expect_tx(&full[s], STAGE_BYTES);
         {
           const int i = j < ng ? gb + j : ML_DN_ITEM(j - ng);
-          const int sl2 = (j < ng ? m.gchunk[i / GU_PER_CHUNK] : m.dchunk[i / DN_PER_CHUNK]) & 0xffff;
+          const int sl2 = (j < ng ? m.gchunk[i / GU_PER_CHUNK] : m.gchunk[i / DN_PER_CHUNK]) & 0xffff;
           const bool multi = m.slot_start[sl2 + 1] - m.slot_start[sl2] > GCH;  // the expert streams twice or more
           const uint64_t pol = multi ? pol_last : pol_first;
           if (multi || ML_L2HINT >= 2) {
             const int e = m.slot_expert[sl2];
             if (j < ng) {
               const int col8 = i % GU_PER_CHUNK;
-              const uint8_t* base = p.w13 + (size_t)e * 1024 * HID;
+              const uint8_t* base = w13_of(p, e);
               bulk_g2s_hint(dst, base + (size_t)(8 * col8) * HID, HALF_BYTES, &full[s], pol);
               bulk_g2s_hint(dst + HALF_BYTES, base + (size_t)(512 + 8 * col8) * HID, HALF_BYTES, &full[s], pol);
             } else {
-              bulk_g2s_hint(dst, p.w2 + ((size_t)e * HID + (i % DN_PER_CHUNK) * 64) * INTER, STAGE_BYTES, &full[s], pol);
+              bulk_g2s_hint(dst, w2_of(p, e) + (size_t)(i % DN_PER_CHUNK) * 64 * INTER, STAGE_BYTES, &full[s], pol);
             }
             continue;
           }
@@ -438,13 +482,13 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
         if (j < ng) {
           const int i = gb + j, col8 = i % GU_PER_CHUNK;
           const int e = m.slot_expert[m.gchunk[i / GU_PER_CHUNK] & 0xffff];
-          const uint8_t* base = p.w13 + (size_t)e * 1024 * HID;
+          const uint8_t* base = w13_of(p, e);
           bulk_g2s(dst, base + (size_t)(8 * col8) * HID, HALF_BYTES, &full[s]);
           bulk_g2s(dst + HALF_BYTES, base + (size_t)(512 + 8 * col8) * HID, HALF_BYTES, &full[s]);
         } else {
           const int i = ML_DN_ITEM(j - ng), r64 = i % DN_PER_CHUNK;
-          const int e = m.slot_expert[m.dchunk[i / DN_PER_CHUNK] & 0xffff];
-          bulk_g2s(dst, p.w2 + ((size_t)e * HID + r64 * 64) * INTER, STAGE_BYTES, &full[s]);
+          const int e = m.slot_expert[m.gchunk[i / DN_PER_CHUNK] & 0xffff];
+          bulk_g2s(dst, w2_of(p, e) + (size_t)r64 * 64 * INTER, STAGE_BYTES, &full[s]);
         }
 #undef s
       }
@@ -470,15 +514,15 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
         if (b < nbg) {
           chunk_of(m, m.gchunk[gu_chunk(gc0, nbg, b)], GCH, slot, p0, n, e);
           mbar_expect_tx(&bfull[s], n * HID * 2 + 512);
-          bulk_g2s(dst + B_WS, p.w13_scale + (size_t)e * 128, 512, &bfull[s]);
+          bulk_g2s(dst + B_WS, w13s_of(p, e), 512, &bfull[s]);
           {  // the chunk's tokens (set bits of the expert's token mask, ranks [cis * GCH, + n)): x rows, BF16
             issue_x_rows(p, m, e, (m.gchunk[gu_chunk(gc0, nbg, b)] >> 16) * GCH, n, dst, &bfull[s]);
           }
           if (b == 0) mbar_arrive(bstart);
         } else {
-          chunk_of(m, m.dchunk[ML_DN_CHUNK(b - nbg)], DCH, slot, p0, n, e);
+          chunk_of(m, m.gchunk[ML_DN_CHUNK(b - nbg)], DCH, slot, p0, n, e);
           mbar_expect_tx(&bfull[s], n * INTER * 2 + 256);
-          bulk_g2s(dst + B_WS2, p.w2_scale + (size_t)e * 64, 256, &bfull[s]);
+          bulk_g2s(dst + B_WS2, w2s_of(p, e), 256, &bfull[s]);
           for (int i = 0; i < n; ++i)  // the chunk's h rows, BF16 (slot order: contiguous)
             bulk_g2s(dst + i * HROW, p.hbuf + (size_t)(p0 + i) * INTER, INTER * 2, &bfull[s]);
         }
@@ -590,7 +634,7 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
   for (int b = nbg; b < nbg + nbd; ++b) {
     const int dci = ML_DN_CHUNK(b - nbg);
     int slot, p0, n, e;
-    chunk_of(m, m.dchunk[dci], DCH, slot, p0, n, e);
+    chunk_of(m, m.gchunk[dci], DCH, slot, p0, n, e);
     uint8_t* bb = smem + OFF_XCH + (((b - nbg) & 1) ^ 1) * HBUF;
     float* bhs = reinterpret_cast<float*>(bb + B_HS);
     const float* bws = reinterpret_cast<const float*>(bb + B_WS2);
@@ -670,14 +714,14 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
 #pragma unroll 1
   for (int u = u0; u < M * (HID / 8); u += ustep) {
     const int tk = u / (HID / 8), col = (u % (HID / 8)) * 8;
-    uint4 v[TOPK];
+    uint4 v[TK];
 #pragma unroll
-    for (int k = 0; k < TOPK; ++k) v[k] = __ldcg(reinterpret_cast<const uint4*>(p.y + (size_t)(tk * TOPK + k) * HID + col));
+    for (int k = 0; k < TK; ++k) v[k] = __ldcg(reinterpret_cast<const uint4*>(p.y + (size_t)(tk * TK + k) * HID + col));
     float s[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) s[i] = 0.0f;
 #pragma unroll
-    for (int k = 0; k < TOPK; ++k) {
+    for (int k = 0; k < TK; ++k) {  // rank order, the shared expert last (moe_ml_shared)
       float f[8];
       moe::bf16x8_to_float(v[k], f);
 #pragma unroll
@@ -690,3 +734,6 @@ extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParam
       *reinterpret_cast<uint4*>(p.out + (size_t)tk * HID + col) = o;
   }
 }
+
+extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParams p) { ml_body<TOPK>(p); }
+extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml_shared(const MlParams p) { ml_body<TOPK + 1>(p); }

@@ -1,6 +1,6 @@
 // moe_layer_t1: the routed MoE layer (256 experts, top-8, FP8 block-scaled, width 512) for ONE token in one cooperative
-// kernel. Contracts moe_routed_t1 (routed experts from given top-8 ids and weights) and moe_block_t1 (route -> this ->
-// moe_shared).
+// kernel. Contracts moe_routed_t1 (routed experts from given top-8 ids and weights) and moe_block_t1 (moe_route -> this,
+// the shared expert as a 9th route: moe_route computed its h, this kernel runs its down GEMM beside the 8 others).
 //
 // Grid = 128 CTAs (one per SM, cooperative), 384 threads (8 MMA warps + 4 chain warps), ~199 KB of dynamic shared
 // memory; launched with programmatic dependent launch: every thread waits for the previous kernel at entry, then
@@ -16,7 +16,12 @@
 //     order (one warp's arithmetic, so the numerics match the reference's K order);
 //   * no grid barrier: each route has an arrival counter that only grows (16 per launch, red.release); MMA warp k
 //     waits for route k's 16 CTAs only (the count to wait for comes from a launch counter read at entry), quantizes
-//     h_k (moe::quant8_halfwarp) and runs route k's down tile; the top-k sum is local to the CTA.
+//     h_k (moe::quant8_halfwarp) and runs route k's down tile; the top-k sum is local to the CTA;
+//   * the shared expert (when sw2 is non-null, moe_block_t1): its h (sh_h, from moe_route, complete at entry) needs no
+//     arrival; chain warp 0, idle once its gate_up tile is done, quantizes it and runs the down tile of rows
+//     [16 c, 16 c + 16) of the shared w2 (one more 8 KB tile in the down share) with weight topk_w[8] (the sigmoid
+//     gate), as route 8: the nine routes are summed in FP32 in rank order (shared last) and rounded once, the oracle's
+//     order (netra/ops/moe.py moe_ref).
 // Numerics (netra/ops/moe_fp8.py moe_routed_ref): x quantized per group of 128 (IEEE divisions, RNE), the swapped-
 // operand mma.sync m16n8k32 e4m3 core with per-K-block FP32 scaling in K order, gate / up rounded to BF16 before SiLU,
 // h quantized per 128, y = bf16(acc * w_k), the 8 routes summed in rank order in FP32 and rounded once.
@@ -30,6 +35,7 @@ constexpr int M1F_W2_AFTER = 2;  // the down share is requested once gate_up til
 #define HID 2048
 #define INTER 512
 #define TOPK 8
+#define NR (TOPK + 1)                  // route slots in shared memory: 8 routed + the shared expert
 #define F_CTAS 128
 #define F_THREADS 384
 #define F_MMA_WARPS 8                  // gate_up MMAs, x / h quantization, down
@@ -40,26 +46,26 @@ constexpr int M1F_W2_AFTER = 2;  // the down share is requested once gate_up til
 #define HROW 528                       // h row stride in shared memory (as moe_m1.cu)
 // dynamic shared memory layout
 #define OFF_GU 0                                      // 4 tiles
-#define OFF_DN (OFF_GU + 4 * GU_TILE_BYTES)           // 131072: 8 x 8 KB
-#define OFF_SC (OFF_DN + TOPK * DN_TILE_BYTES)        // 196608: w13 scales gate [16] | up [16], w2 scales [8][4]
-#define SC_BYTES (32 * 4 + TOPK * 16)                 // 256
-#define OFF_XQ (OFF_SC + SC_BYTES)                    // 196864: x_q [2048] E4M3
-#define OFF_XS (OFF_XQ + HID)                         // 198912: x_s [16] FP32
+#define OFF_DN (OFF_GU + 4 * GU_TILE_BYTES)           // 131072: 9 x 8 KB
+#define OFF_SC (OFF_DN + NR * DN_TILE_BYTES)          // 204800: w13 scales gate [16] | up [16], w2 scales [9][4]
+#define SC_BYTES (32 * 4 + NR * 16)                   // 272
+#define OFF_XQ (OFF_SC + SC_BYTES)                    // 205072: x_q [2048] E4M3
+#define OFF_XS (OFF_XQ + HID)                         // 207120: x_s [16] FP32
 #define D_BYTES (16 * 32 * 16)                        // raw fragments of a tile [16 kb][32 lanes][4]: in the tile's own
                                                       // first 8 KB once the MMA warps have read it
-#define OFF_H (OFF_XS + 64)                           // 198976: h_q [8][HROW]
-#define OFF_HS (OFF_H + TOPK * HROW)                  // 203200: h_s [8][4]
-#define OFF_Y (OFF_HS + TOPK * 4 * 4)                 // 203328: y [8][16] FP32
-#define OFF_BAR (OFF_Y + TOPK * 16 * 4)               // 203840: 6 mbarriers
-#define F_SMEM (OFF_BAR + 64)                         // 203904
+#define OFF_H (OFF_XS + 64)                           // 207184: h_q [9][HROW]
+#define OFF_HS (OFF_H + NR * HROW)                    // 211936: h_s [9][4]
+#define OFF_Y (OFF_HS + NR * 4 * 4)                   // 212080: y [9][16] FP32
+#define OFF_BAR (OFF_Y + NR * 16 * 4)                 // 212656: 6 mbarriers
+#define F_SMEM (OFF_BAR + 64)                         // 212720
 static_assert(OFF_SC % 16 == 0 && OFF_XQ % 16 == 0 && OFF_H % 16 == 0 &&
               OFF_BAR % 8 == 0, "alignment");
-static_assert(F_SMEM <= 232448, "shared memory");
+static_assert(F_SMEM == 212720 && F_SMEM <= 232448, "shared memory (the contracts' smem_bytes)");
 
 struct LayerT1Params {
   const __nv_bfloat16* x;    // [1, 2048]
-  const int* topk_ids;       // [1, 8] int32, rank order, distinct
-  const float* topk_w;       // [1, 8] fp32
+  const int* topk_ids;       // [1, >= 8] int32, rank order, distinct (ids 0..7 are read)
+  const float* topk_w;       // [1, 8] fp32 ([1, 9] with the shared expert: its gate weight last)
   const uint8_t* w13;        // [E(+1), 1024, 2048] e4m3
   const float* w13_scale;    // [E(+1), 8, 16]
   const uint8_t* w2;         // [E(+1), 2048, 512] e4m3
@@ -69,27 +75,88 @@ struct LayerT1Params {
   unsigned* bar;             // workspace (zeroed once): see each kernel's header
   uint8_t* dbg_hq;           // [>= 8, 512] copy of h_q (route order) when non-null (tests; CTA 0 writes)
   float* dbg_hs;             // [>= 8, 4]
+  const uint8_t* sw2;        // [2048, 512] e4m3: the shared expert's w2, or null (routed experts only)
+  const float* sw2_scale;    // [16, 4]
+  const __nv_bfloat16* sh_h; // [512] BF16: the shared expert's h (moe_route), with sw2
 };
 
 extern "C" __device__ unsigned int netra_params_layout[] = {
     sizeof(LayerT1Params), offsetof(LayerT1Params, x), offsetof(LayerT1Params, topk_ids), offsetof(LayerT1Params, topk_w),
     offsetof(LayerT1Params, w13), offsetof(LayerT1Params, w13_scale), offsetof(LayerT1Params, w2), offsetof(LayerT1Params, w2_scale),
     offsetof(LayerT1Params, gu), offsetof(LayerT1Params, out), offsetof(LayerT1Params, bar), offsetof(LayerT1Params, dbg_hq),
-    offsetof(LayerT1Params, dbg_hs)};
+    offsetof(LayerT1Params, dbg_hs), offsetof(LayerT1Params, sw2), offsetof(LayerT1Params, sw2_scale),
+    offsetof(LayerT1Params, sh_h)};
 
 
 namespace {
 
-// The down share: the w2 scales and output rows [16c, 16c + 16) of w2 for each of the 8 experts.
+// The down share: the w2 scales and output rows [16c, 16c + 16) of w2 for each of the 8 experts (and of the shared
+// expert, slot 8, when sw2 is given).
 __device__ __forceinline__ void issue_down_share(const LayerT1Params& p, const int (&ids)[TOPK], uint8_t* smem, uint64_t* bar, int c) {
-  mbar_expect_tx(bar, TOPK * DN_TILE_BYTES + TOPK * 16);
+  const bool sh = p.sw2 != nullptr;
+  mbar_expect_tx(bar, (TOPK + (sh ? 1 : 0)) * (DN_TILE_BYTES + 16));
   const uint64_t wpol = l2_evict_first();
 #pragma unroll
   for (int k = 0; k < TOPK; ++k)
     bulk_g2s(smem + OFF_SC + 128 + 16 * k, p.w2_scale + ((size_t)ids[k] * 16 + (c >> 3)) * 4, 16, bar);
+  if (sh) bulk_g2s(smem + OFF_SC + 128 + 16 * TOPK, p.sw2_scale + (c >> 3) * 4, 16, bar);
 #pragma unroll
   for (int k = 0; k < TOPK; ++k)
     bulk_g2s_hint(smem + OFF_DN + k * DN_TILE_BYTES, p.w2 + ((size_t)ids[k] * HID + c * 16) * INTER, DN_TILE_BYTES, bar, wpol);
+  if (sh) bulk_g2s_hint(smem + OFF_DN + TOPK * DN_TILE_BYTES, p.sw2 + (size_t)c * 16 * INTER, DN_TILE_BYTES, bar, wpol);
+}
+
+// Route slot k's down tile by one warp: h_k (BF16, global: hsrc) quantized per 128 (half-warp hw takes 128-groups 2hw
+// and 2hw + 1, 8 values per lane; st8's down prologue arithmetic without the SiLU), then output rows [16c, 16c + 16) of
+// the slot's w2 tile (one 16-row tile, as one q tile of an st8 down item) with h_k in B column 0; y_k = bf16(acc * w_k).
+// dbg_row >= 0: CTA 0's copy of h_q / h_s for tests.
+__device__ __forceinline__ void down_route(const LayerT1Params& p, const __nv_bfloat16* hsrc, int k, int dbg_row,
+                                           uint8_t* smem, uint64_t* full4, float w) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  const bool valid = g == 0;
+  uint8_t* s_h = smem + OFF_H;
+  float* s_hs = reinterpret_cast<float*>(smem + OFF_HS);
+  float* s_y = reinterpret_cast<float*>(smem + OFF_Y);
+  const float* s_w2s = reinterpret_cast<const float*>(smem + OFF_SC) + 32;  // [9 slots][4]
+  const int hw = lane >> 4, sub = lane & 15;
+  uint4 hv[2];
+#pragma unroll
+  for (int u = 0; u < 2; ++u) hv[u] = __ldcg(reinterpret_cast<const uint4*>(hsrc + (2 * hw + u) * 128 + sub * 8));
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int grp = 2 * hw + u, col = grp * 128 + sub * 8;
+    float h[8];
+    moe::bf16x8_to_float(hv[u], h);
+    float sc;
+    const uint2 q = moe::quant8_halfwarp(h, sc);
+    *reinterpret_cast<uint2*>(s_h + k * HROW + col) = q;
+    if (sub == 0) s_hs[k * 4 + grp] = sc;
+    if (dbg_row >= 0) {
+      *reinterpret_cast<uint2*>(p.dbg_hq + (size_t)dbg_row * 512 + col) = q;
+      if (sub == 0) p.dbg_hs[dbg_row * 4 + grp] = sc;
+    }
+  }
+  __syncwarp();  // h_q_k and its scales (this warp's writes) before the B fragments read them
+  uint32_t b[4][8];
+  float st[4];
+#pragma unroll
+  for (int kb = 0; kb < 4; ++kb) {
+    moe::load_b(s_h + k * HROW + kb * 128 + t4 * 32, valid, b[kb]);
+    st[kb] = valid ? s_hs[k * 4 + kb] : 0.0f;
+  }
+  mbar_wait(full4, 0);
+  const uint8_t* tile = smem + OFF_DN + k * DN_TILE_BYTES + g * INTER + t4 * 32;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int kb = 0; kb < 4; ++kb) {
+    uint4 a[4];
+    moe::load_a(a, tile + kb * 128, INTER);
+    moe::kblock_mma(acc, a, b[kb], s_w2s[k * 4 + kb], st[kb], t4);
+  }
+  if (t4 == 0) {
+    s_y[k * 16 + g] = __bfloat162float(__float2bfloat16_rn(acc[0] * w));
+    s_y[k * 16 + g + 8] = __bfloat162float(__float2bfloat16_rn(acc[2] * w));
+  }
 }
 
 }  // namespace
@@ -97,20 +164,16 @@ __device__ __forceinline__ void issue_down_share(const LayerT1Params& p, const i
 extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const LayerT1Params p) {
   extern __shared__ __align__(1024) uint8_t smem[];
   uint8_t* s_gu = smem + OFF_GU;
-  uint8_t* s_dn = smem + OFF_DN;
   const float* s_wsg = reinterpret_cast<const float*>(smem + OFF_SC);   // [16] gate rows' K-block scales
   const float* s_wsu = s_wsg + 16;                                       // [16] up rows'
-  const float* s_w2s = s_wsg + 32;                                       // [8 routes][4]
   uint8_t* s_xq = smem + OFF_XQ;
   float* s_xs = reinterpret_cast<float*>(smem + OFF_XS);
-  uint8_t* s_h = smem + OFF_H;
-  float* s_hs = reinterpret_cast<float*>(smem + OFF_HS);
   float* s_y = reinterpret_cast<float*>(smem + OFF_Y);
   // [0..3] gate_up tiles, [4] down share + w2 scales, [5] gate_up scales
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + OFF_BAR);
   __shared__ int s_pos[TOPK], s_ids[TOPK];
   __shared__ unsigned s_target;
-  __shared__ float s_w[TOPK];
+  __shared__ float s_w[NR];
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const int c = blockIdx.x;
   const int kq = c >> 4;                 // this CTA's gate_up route (rank)
@@ -155,6 +218,7 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const LayerT1
     s_pos[tid] = pos;  // the route's position in route order (experts by increasing id), as moe_align
     s_w[tid] = __ldg(p.topk_w + tid);
   }
+  if (tid == TOPK && p.sw2 != nullptr) s_w[TOPK] = __ldg(p.topk_w + TOPK);  // the shared expert's gate weight
   __syncthreads();  // the mbarriers are initialised
   const int g = lane >> 2, t4 = lane & 3;
   const bool valid = g == 0;
@@ -223,9 +287,8 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const LayerT1
     asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p.bar + kq) : "memory");
   }
 
-  // MMA warp k, route k: h_q_k (st8's down prologue arithmetic without the SiLU: half-warp hw takes 128-groups 2hw and
-  // 2hw + 1, 8 values per lane), then output rows [16c, 16c + 16) of expert ids[k] (one 16-row tile, as one q tile
-  // of an st8 down item) with h_k in B column 0; y_k = bf16(acc * w_k)
+  // MMA warp k, route k: waits for route k's 16 CTAs, then its down tile (down_route); chain warp 0: the shared expert's
+  // down tile (its h is complete at entry)
   if (wid < F_MMA_WARPS) {
     const int k = wid;
     {  // every lane polls (its own acquire orders its h loads below)
@@ -235,54 +298,15 @@ extern "C" __global__ void __launch_bounds__(F_THREADS, 1) moe_m1f(const LayerT1
         if (++polls == (1u << 26)) __trap();  // a count that cannot complete: fail the launch instead of hanging
       }
     }
-    const int hw = lane >> 4, sub = lane & 15;
-    uint4 hv[2];
-#pragma unroll
-    for (int u = 0; u < 2; ++u)
-      hv[u] = __ldcg(reinterpret_cast<const uint4*>(p.gu + (size_t)s_pos[k] * INTER + (2 * hw + u) * 128 + sub * 8));
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int grp = 2 * hw + u, col = grp * 128 + sub * 8;
-      float h[8];
-      moe::bf16x8_to_float(hv[u], h);
-      float sc;
-      const uint2 q = moe::quant8_halfwarp(h, sc);
-      *reinterpret_cast<uint2*>(s_h + k * HROW + col) = q;
-      if (sub == 0) s_hs[k * 4 + grp] = sc;
-      if (p.dbg_hq != nullptr && c == 0) {
-        const size_t r = (size_t)s_pos[k];
-        *reinterpret_cast<uint2*>(p.dbg_hq + r * 512 + col) = q;
-        if (sub == 0) p.dbg_hs[r * 4 + grp] = sc;
-      }
-    }
-    __syncwarp();  // h_q_k and its scales (this warp's writes) before the B fragments read them
-    uint32_t b[4][8];
-    float st[4];
-#pragma unroll
-    for (int kb = 0; kb < 4; ++kb) {
-      moe::load_b(s_h + k * HROW + kb * 128 + t4 * 32, valid, b[kb]);
-      st[kb] = valid ? s_hs[k * 4 + kb] : 0.0f;
-    }
-    mbar_wait(&full[4], 0);
-    const uint8_t* tile = s_dn + k * DN_TILE_BYTES + g * INTER + t4 * 32;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int kb = 0; kb < 4; ++kb) {
-      uint4 a[4];
-      moe::load_a(a, tile + kb * 128, INTER);
-      moe::kblock_mma(acc, a, b[kb], s_w2s[k * 4 + kb], st[kb], t4);
-    }
-    if (t4 == 0) {
-      const float w = s_w[k];
-      s_y[k * 16 + g] = __bfloat162float(__float2bfloat16_rn(acc[0] * w));
-      s_y[k * 16 + g + 8] = __bfloat162float(__float2bfloat16_rn(acc[2] * w));
-    }
+    down_route(p, p.gu + (size_t)s_pos[k] * INTER, k, p.dbg_hq != nullptr && c == 0 ? s_pos[k] : -1, smem, &full[4], s_w[k]);
+  } else if (wid == F_MMA_WARPS && p.sw2 != nullptr) {
+    down_route(p, p.sh_h, TOPK, -1, smem, &full[4], s_w[TOPK]);
   }
   __syncthreads();
-  if (tid < 16) {  // top-k sum in rank order (FP32), rounded once to BF16
+  if (tid < 16) {  // top-k sum in rank order (FP32; the shared expert last), rounded once to BF16
+    const int nr = p.sw2 != nullptr ? NR : TOPK;
     float s = 0.0f;
-#pragma unroll
-    for (int k = 0; k < TOPK; ++k) s += s_y[k * 16 + tid];
+    for (int k = 0; k < nr; ++k) s += s_y[k * 16 + tid];
     p.out[c * 16 + tid] = __float2bfloat16_rn(s);
   }
 }
