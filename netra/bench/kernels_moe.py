@@ -222,6 +222,38 @@ def gates(sp: dict[str, Any], checks_ok: bool) -> dict[str, Any]:
             "routed_floor_128": g(get("routed_128", "floor_fraction"), GATES["routed_floor_128"])}
 
 
+def split_records(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The committed records derived from one run's ``moe_kernels.json``: ``moe_block_h200.json`` (the whole run,
+    judged by the block gates) and ``moe_routed_h200.json`` (its routed rows and the routed contracts' checks,
+    judged by the routed gates). A record's verdict is ``accepted`` when every one of its gates passes."""
+    def part(name: str, section: str, gate_keys: tuple[str, ...], contracts: tuple[str, ...],
+             objects: tuple[str, ...]) -> dict[str, Any]:
+        checks = {k: v for k, v in record["checks"]["contracts"].items() if k in contracts}
+        sp = {k: v for k, v in record["speedups"].items() if section == "block" or k.startswith(section + "_")}
+        ratios = [v["ratio"] for k, v in sp.items() if k.startswith(section + "_") and v["ratio"] is not None]
+        promo: dict[str, Any] = {k: record["gates"][k] for k in gate_keys}
+        promo[f"{section}_never_slower"] = {"need": 1.0, "value": min(ratios) if ratios else None,
+                                           "pass": bool(ratios) and min(ratios) >= 1.0}
+        promo["checks"] = {"pass": bool(checks) and all(c["ok"] for c in checks.values())}
+        out = {**record, "rows": [r for r in record["rows"] if section == "block" or r["section"] == section],
+               "speedups": sp, "promotion": promo,
+               "checks": {"contracts": checks, "mismatches": sum(len(c["failing"]) for c in checks.values()),
+                          "eager_equals_replay": all(f["eager_equals_replay"] for c in checks.values()
+                                                     for f in c["failing"])},
+               "code_objects": {k: v for k, v in record["code_objects"].items() if section == "block" or k in objects},
+               "verdict": "accepted" if all(g["pass"] for g in promo.values()) else "info"}
+        if section != "block":
+            out["derived_from"] = f"{name.replace('routed', 'block')} (the same run: its {section} rows and checks)"
+            out.pop("gates", None)
+        return out
+
+    return {"moe_block_h200.json": part("moe_block_h200.json", "block", (
+                "block_1_token", "block_8_tokens", "block_floor_128"), tuple(record["checks"]["contracts"]), ()),
+            "moe_routed_h200.json": part("moe_routed_h200.json", "routed", ("routed_1_token", "routed_floor_128"),
+                                         ("moe_routed_t1", "moe_routed_stream"),
+                                         ("moe_layer_t1_e256_k8", "moe_layer_stream_e256_k8"))}
+
+
 def locked_objects() -> dict[str, Any]:
     """The MoE code objects measured: name -> the lock's sha256 (a record is evidence for exactly these)."""
     from netra.build import read_lock
@@ -247,7 +279,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sglang-root", default=None, help="folder holding the carried sglang files (default: the peer's)")
     p.add_argument("--git-sha", default="", help="commit measured (device copies have no .git)")
     p.add_argument("--no-checks", action="store_true", help="time only")
+    p.add_argument("--split", type=Path, default=None,
+                   help="no GPU: derive moe_block_h200.json / moe_routed_h200.json from this moe_kernels.json into --out")
     args = p.parse_args(argv)
+    if args.split is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        for fname, rec in split_records(json.loads(args.split.read_text())).items():
+            (args.out / fname).write_text(json.dumps(rec, indent=1, default=str) + "\n")
+            print(f"wrote {args.out / fname}: verdict {rec['verdict']}")
+        return 0
     torch = _torch()
     if not torch.cuda.is_available():
         print("netra bench kernels --family moe: needs a CUDA GPU")
