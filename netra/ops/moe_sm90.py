@@ -154,15 +154,10 @@ def launch_routed(decision: Any, *, x: torch.Tensor, w13: torch.Tensor, w13_scal
     return out
 
 
-def launch_block(decision: Any, *, x: torch.Tensor, weights: Any) -> torch.Tensor:
-    """Op ``moe_fp8_block``: route (+ the shared expert's gate as route 8, and its gate_up at one token) -> the layer
-    over 9 routes, on the current stream."""
-    steps = _steps(decision)
-    b = _bufs(x.device)
-    w = weights
+def launch_route(steps: dict[str, rt.Tactic], b: _Buffers, x: torch.Tensor, w: Any, stream: int) -> None:
+    """The block's route step: top-8 and the shared expert's gate as route 8 into ``b``'s [tokens, 9] tables (and,
+    at one token, the shared expert's h)."""
     m = int(x.shape[0])
-    out = torch.empty(m, HIDDEN, dtype=torch.bfloat16, device=x.device)
-    stream = _stream()
     r = steps[ROUTE]
     p = r.binding["params"]
     with r.lock:
@@ -172,6 +167,22 @@ def launch_block(decision: Any, *, x: torch.Tensor, weights: Any) -> torch.Tenso
                                           w.shared_w13.scale_inv.data_ptr())
         p.h_shared = b.h_shared()
         r.launch(r.grid({"tokens": m}), stream)
-    _launch_layer(steps, b, m, x, b.topk_ids, b.topk_w, w.w13.data, w.w13.scale_inv, w.w2.data, w.w2.scale_inv, out,
-                  stream, shared=w)
+
+
+def launch_block_layer(steps: dict[str, rt.Tactic], b: _Buffers, x: torch.Tensor, w: Any, out: torch.Tensor,
+                       stream: int) -> None:
+    """The block's layer step over the 9 routes the route step left in ``b``."""
+    _launch_layer(steps, b, int(x.shape[0]), x, b.topk_ids, b.topk_w, w.w13.data, w.w13.scale_inv, w.w2.data,
+                  w.w2.scale_inv, out, stream, shared=w)
+
+
+def launch_block(decision: Any, *, x: torch.Tensor, weights: Any) -> torch.Tensor:
+    """Op ``moe_fp8_block``: route (+ the shared expert's gate as route 8, and its gate_up at one token) -> the layer
+    over 9 routes, on the current stream."""
+    steps = _steps(decision)
+    b = _bufs(x.device)
+    out = torch.empty(int(x.shape[0]), HIDDEN, dtype=torch.bfloat16, device=x.device)
+    stream = _stream()
+    launch_route(steps, b, x, weights, stream)
+    launch_block_layer(steps, b, x, weights, out, stream)
     return out

@@ -3,13 +3,18 @@
 // to the top 8), and the shared expert as a 9th route: topk_ids[t, 8] = 256, topk_w[t, 8] = sigmoid(bf16(x . w_gate))
 // (the 257th router row); at ONE token also the shared expert's gate_up. One graph-capturable launch.
 //
-// Grid cdiv(M, 4) * 17 + (M == 1 ? 64 : 0), 256 threads:
-//   * block b < tiles * 16 (b = tile * 16 + j): the BF16 logits of tokens [4 tile, +4) for experts [16 j, 16 j + 16) (a
-//     64 KB slice of the 1 MB router weight, so one token still spreads the weight over 16 SMs); the last CTA to finish
-//     a token tile (an atomic counter per tile, reset by that CTA: replays need no memset) selects the tile's top-8;
-//   * block tiles * 16 + tile: the tile's shared-gate logits (the same dot-product arithmetic as a router row) and the
-//     9th route of its tokens;
-//   * block tiles * 17 + i, i < 64 (M == 1 only): h of the shared expert's columns [8 i, 8 i + 8) for token 0, written to
+// Grid cdiv(M, 32) * 17 + (M == 1 ? 64 : 0), 256 threads; every CTA requests its constant weights (router / gate /
+// shared-expert rows) into registers BEFORE waiting for the previous kernel, so a CTA scheduled early (beside the
+// previous kernel) has them in hand when x arrives:
+//   * block b < groups * 17, b = group * 17 + j: token group [32 group, +32); j < 16: the BF16 logits of experts
+//     [16 j, 16 j + 16), j == 16: the shared-gate logit (the 257th row) and the group's 9th route. Tensor cores: mma.sync
+//     m16n8k16 BF16 -> FP32 (16 weight rows x 8 tokens per n-tile, exact products, FP32 sums), warp w takes K columns
+//     [256 w, 256 w + 256) (lane t reads 32 contiguous bytes of its row / token per 64 columns: a K permutation applied
+//     to both operands), the 8 warps' partial sums are added in warp order in shared memory and rounded once to BF16
+//     (an FP32 dot product in another order than the reference's: a different BF16 rounding is a near-tie, which
+//     routing_agreement tells from an error); the last of a group's 16 logit CTAs (an atomic counter per group, reset
+//     by that CTA: replays need no memset) selects the group's top-8;
+//   * block groups * 17 + i, i < 64 (M == 1 only): h of the shared expert's columns [8 i, 8 i + 8) for token 0, written to
 //     h_shared [512] BF16, with moe_layer_t1's arithmetic (x quantized per 128, the m16n8k32 e4m3 core, the scaled FP32
 //     chain over K blocks in order, gate / up rounded to BF16, bf16(SiLU(gate) * up)); moe_layer_t1 then runs only the
 //     shared route's down GEMM (both GEMMs of the shared expert at one token depend on x alone: the gate_up runs here,
@@ -30,6 +35,7 @@
 #define ROUTES 9        // topk_ids / topk_w row stride: 8 routed ranks + the shared expert
 #define SHARED_ID 256   // the shared expert's id in topk_ids
 #define ROUTE_TILES 16  // expert tiles of 16
+#define GROUP 32        // tokens per CTA (4 n-tiles of 8)
 #define GU_CTAS 64      // one-token shared gate_up: 8 columns per CTA
 
 struct RouteParams {
@@ -38,7 +44,7 @@ struct RouteParams {
   __nv_bfloat16* logits;           // [M, 256] scratch
   int* topk_ids;                   // [M, 9] out (8 routed ranks, then the shared expert)
   float* topk_w;                   // [M, 9] out
-  unsigned* counters;              // [ceil(M/4)] workspace, zeroed once, self-resetting
+  unsigned* counters;              // [ceil(M/32)] workspace, zeroed once, self-resetting
   const __nv_bfloat16* w_gate;     // [2048] the shared-expert gate row
   const uint8_t* sw13;             // [1024, 2048] e4m3: the shared expert's gate / up rows (M == 1)
   const float* sw13_scale;         // [8, 16]
@@ -98,29 +104,97 @@ __device__ void topk_token(const RouteParams& p, int t) {
   }
 }
 
-// One weight row (2048 BF16) against the tile's 4 token rows in FP32: each lane covers 64 columns through 8 x 16-byte
-// loads issued before any use; acc[r] is the full dot product of token r in every lane (xor reduction).
-__device__ __forceinline__ void row_dot4(const __nv_bfloat16* wrow, const float (*xs)[HIDDEN], int lane, float (&acc)[4]) {
-  uint4 wv[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) wv[j] = __ldg(reinterpret_cast<const uint4*>(wrow + j * 256 + lane * 8));
-#pragma unroll
-  for (int r = 0; r < 4; ++r) acc[r] = 0.0f;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    float f[8];
-    moe::bf16x8_to_float(wv[j], f);
-    const int c = j * 256 + lane * 8;
-#pragma unroll
-    for (int r = 0; r < 4; ++r)
-#pragma unroll
-      for (int qq = 0; qq < 8; ++qq) acc[r] = fmaf(f[qq], xs[r][c + qq], acc[r]);
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// 32 bytes (16 BF16) of a row at column col, as 8 words; a null row gives zeros
+__device__ __forceinline__ void load16(const __nv_bfloat16* row, int col, uint32_t (&w)[8], bool cg) {
+  uint4 v0 = make_uint4(0u, 0u, 0u, 0u), v1 = v0;
+  if (row != nullptr) {
+    const uint4* q = reinterpret_cast<const uint4*>(row + col);
+    v0 = cg ? __ldcg(q) : __ldg(q);
+    v1 = cg ? __ldcg(q + 1) : __ldg(q + 1);
   }
+  w[0] = v0.x; w[1] = v0.y; w[2] = v0.z; w[3] = v0.w;
+  w[4] = v1.x; w[5] = v1.y; w[6] = v1.z; w[7] = v1.w;
+}
+
+// The logits of one group's tokens for 16 weight rows (j < 16: experts 16 j + r; j == 16: row 0 the shared gate, the
+// others zero), then (j < 16) the group's top-8 by its last CTA, or (j == 16) the group's 9th route.
+__device__ __forceinline__ void route_logits(const RouteParams& p, int grp, int j, float (*red)[4][32][4], int* last) {
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int t0 = grp * GROUP;
+  // A fragments: rows g and g + 8, this warp's 4 blocks of 64 columns, lane t's 16 columns of each (before the wait)
+  const __nv_bfloat16* r0 = j < ROUTE_TILES ? p.w_router + (size_t)(16 * j + g) * HIDDEN : (g == 0 ? p.w_gate : nullptr);
+  const __nv_bfloat16* r1 = j < ROUTE_TILES ? p.w_router + (size_t)(16 * j + g + 8) * HIDDEN : nullptr;
+  uint32_t wa[4][8], wb[4][8];
 #pragma unroll
-  for (int r = 0; r < 4; ++r) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+  for (int blk = 0; blk < 4; ++blk) {
+    const int col = 256 * wid + 64 * blk + 16 * t;
+    load16(r0, col, wa[blk], false);
+    load16(r1, col, wb[blk], false);
   }
+  pdl_wait();
+  pdl_trigger();
+#pragma unroll 1
+  for (int nt = 0; nt < GROUP / 8; ++nt) {
+    if (t0 + nt * 8 >= p.M) break;
+    const int tok = t0 + nt * 8 + g;
+    const __nv_bfloat16* xr = tok < p.M ? p.x + (size_t)tok * HIDDEN : nullptr;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int blk = 0; blk < 4; ++blk) {
+      uint32_t xb[8];
+      load16(xr, 256 * wid + 64 * blk + 16 * t, xb, true);
+      // k-step s: lane t's k slots {2t, 2t+1} = its columns 4s, 4s+1 and {2t+8, 2t+9} = 4s+2, 4s+3 (same map in A and B)
+#pragma unroll
+      for (int s = 0; s < 4; ++s)
+        mma_bf16(acc, wa[blk][2 * s], wb[blk][2 * s], wa[blk][2 * s + 1], wb[blk][2 * s + 1], xb[2 * s], xb[2 * s + 1]);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red[wid][nt][lane][i] = acc[i];
+  }
+  __syncthreads();
+  {  // thread -> (n-tile, fragment lane, row half): the 8 warps' partial sums in warp order, rounded once
+    const int nt = tid >> 6, fl = (tid >> 1) & 31, h = tid & 1;
+    const int row = (fl >> 2) + 8 * h;
+    if (t0 + nt * 8 < p.M && (j < ROUTE_TILES || row == 0)) {
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < 8; ++w) sum += red[w][nt][fl][2 * h + q];
+        const int tok = t0 + nt * 8 + 2 * (fl & 3) + q;
+        if (tok < p.M) {
+          if (j < ROUTE_TILES) {
+            p.logits[(size_t)tok * NUM_EXPERTS + 16 * j + row] = __float2bfloat16_rn(sum);
+          } else {  // the shared gate: route 8 of the token
+            const float l = __bfloat162float(__float2bfloat16_rn(sum));
+            p.topk_ids[tok * ROUTES + TOPK] = SHARED_ID;
+            p.topk_w[tok * ROUTES + TOPK] = 1.0f / (1.0f + expf(-l));
+          }
+        }
+      }
+    }
+  }
+  if (j == ROUTE_TILES) return;
+  // The last CTA of this token group selects the top-8.
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    const unsigned prev = atomicAdd(&p.counters[grp], 1u);
+    *last = prev == ROUTE_TILES - 1;
+  }
+  __syncthreads();
+  if (!*last) return;
+  __threadfence();
+  for (int tt = wid; tt < GROUP && t0 + tt < p.M; tt += 8) topk_token(p, t0 + tt);
+  if (tid == 0) p.counters[grp] = 0u;
 }
 
 // One token's shared-expert h for columns [8 i, 8 i + 8) (moe_layer_t1's gate_up tile and arithmetic): warp w quantizes
@@ -136,7 +210,7 @@ __device__ __forceinline__ void shared_gate_up(const RouteParams& p, int i, uint
   const bool valid = g == 0;
   uint4 a[2][4];
 #pragma unroll
-  for (int h2 = 0; h2 < 2; ++h2) {  // the weights first (the latency to hide), then x
+  for (int h2 = 0; h2 < 2; ++h2) {  // the weights before the wait (constant), then x
     const int kb = 2 * wid + h2;
     const uint8_t* gr = p.sw13 + (size_t)(8 * i + g) * HIDDEN + kb * 128 + t4 * 32;
     const uint8_t* ur = p.sw13 + (size_t)(512 + 8 * i + g) * HIDDEN + kb * 128 + t4 * 32;
@@ -145,6 +219,8 @@ __device__ __forceinline__ void shared_gate_up(const RouteParams& p, int i, uint
     a[h2][2] = __ldg(reinterpret_cast<const uint4*>(ur));
     a[h2][3] = __ldg(reinterpret_cast<const uint4*>(ur + 16));
   }
+  pdl_wait();
+  pdl_trigger();
 #pragma unroll
   for (int h2 = 0; h2 < 2; ++h2) {
     const int grp = 2 * wid + h2;
@@ -184,66 +260,14 @@ __device__ __forceinline__ void shared_gate_up(const RouteParams& p, int i, uint
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(256) moe_route(const RouteParams p) {
-  pdl_wait();
-  pdl_trigger();
-  __shared__ __align__(16) float xs[4][HIDDEN];  // 32 KB: the tile's 4 token rows in FP32 (gate_up CTAs: x_q, fragments)
+  __shared__ __align__(16) float red[8][GROUP / 8][32][4];  // 16 KB: the warps' partial sums (gate_up CTAs: x_q, fragments)
   __shared__ int last;
-  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
-  const int tiles = (p.M + 3) / 4;
-  if ((int)blockIdx.x >= tiles * (ROUTE_TILES + 1)) {  // the one-token shared gate_up
-    const int i = blockIdx.x - tiles * (ROUTE_TILES + 1);
+  const int groups = (p.M + GROUP - 1) / GROUP;
+  if ((int)blockIdx.x >= groups * (ROUTE_TILES + 1)) {  // the one-token shared gate_up
+    const int i = blockIdx.x - groups * (ROUTE_TILES + 1);
     if (p.M != 1 || i >= GU_CTAS) __trap();  // the grid rule: 64 of them at M == 1 only
-    shared_gate_up(p, i, reinterpret_cast<uint8_t*>(&xs[0][0]));
+    shared_gate_up(p, i, reinterpret_cast<uint8_t*>(&red[0][0][0][0]));
     return;
   }
-  const bool gate_cta = (int)blockIdx.x >= tiles * ROUTE_TILES;
-  const int tile = gate_cta ? blockIdx.x - tiles * ROUTE_TILES : blockIdx.x / ROUTE_TILES, etile = blockIdx.x % ROUTE_TILES;
-  const int t0 = tile * 4;
-  const int nt = min(4, p.M - t0);
-  for (int i = tid; i < 4 * HIDDEN / 8; i += blockDim.x) {
-    const int r = i / (HIDDEN / 8), c = (i % (HIDDEN / 8)) * 8;
-    float f[8];
-    if (r < nt) {
-      moe::bf16x8_to_float(__ldcg(reinterpret_cast<const uint4*>(p.x + (size_t)(t0 + r) * HIDDEN + c)), f);
-    } else {
-#pragma unroll
-      for (int q = 0; q < 8; ++q) f[q] = 0.0f;
-    }
-#pragma unroll
-    for (int q = 0; q < 8; ++q) xs[r][c + q] = f[q];
-  }
-  __syncthreads();
-  if (gate_cta) {  // the 257th row: the shared-gate logit (BF16) -> the 9th route
-    if (wid == 0) {
-      float acc[4];
-      row_dot4(p.w_gate, xs, lane, acc);
-      if (lane < nt) {
-        const float l = __bfloat162float(__float2bfloat16_rn(acc[lane]));
-        p.topk_ids[(t0 + lane) * ROUTES + TOPK] = SHARED_ID;
-        p.topk_w[(t0 + lane) * ROUTES + TOPK] = 1.0f / (1.0f + expf(-l));
-      }
-    }
-    return;
-  }
-  // Each warp: 2 experts
-  for (int q = 0; q < 2; ++q) {
-    const int ex = etile * 16 + wid * 2 + q;
-    float acc[4];
-    row_dot4(p.w_router + (size_t)ex * HIDDEN, xs, lane, acc);
-    if (lane == 0) {
-      for (int r = 0; r < nt; ++r) p.logits[(size_t)(t0 + r) * NUM_EXPERTS + ex] = __float2bfloat16_rn(acc[r]);
-    }
-  }
-  // The last CTA of this token tile selects the top-8.
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    const unsigned prev = atomicAdd(&p.counters[tile], 1u);
-    last = prev == ROUTE_TILES - 1;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  if (wid < nt) topk_token(p, t0 + wid);
-  if (tid == 0) p.counters[tile] = 0u;
+  route_logits(p, blockIdx.x / (ROUTE_TILES + 1), blockIdx.x % (ROUTE_TILES + 1), red, &last);
 }
