@@ -3,18 +3,19 @@
 // to the top 8), and the shared expert as a 9th route: topk_ids[t, 8] = 256, topk_w[t, 8] = sigmoid(bf16(x . w_gate))
 // (the 257th router row); at ONE token also the shared expert's gate_up. One graph-capturable launch.
 //
-// Grid cdiv(M, 32) * 17 + (M == 1 ? 64 : 0), 256 threads; every CTA requests its constant weights (router / gate /
-// shared-expert rows) into registers BEFORE waiting for the previous kernel, so a CTA scheduled early (beside the
-// previous kernel) has them in hand when x arrives:
-//   * block b < groups * 17, b = group * 17 + j: token group [32 group, +32); j < 16: the BF16 logits of experts
-//     [16 j, 16 j + 16), j == 16: the shared-gate logit (the 257th row) and the group's 9th route. Tensor cores: mma.sync
-//     m16n8k16 BF16 -> FP32 (16 weight rows x 8 tokens per n-tile, exact products, FP32 sums), warp w takes K columns
+// Grid 16 cdiv(M, 8) + cdiv(M, 32) + (M == 1 ? 64 : 0), 256 threads; every CTA requests its constant weights (router /
+// gate / shared-expert rows) into registers BEFORE waiting for the previous kernel, so a CTA scheduled early (beside
+// the previous kernel) has them in hand when x arrives:
+//   * block b < 16 cdiv(M, 8), b = group * 16 + j: the BF16 logits of tokens [8 group, +8) for experts [16 j, 16 j + 16);
+//     block 16 cdiv(M, 8) + q: the shared-gate logits (the 257th row) of tokens [32 q, +32) and their 9th route.
+//     Tensor cores: mma.sync m16n8k16 BF16 -> FP32 (16 weight rows x 8 tokens per n-tile, exact products, FP32 sums), warp w takes K columns
 //     [256 w, 256 w + 256) (lane t reads 32 contiguous bytes of its row / token per 64 columns: a K permutation applied
 //     to both operands), the 8 warps' partial sums are added in warp order in shared memory and rounded once to BF16
 //     (an FP32 dot product in another order than the reference's: a different BF16 rounding is a near-tie, which
 //     routing_agreement tells from an error); the last of a group's 16 logit CTAs (an atomic counter per group, reset
-//     by that CTA: replays need no memset) selects the group's top-8;
-//   * block groups * 17 + i, i < 64 (M == 1 only): h of the shared expert's columns [8 i, 8 i + 8) for token 0, written to
+//     by that CTA: replays need no memset) selects the group's top-8 (a warp per token). At 128 tokens that is 260
+//     CTAs, two per SM: one wave;
+//   * the last 64 blocks (M == 1 only), i < 64: h of the shared expert's columns [8 i, 8 i + 8) for token 0, written to
 //     h_shared [512] BF16, with moe_layer_t1's arithmetic (x quantized per 128, the m16n8k32 e4m3 core, the scaled FP32
 //     chain over K blocks in order, gate / up rounded to BF16, bf16(SiLU(gate) * up)); moe_layer_t1 then runs only the
 //     shared route's down GEMM (both GEMMs of the shared expert at one token depend on x alone: the gate_up runs here,
@@ -35,7 +36,8 @@
 #define ROUTES 9        // topk_ids / topk_w row stride: 8 routed ranks + the shared expert
 #define SHARED_ID 256   // the shared expert's id in topk_ids
 #define ROUTE_TILES 16  // expert tiles of 16
-#define GROUP 32        // tokens per CTA (4 n-tiles of 8)
+#define GROUP 8         // tokens per logit CTA (one n-tile)
+#define GATE_GROUP 32   // tokens per shared-gate CTA (4 n-tiles)
 #define GU_CTAS 64      // one-token shared gate_up: 8 columns per CTA
 
 struct RouteParams {
@@ -126,9 +128,10 @@ __device__ __forceinline__ void load16(const __nv_bfloat16* row, int col, uint32
 
 // The logits of one group's tokens for 16 weight rows (j < 16: experts 16 j + r; j == 16: row 0 the shared gate, the
 // others zero), then (j < 16) the group's top-8 by its last CTA, or (j == 16) the group's 9th route.
-__device__ __forceinline__ void route_logits(const RouteParams& p, int grp, int j, float (*red)[4][32][4], int* last) {
+// ntiles n-tiles of 8 tokens from t0; grp: the top-8 group's counter (j < 16)
+__device__ __forceinline__ void route_logits(const RouteParams& p, int t0, int ntiles, int grp, int j,
+                                             float (*red)[4][32][4], int* last) {
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, g = lane >> 2, t = lane & 3;
-  const int t0 = grp * GROUP;
   // A fragments: rows g and g + 8, this warp's 4 blocks of 64 columns, lane t's 16 columns of each (before the wait)
   const __nv_bfloat16* r0 = j < ROUTE_TILES ? p.w_router + (size_t)(16 * j + g) * HIDDEN : (g == 0 ? p.w_gate : nullptr);
   const __nv_bfloat16* r1 = j < ROUTE_TILES ? p.w_router + (size_t)(16 * j + g + 8) * HIDDEN : nullptr;
@@ -142,7 +145,7 @@ __device__ __forceinline__ void route_logits(const RouteParams& p, int grp, int 
   pdl_wait();
   pdl_trigger();
 #pragma unroll 1
-  for (int nt = 0; nt < GROUP / 8; ++nt) {
+  for (int nt = 0; nt < ntiles; ++nt) {
     if (t0 + nt * 8 >= p.M) break;
     const int tok = t0 + nt * 8 + g;
     const __nv_bfloat16* xr = tok < p.M ? p.x + (size_t)tok * HIDDEN : nullptr;
@@ -163,7 +166,7 @@ __device__ __forceinline__ void route_logits(const RouteParams& p, int grp, int 
   {  // thread -> (n-tile, fragment lane, row half): the 8 warps' partial sums in warp order, rounded once
     const int nt = tid >> 6, fl = (tid >> 1) & 31, h = tid & 1;
     const int row = (fl >> 2) + 8 * h;
-    if (t0 + nt * 8 < p.M && (j < ROUTE_TILES || row == 0)) {
+    if (nt < ntiles && t0 + nt * 8 < p.M && (j < ROUTE_TILES || row == 0)) {
 #pragma unroll
       for (int q = 0; q < 2; ++q) {
         float sum = 0.0f;
@@ -260,14 +263,18 @@ __device__ __forceinline__ void shared_gate_up(const RouteParams& p, int i, uint
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(256) moe_route(const RouteParams p) {
-  __shared__ __align__(16) float red[8][GROUP / 8][32][4];  // 16 KB: the warps' partial sums (gate_up CTAs: x_q, fragments)
+  __shared__ __align__(16) float red[8][GATE_GROUP / 8][32][4];  // 16 KB: the warps' partial sums (gate_up CTAs: x_q,
+                                                                 // fragments)
   __shared__ int last;
-  const int groups = (p.M + GROUP - 1) / GROUP;
-  if ((int)blockIdx.x >= groups * (ROUTE_TILES + 1)) {  // the one-token shared gate_up
-    const int i = blockIdx.x - groups * (ROUTE_TILES + 1);
+  const int b = blockIdx.x;
+  const int nlog = ROUTE_TILES * ((p.M + GROUP - 1) / GROUP), ngate = (p.M + GATE_GROUP - 1) / GATE_GROUP;
+  if (b < nlog) {
+    route_logits(p, (b / ROUTE_TILES) * GROUP, 1, b / ROUTE_TILES, b % ROUTE_TILES, red, &last);
+  } else if (b < nlog + ngate) {
+    route_logits(p, (b - nlog) * GATE_GROUP, GATE_GROUP / 8, 0, ROUTE_TILES, red, &last);
+  } else {  // the one-token shared gate_up
+    const int i = b - nlog - ngate;
     if (p.M != 1 || i >= GU_CTAS) __trap();  // the grid rule: 64 of them at M == 1 only
     shared_gate_up(p, i, reinterpret_cast<uint8_t*>(&red[0][0][0][0]));
-    return;
   }
-  route_logits(p, blockIdx.x / (ROUTE_TILES + 1), blockIdx.x % (ROUTE_TILES + 1), red, &last);
 }
