@@ -18,7 +18,7 @@
 //   weight copy evict_first: weights are read once per decode step, and the policy keeps x / h / y and the counters in
 //   L2 under the stream).
 // Phases (grid = 128 CTAs, one per SM, cooperative; launched with programmatic dependent launch: every thread waits
-// for the previous kernel at entry, then triggers its dependents, e.g. moe_shared, which runs on the free SMs):
+// for the previous kernel at entry, then triggers its dependents, e.g. the next MoE block's route step):
 //   0. route metadata in shared memory from the top-8 ids (slots = active experts by increasing id, tokens increasing
 //      inside a slot, chunk tables, 256-thread scans); the producers start right after the slot tables; below 128
 //      tokens the scan thread owning the CTA's first gate_up chunk issues its x rows and first weight item at once;

@@ -2,9 +2,9 @@
 // kernel. Contracts moe_routed_t1 (routed experts from given top-8 ids and weights) and moe_block_t1 (moe_route -> this,
 // the shared expert as a 9th route: moe_route computed its h, this kernel runs its down GEMM beside the 8 others).
 //
-// Grid = 128 CTAs (one per SM, cooperative), 384 threads (8 MMA warps + 4 chain warps), ~199 KB of dynamic shared
+// Grid = 128 CTAs (one per SM, cooperative), 384 threads (8 MMA warps + 4 chain warps), ~208 KB of dynamic shared
 // memory; launched with programmatic dependent launch: every thread waits for the previous kernel at entry, then
-// triggers its dependents (moe_shared runs beside it on the free SMs). CTA c: route kq = c / 16, h columns
+// triggers its dependents (the next block's route step requests its weights early). CTA c: route kq = c / 16, h columns
 // [32 j, 32 j + 32) with j = c % 16 (gate rows 32 j.., up rows 512 + 32 j..); down: output rows [16 c, 16 c + 16) of
 // all 8 experts.
 //   * every CTA's weights are requested at entry (L2 evict_first: read once), x is read by the MMA warps before any
