@@ -29,7 +29,7 @@ from netra.engine.grammar import Grammar
 from netra.engine.model import ForwardBatch, Model, prefill_batch
 from netra.engine.options import EngineOptions
 from netra.engine.overlap import StepClock, to_device
-from netra.engine.sampler import SlotSampler, StepResult
+from netra.engine.sampler import SlotSampler, StepResult, StepVariant
 
 log = logging.getLogger("netra.engine")
 
@@ -166,6 +166,10 @@ class Scheduler:
                     self.eager_buckets[b] = why
                     log.warning("decode CUDA graph off for bucket %d: %s", b, why)
         self._graphs: dict[int, tuple[Any, torch.Tensor]] = {}
+        # The sampling step of a captured bucket, one graph per (bucket, variant), replayed right behind the
+        # forward's graph on its static logits: penalties, bias, min-tokens, grammar masks, the draw and the
+        # logprobs run inside captured graphs too (the masks are copied in by `prepare` before the replay).
+        self._sample_graphs: dict[tuple[int, StepVariant], tuple[Any, StepResult]] = {}
         self._graph_pool: Any = None
 
     # ---- thread-safe interface -------------------------------------------------------------------
@@ -434,8 +438,33 @@ class Scheduler:
         self.stats.decode_rows += len(reqs)
         for r in reqs:
             r.cached += 1
-        tokens = self._sample(reqs, logits, self._slots[:bucket])
+        graphed = bucket in self._graphs and logits is self._graphs[bucket][1]
+        tokens = self._sample(reqs, logits, self._slots[:bucket], graphed=graphed)
         self._append(reqs, tokens)
+
+    def _sample_graph(self, bucket: int, variant: StepVariant) -> tuple[Any, StepResult]:
+        """The sampling step of a captured bucket as a CUDA graph over the forward graph's static logits and
+        the persistent slot buffer, captured on first use. Warm-up and capture run with every row on the pad
+        slot (the slots' counts and lengths do not move), then the buffer gets this step's slots back."""
+        key = (bucket, variant)
+        if key not in self._sample_graphs:
+            logits = self._graphs[bucket][1]
+            slots = self._slots[:bucket]
+            saved = slots.clone()
+            slots.fill_(PAD_SLOT)
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                self.sampler.step(logits, slots, variant)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._graph_pool):
+                res = self.sampler.step(logits, slots, variant)
+            self._graph_pool = graph.pool()
+            slots.copy_(saved)
+            self._sample_graphs[key] = (graph, res)
+            log.info("captured the sampling graph for batch bucket %d, %s", bucket, variant)
+        return self._sample_graphs[key]
 
     def _decode_batch(self, bucket: int, max_len: int) -> ForwardBatch:
         """The decode batch over the persistent buffers' first ``bucket`` rows."""
@@ -470,13 +499,19 @@ class Scheduler:
         self._graphs[bucket] = (graph, out)
         log.info("captured the decode graph for batch bucket %d", bucket)
 
-    def _sample(self, reqs: list[Request], logits: torch.Tensor, slots: torch.Tensor) -> list[int]:
+    def _sample(self, reqs: list[Request], logits: torch.Tensor, slots: torch.Tensor, graphed: bool = False) -> list[int]:
         """Tokens for ``reqs`` (the first ``len(reqs)`` rows of ``logits``; rows past them are padding
-        on the pad slot), through the per-slot sampler; logprobs recorded on the requests that asked."""
+        on the pad slot), through the per-slot sampler; logprobs recorded on the requests that asked.
+        graphed: ``logits`` are a captured bucket's static output and ``slots`` its persistent buffer: the
+        step replays that bucket's sampling graph for this step's variant."""
         t, c = time.perf_counter(), time.thread_time()
         variant = self.sampler.variant([r.params for r in reqs], [r.slot for r in reqs])
         self.sampler.prepare([r.slot for r in reqs])
-        res = self.sampler.step(logits, slots, variant)
+        if graphed:
+            graph, res = self._sample_graph(logits.shape[0], variant)
+            graph.replay()
+        else:
+            res = self.sampler.step(logits, slots, variant)
         self.clock.sync()  # the step's one wait for the device: its tokens are read next
         n = len(reqs)
         tokens: list[int] = res.tokens[:n].tolist()
