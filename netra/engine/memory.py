@@ -6,8 +6,9 @@ recurrent state and its convolution window. So the pools' memory is ``(slots + 1
 is the pad row's) and the slot count follows from a byte budget:
 
 - on CUDA, after the weights are loaded: ``free - total x (1 - mem_fraction_static)``
-  (`torch.cuda.mem_get_info`; SGLang's rule, so ``mem_fraction_static`` means the same: the share of the
-  device's memory that weights and pools may take; the rest is for activations, graphs and workspaces);
+  (`torch.cuda.mem_get_info`, plus what this process's caching allocator holds unused; SGLang's rule,
+  so ``mem_fraction_static`` means the same: the share of the device's memory that weights and pools
+  may take; the rest is for activations, graphs and workspaces);
 - anywhere, ``--pool-memory-gib`` states the budget outright (a CPU's only way to size by memory).
 
 ``max_running_requests`` caps the count. A request that finds no free slot waits in the admission
@@ -63,6 +64,8 @@ def plan_pools(options: EngineOptions, cfg: ModelConfig, device: torch.device, s
         budget, source = int(options.pool_memory_gib * 2**30), "--pool-memory-gib"
     elif device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
+        # blocks this process's caching allocator holds but no tensor uses are free for the pools too
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         frac = options.mem_fraction_static or DEFAULT_MEM_FRACTION
         budget = int(free - total * (1.0 - frac))
         source = (f"free device memory ({free / 2**30:.2f} of {total / 2**30:.2f} GiB, "
