@@ -1,5 +1,6 @@
-"""The scheduler on a CUDA device (tiny preset): mixed steps against requests served alone, pools sized
-from the free device memory, and the step clock (host time, device idle gap) read from CUDA events."""
+"""The scheduler on a CUDA device (tiny preset): the decode rows of mixed steps against decode-only steps
+(and requests served alone, reported), pools sized from the free device memory, and the step clock
+(host time, device idle gap) read from CUDA events."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.gpu
 
 GREEDY = SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True)
 SHORT = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
-RUNNING = [("a", [3, 1, 4, 1, 5], GREEDY), ("b", list(range(60, 90)), GREEDY)]
+RUNNING = [("a", [3, 1, 4, 1, 5], GREEDY), ("b", list(range(60, 85)), GREEDY)]  # one 32-token prefill step
 ARRIVING = [(f"p{i}", [(i * 13 + j * 7) % 251 for j in range(40 + 23 * i)], SHORT) for i in range(4)]
 
 
@@ -43,27 +44,81 @@ def _collect(e: Engine, reqs: list[tuple[str, list[int], SamplingParams]], got: 
     torch.cuda.synchronize()
 
 
+def _spy_logits(e: Engine, n: int) -> list[torch.Tensor]:
+    """The first ``n`` rows of the logits each sampling call of ``e`` sees (the decode rows come first)."""
+    seen: list[torch.Tensor] = []
+    real = e.scheduler._sample
+
+    def spy(reqs, logits, slots):  # type: ignore[no-untyped-def]
+        seen.append(logits[:n].clone())
+        return real(reqs, logits, slots)
+
+    e.scheduler._sample = spy  # type: ignore[method-assign]
+    return seen
+
+
 @pytest.mark.parametrize("graphs", [True, False])
-def test_mixed_steps_on_cuda_against_requests_served_alone(graphs: bool) -> None:
+def test_decode_rows_of_mixed_steps_equal_decode_only_steps_on_cuda(graphs: bool) -> None:
+    """Two requests decode; in one engine prompts arrive (mixed steps), in its twin none do (decode steps).
+    While the same two requests are the decode rows, their logits must be the decode-only path's:
+    bitwise for split (the same bucket's graph or eager decode forward); fused is reported."""
+    engines = {}
+    for mode in ("base", "split", "fused"):
+        e = _engine(mixed_chunk="split" if mode == "base" else mode, disable_cuda_graph=not graphs)
+        _collect_start(e)
+        engines[mode] = e
+    base_seen = _spy_logits(engines["base"], 2)
+    for mode in ("split", "fused"):
+        e = engines[mode]
+        seen = _spy_logits(e, 2)
+        for rid, p, params in reversed(ARRIVING):  # 109 tokens first: 4 chunks of <= 32 before it decodes
+            e.scheduler.submit(Request(rid, p, params, lambda out: None))
+        e.scheduler._drain(block=False)
+        steps = 0
+        while (e.scheduler.waiting or e.scheduler.prefilling) and len(e.scheduler.decoding) == 2:
+            e.scheduler.step()
+            steps += 1
+        assert e.scheduler.stats.mixed_steps == steps >= 3
+        while len(base_seen) < steps:
+            engines["base"].scheduler.step()
+        same = [torch.equal(a, b) for a, b in zip(seen[:steps], base_seen[:steps], strict=True)]
+        diff = max(float((a - b).abs().max()) for a, b in zip(seen[:steps], base_seen[:steps], strict=True))
+        print(f"graphs {graphs} {mode}: {steps} mixed steps, decode-row logits bitwise equal to decode-only in "
+              f"{sum(same)} of {steps} (max |dlogit| {diff:.3g})")
+        if mode == "split":
+            assert all(same)
+    torch.cuda.synchronize()
+
+
+def _collect_start(e: Engine) -> None:
+    """RUNNING submitted and stepped until both decode (a prefill step, then decode steps)."""
+    for rid, p, params in RUNNING:
+        e.scheduler.submit(Request(rid, p, params, lambda out: None))
+    e.scheduler._drain(block=False)
+    for _ in range(3):
+        e.scheduler.step()
+    assert len(e.scheduler.decoding) == 2 and not e.scheduler.prefilling
+
+
+def test_mixed_steps_on_cuda_against_requests_served_alone() -> None:
+    """Reported, not asserted beyond completion: on a GPU the reference ops are not batch-invariant (FP32
+    accumulation order depends on the row count), so served-alone equality is a property of the ops, not
+    of the scheduler; this line shows how far it holds per mode."""
     alone: dict[str, list[int]] = {}
-    base = _engine(disable_cuda_graph=not graphs)
+    base = _engine()
     for r in RUNNING + ARRIVING:
         _collect(base, [r], alone)
-    for mode in ("split", "fused"):
-        e = _engine(mixed_chunk=mode, disable_cuda_graph=not graphs)
+    for mode in ("off", "split", "fused"):
+        e = _engine(mixed_chunk=mode)
         got: dict[str, list[int]] = {}
         _collect(e, RUNNING, got, then=ARRIVING)
         st = e.scheduler.stats
         same = [rid for rid, *_ in RUNNING + ARRIVING if got[rid] == alone[rid]]
-        print(f"graphs {graphs} mixed-chunk {mode}: {st.mixed_steps} mixed steps; identical to served alone: "
+        print(f"mixed-chunk {mode}: {st.mixed_steps} mixed steps; identical to served alone: "
               f"{len(same)} of {len(RUNNING + ARRIVING)} ({same}); host {1e3 * st.host_s / st.steps:.2f} ms/step, "
               f"device gap {1e3 * st.gap_s / st.steps:.2f} ms/step")
-        assert st.mixed_steps > 0
+        assert (st.mixed_steps > 0) == (mode != "off")
         assert all(len(got[rid]) == p.max_new_tokens for rid, _, p in RUNNING + ARRIVING)
-        if mode == "split":  # decode rows on the decode path itself (its graphs): exact by construction
-            assert got == alone
-        # fused: decode rows share GEMMs with the prompt tokens (another M): exact only where every row-wise
-        # op is batch-invariant on this device; the line above says whether it was
 
 
 def test_pools_are_sized_from_the_free_device_memory() -> None:
