@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             checks["requests_sent"] += n_req
             checks["requests_completed"] += len(res)
             checks["token_mismatches"] += sum(r["n"] != args.output_len for r in res)
-            d = {k: after[k] - before[k] for k in ("steps", "decode_steps", "prefill_steps", "decode_rows",
+            d = {k: after[k] - before[k] for k in ("steps", "decode_steps", "prefill_steps", "mixed_steps", "decode_rows",
                                                    "padded_rows", "forward_s", "sample_s", "step_s",
                                                    "forward_cpu_s", "sample_cpu_s", "step_cpu_s")}
             steps = max(1, d["steps"])
@@ -159,7 +159,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                              "overhead_cpu_ms_per_step": 1e3 * (d["step_cpu_s"] - d["forward_cpu_s"]
                                                                 - d["sample_cpu_s"]) / steps,
                              "overhead_fraction_of_step": overhead / max(1e-9, d["step_s"]),
-                             "mean_decode_batch": d["decode_rows"] / max(1, d["decode_steps"])}
+                             # decode rows ride in decode steps and in mixed steps (prompts arriving)
+                             "mean_decode_batch": d["decode_rows"] / max(1, d["decode_steps"] + d["mixed_steps"])}
             ttft = [r["ttft"] * 1e3 for r in res]
             tpot = [r["tpot"] * 1e3 for r in res if r["n"] > 1]
             rows.append({"scenario": "engine-tiny-closed-loop", "concurrency": c, "requests": len(res),
