@@ -76,6 +76,7 @@ def main() -> int:
     ap.add_argument("--batches", default="128")
     ap.add_argument("--ssm-dtype", default="float32", choices=("float32", "bfloat16"))
     ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--eager-runs", type=int, default=2, help="eager runs per batch, each compared with the first")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -89,7 +90,7 @@ def main() -> int:
         fb = step.decode_batch(engine, b, lens, seed=b)
         snap = step.snapshot(engine, b)
         runs = []
-        for _ in range(2):
+        for _ in range(args.eager_runs):
             step.restore(engine, b, snap)
             rec.calls = []
             engine.model.forward(fb)
@@ -103,7 +104,7 @@ def main() -> int:
         step.restore(engine, b, snap)
         graph.replay()
         torch.cuda.synchronize()
-        row = {"batch": b, "eager_vs_eager": first_diff(runs[0], runs[1]),
+        row = {"batch": b, "eager_vs_eager": [first_diff(runs[0], r) for r in runs[1:]],
                "eager_vs_replay": first_diff(runs[0], captured)}
         result["rows"].append(row)
         print(json.dumps(row), flush=True)
