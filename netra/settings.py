@@ -58,6 +58,8 @@ SETTINGS: dict[str, Setting] = {
         Setting("NETRA_LOG_LEVEL", str, "INFO", "logging level of netra processes"),
         Setting("NETRA_LOG_FORMAT", str, "text", "log lines as text or json (one object per line)"),
         Setting("NETRA_DISABLE_TACTICS", bool, False, "force every op onto its fallback (A/B control arm)"),
+        Setting("NETRA_NO_PDL", bool, False, "launch every tactic without programmatic dependent launch, whatever "
+                "its contract says (a control arm for races between adjacent kernels)"),
         Setting("NETRA_GDN_PREFILL", str, "fla", "GDN prefill on CUDA: fla (fla-core's chunk_gated_delta_rule) or "
                 "reference (the PyTorch reference)"),
         Setting("NETRA_IMAGE_LOCK", Path, REPO_ROOT / "images" / "lock.json",

@@ -131,8 +131,20 @@ class Tactic:
 
     @property
     def entry(self) -> Any:
-        """A Triton module's entry function, called as ``entry(launch, **op_args)``."""
-        return self.function
+        """A Triton module's entry function, called as ``entry(launch, **op_args)`` (under ``NETRA_NO_PDL``, with
+        the launch's ``PDL`` meta turned off)."""
+        from netra import settings
+
+        fn = self.function
+        if not settings.get("NETRA_NO_PDL"):
+            return fn
+
+        def no_pdl(launch: dict[str, Any], **op_args: Any) -> Any:
+            meta = dict(launch.get("meta", {}))
+            if "PDL" in meta:
+                meta["PDL"] = 0
+            return fn({**launch, "meta": meta, "pdl": False}, **op_args)
+        return no_pdl
 
     @property
     def cluster(self) -> int:
@@ -140,7 +152,9 @@ class Tactic:
 
     @property
     def pdl(self) -> bool:
-        return bool(self.launch_spec.get("pdl", False))
+        from netra import settings
+
+        return bool(self.launch_spec.get("pdl", False)) and not settings.get("NETRA_NO_PDL")
 
     @property
     def cooperative(self) -> bool:
