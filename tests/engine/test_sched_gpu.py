@@ -49,9 +49,9 @@ def _spy_logits(e: Engine, n: int) -> list[torch.Tensor]:
     seen: list[torch.Tensor] = []
     real = e.scheduler._sample
 
-    def spy(reqs, logits, slots):  # type: ignore[no-untyped-def]
+    def spy(reqs, logits, slots, **kw):  # type: ignore[no-untyped-def]
         seen.append(logits[:n].clone())
-        return real(reqs, logits, slots)
+        return real(reqs, logits, slots, **kw)
 
     e.scheduler._sample = spy  # type: ignore[method-assign]
     return seen
