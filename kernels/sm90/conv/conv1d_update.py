@@ -102,6 +102,11 @@ def _conv1d_update_kernel(
     y = y + x.to(tl.float32) * w3
     y = y / (1.0 + tl.exp(-y))
 
+    # Every thread's state loads (s0..s2, old_a/b) must be performed before any thread overwrites the run: the taps
+    # s0..s2 of channel c (thread c's layout) and the flat run (m_a / m_b's layout) give one element to threads of
+    # different warps, and Triton orders global memory only per thread (no barrier of its own here: the PTX had
+    # none), so a warp running ahead stored the shifted state under a slower warp's tap loads (issue 19).
+    tl.debug_barrier()
     tl.store(st + m_a, new_a, mask=in_a)
     tl.store(st + m_b, new_b, mask=in_b)
     tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask_c)
