@@ -97,3 +97,30 @@ def interp_source() -> Iterator[Callable[[str], Any]]:
         yield _triton.load_source
     finally:
         undo()
+
+
+
+@pytest.fixture
+def compile_sm90(tmp_path: Any) -> Callable[[str], Any]:
+    """``compile_sm90(script)``: run a Triton-for-sm90 compile script in a fresh process (an interpreted process
+    cannot compile: this one turned the interpreter on before triton's import), from the repository root with its
+    own Triton cache; returns the JSON its last stdout line prints."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+
+    def run(script: str) -> Any:
+        path = Path(tmp_path) / "compile.py"
+        path.write_text(script)
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env["TRITON_CACHE_DIR"] = str(Path(tmp_path) / "cache")
+        proc = subprocess.run([sys.executable, str(path)], cwd=Path(__file__).resolve().parents[2],
+                              capture_output=True, text=True, env=env, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    return run

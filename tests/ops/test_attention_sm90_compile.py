@@ -6,16 +6,10 @@ interpreter on before triton is imported, and an interpreted process cannot comp
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
+from typing import Any
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent("""
     import importlib.util, json, re, subprocess, sys, tempfile
@@ -78,16 +72,8 @@ SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_attention_kernels_compile_for_sm90_without_spills(tmp_path: Path) -> None:
-    pytest.importorskip("triton")
-    script = tmp_path / "compile.py"
-    script.write_text(SCRIPT)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
-    proc = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, env=env,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+def test_attention_kernels_compile_for_sm90_without_spills(compile_sm90: Any) -> None:
+    res = compile_sm90(SCRIPT)
     for name, r in res.items():
         assert r["spills"] == 0, (name, r)
         assert r["shared"] <= 232448 // 2, (name, r)  # two CTAs per SM must fit (228 KB per SM)

@@ -11,16 +11,10 @@ PTX: every global store comes after a ``bar.sync`` that follows every global loa
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
+from typing import Any
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent("""
     import importlib.util, json
@@ -72,16 +66,8 @@ def test_ordered_helper_rejects_the_racy_order() -> None:
 
 
 @pytest.mark.slow
-def test_conv_update_orders_its_state_loads_before_the_in_place_stores(tmp_path: Path) -> None:
-    pytest.importorskip("triton")
-    script = tmp_path / "compile.py"
-    script.write_text(SCRIPT)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
-    proc = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, env=env,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+def test_conv_update_orders_its_state_loads_before_the_in_place_stores(compile_sm90: Any) -> None:
+    res = compile_sm90(SCRIPT)
     for name, lines in res.items():
         ok, why = _ordered(lines)
         assert ok, (name, why)
