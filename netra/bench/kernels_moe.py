@@ -305,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_checks:
         ties = with_router_ties(w)
         for c in contracts:
+            if not any(c.dims["tokens"].contains(t) for t in CHECK_TOKENS):
+                continue  # moe_block_prefill (129..8192 tokens): scripts/gpu/moe_prefill.py checks it
             checks[c.name] = check_contract(c, w, ties)
             log(f"check {c.name}: {checks[c.name]['cases']} cases, ok={checks[c.name]['ok']}, "
                 f"worst rel-L2 {checks[c.name]['worst_rel_l2']:.2e}")

@@ -257,9 +257,10 @@ def moe(x: torch.Tensor, w: MoEWeights) -> torch.Tensor:
     """The model's MoE block ``x [T, H] BF16 -> [T, H] BF16`` through dispatch (op ``moe_fp8_block``).
 
     Tactics (sm90): ``moe_block_t1`` (1 token), ``moe_block_stream`` (2..128): router + top-8 + routed experts
-    + the gated shared expert (docs/moe.md). Fallback: `moe_dense_ref` for small ``tokens · experts``,
-    `moe_ref` otherwise (identical arithmetic); calls outside every contract (another shape, dtype, layout,
-    more than 128 tokens) get it with the reason logged once."""
+    + the gated shared expert (docs/moe.md); ``moe_block_prefill`` (129..8192, eager: the Triton grouped GEMMs of
+    kernels/sm90/moe/moe_prefill.py). Fallback: `moe_dense_ref` for small ``tokens · experts``, `moe_ref`
+    otherwise (identical arithmetic); calls outside every contract (another shape, dtype, layout, more than 8192
+    tokens) get it with the reason logged once."""
     op, tensors, dims, quant = _block_call(x, w)
     hit = route(op, tensors, dims, quant=quant, reduction_order="fixed")
     if hit is not None:
@@ -287,6 +288,11 @@ def moe_routed(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: 
 
 def _launch_block(decision: dispatch.Decision, **kw: object) -> torch.Tensor:
     from netra.ops import moe_sm90
+
+    if getattr(decision.tactic, "obj", None) is not None and decision.tactic.obj.kind == "triton":  # type: ignore[union-attr]
+        from netra.ops._triton import launch_tactic
+
+        return launch_tactic(decision, **kw)  # type: ignore[no-any-return]  # moe_block_prefill
 
     return moe_sm90.launch_block(decision, **kw)  # type: ignore[arg-type]
 
@@ -320,6 +326,7 @@ def explain_signatures() -> list[tuple[str, Signature]]:
 
     out = [(f"block, {t} token(s)", sig(BLOCK_OP, t)) for t in (1, 2, 8, 64, 128)]
     out += [("block, prefill chunk of 2048 tokens", sig(BLOCK_OP, 2048, phase="eager")),
+            ("block, prefill chunk of 16384 tokens", sig(BLOCK_OP, 16384, phase="eager")),
             ("block, 128 experts", sig(BLOCK_OP, 8, experts=128)),
             ("block, no shared expert", sig(BLOCK_OP, 8, shared=0)),
             ("block, strided x", sig(BLOCK_OP, 8, layout="strided")),

@@ -1,0 +1,145 @@
+"""The prefill MoE block tactic (kernels/sm90/moe/moe_prefill.py, contract ``moe_block_prefill``) under Triton's
+CPU interpreter, against the block oracle `moe_ref` per the contract's declared relative-L2 tolerance, on a small
+shape (16 experts top-4, hidden 256, expert and shared width 128): random chunks, adversarial rows (1e4 / 1e-4
+magnitudes, zero rows, an outlier group), router ties (duplicated router rows: the lowest expert wins, as the
+oracle); the sort/align tile table against a plain loop; the contract's domain through dispatch (129..8192
+tokens, eager only: the decode contracts keep 1..128)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import torch
+
+from netra.catalog import Catalog
+from netra.dispatch import plan
+from netra.ops import _triton, fp8
+from netra.ops.linear import Weight
+from netra.ops.moe import MoEWeights, explain_signatures, moe_ref, moe_route_ref
+
+CONTRACT = "kernels/sm90/moe/moe_block_prefill.contract.json"
+E, K, H, WIDTH = 16, 4, 256, 128
+
+
+def weights(seed: int, tie: bool = False) -> MoEWeights:
+    g = torch.Generator().manual_seed(seed)
+
+    def q(t: torch.Tensor) -> Weight:
+        return Weight(*fp8.block_quantize_weight(t))
+
+    router = torch.randn(E, H, generator=g) / H ** 0.5
+    if tie:  # experts 3 and 9, 5 and 6 have identical router rows: every token ties them
+        router[9], router[6] = router[3], router[5]
+    w13 = torch.randn(E, 2 * WIDTH, H, generator=g) / H ** 0.5
+    w13[2] *= 30.0  # an expert with large weights (its own block scales)
+    return MoEWeights(router=Weight(router.bfloat16()), w13=q(w13), w2=q(torch.randn(E, H, WIDTH, generator=g) / WIDTH ** 0.5),
+                      shared_w13=q(torch.randn(2 * WIDTH, H, generator=g) / H ** 0.5),
+                      shared_w2=q(torch.randn(H, WIDTH, generator=g) / WIDTH ** 0.5),
+                      shared_gate=Weight((torch.randn(1, H, generator=g) / H ** 0.5).bfloat16()), top_k=K,
+                      renormalize=True)
+
+
+def chunk(t: int, seed: int, adversarial: bool = False) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, H, generator=g)
+    if adversarial:
+        x[0::7] *= 1e4
+        x[1::7] *= 1e-4
+        x[2::11] = 0.0
+        x[:, 128:256] *= torch.where(torch.arange(t) % 3 == 0, 50.0, 1.0)[:, None]
+    return x.bfloat16()
+
+
+@pytest.fixture(scope="module")
+def prefill(interp_source: Any) -> tuple[Any, dict[str, Any], Any]:
+    doc = _triton.read_contract(CONTRACT)
+    mod = interp_source(doc["kernel"]["source"])
+    return getattr(mod, doc["kernel"]["symbol"]), doc, mod
+
+
+def rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((got.double() - ref.double()).norm() / ref.double().norm().clamp(min=1e-300))
+
+
+# SiLU of a large negative gate: exp overflows to inf in NumPy and g / inf = -0, as on the GPU
+pytestmark = [pytest.mark.triton_interp, pytest.mark.filterwarnings("ignore:overflow encountered in exp")]
+
+
+@pytest.mark.parametrize("tokens,seed,adversarial,tie", [(40, 1, False, False), (300, 2, False, True),
+                                                         (173, 3, True, False)])
+def test_block_against_the_oracle(prefill, tokens: int, seed: int, adversarial: bool, tie: bool) -> None:
+    entry, doc, _ = prefill
+    w = weights(seed, tie=tie)
+    x = chunk(tokens, seed, adversarial)
+    got = entry(doc["launch"], x=x, weights=w)
+    ref = moe_ref(x, w)
+    assert got.shape == ref.shape and got.dtype == torch.bfloat16
+    assert bool(torch.isfinite(got).all())
+    err = rel_l2(got, ref)
+    assert err <= doc["numerics"]["rtol"], err
+    # row by row too: a small row (1e-4 scale, or a zero row) must not hide behind the large ones
+    scale = ref.double().norm(dim=1).clamp(min=1e-30)
+    row_err = (got.double() - ref.double()).norm(dim=1) / scale
+    assert float(row_err.max()) <= 4 * doc["numerics"]["rtol"], float(row_err.max())
+    zero = x.float().abs().amax(dim=1) == 0
+    assert bool((got[zero] == ref[zero]).all())
+
+
+def test_ties_route_to_the_lowest_expert(prefill) -> None:
+    """With duplicated router rows the tactic's output equals the oracle's on routing the tie to the lowest index
+    and differs clearly from a routing that sends it to the higher one."""
+    entry, doc, _ = prefill
+    w = weights(5, tie=True)
+    x = chunk(48, 5)
+    logits = (x.double() @ w.router.data.double().t()).to(torch.bfloat16)
+    tw, ids = moe_route_ref(logits, K, True)
+    assert bool(((ids == 3) | (ids == 5)).any())
+    assert not bool(((ids == 9) & ~(ids == 3).any(dim=1, keepdim=True)).any())  # 9 only behind 3
+    got = entry(doc["launch"], x=x, weights=w)
+    swapped = torch.where(ids == 3, torch.full_like(ids, 9), torch.where(ids == 9, torch.full_like(ids, 3), ids))
+    ref, wrong = moe_ref(x, w, routing=(tw, ids)), moe_ref(x, w, routing=(tw, swapped))
+    assert rel_l2(got, ref) <= doc["numerics"]["rtol"]
+    assert rel_l2(got, wrong) > 10 * rel_l2(got, ref)
+
+
+def test_tile_table_covers_every_route_once(prefill) -> None:
+    _, _, mod = prefill
+    g = torch.Generator().manual_seed(7)
+    t, s, bm = 97, K + 1, 16
+    ids = torch.cat([torch.randint(0, E, (t, K), generator=g) ** 2 % E, torch.full((t, 1), E)], dim=1)
+    max_tiles = -(-t * s // bm) + E + 1
+    order, t_exp, t_row, t_cnt = mod.tile_table(ids, E, bm, max_tiles)
+    flat = ids.reshape(-1)
+    assert torch.equal(order.long(), torch.argsort(flat, stable=True))
+    seen = torch.zeros(t * s, dtype=torch.int64)
+    used = 0
+    for j in range(max_tiles):
+        e = int(t_exp[j])
+        if e < 0:
+            assert j >= used
+            continue
+        used += 1
+        rows = order[int(t_row[j]):int(t_row[j]) + int(t_cnt[j])].long()
+        assert 0 < int(t_cnt[j]) <= bm and bool((flat[rows] == e).all())
+        seen[rows] += 1
+    assert bool((seen == 1).all())
+    assert used == int(((torch.bincount(flat, minlength=E + 1) + bm - 1) // bm).sum())
+
+
+def test_contract_covers_prefill_chunks_only() -> None:
+    """Through dispatch at experiment maturity: 129..8192 eager tokens of the full shape select moe_block_prefill;
+    128 tokens keep the decode contract; a capture and 8193 tokens are outside it."""
+    cat = Catalog.load()
+    base = dict(explain_signatures())["block, prefill chunk of 2048 tokens"]
+
+    def pick(tokens: int, phase: str = "eager") -> str | None:
+        dims = tuple((k, tokens if k == "tokens" else v) for k, v in base.dims)
+        sig = dataclasses.replace(base, dims=dims, graph_phase=phase)
+        d = plan(sig, cat, "experiment")
+        return d.contract.name if d.contract is not None else None
+
+    assert pick(129) == pick(2048) == pick(8192) == "moe_block_prefill"
+    assert pick(128) == "moe_block_stream"
+    assert pick(8193) is None and pick(2048, "capture") is None
