@@ -67,6 +67,24 @@ def _router_kernel(x_ptr, wr_ptr, wg_ptr, out_ptr, T, E, H, BLOCK_M: tl.constexp
 
 
 @triton.jit
+def _quant_groups(x):
+    """Rows of FP32 values, one group of 128 per row -> (E4M3 values, FP32 scales): amax, scale = max(amax, 1e-10) /
+    448 and q = e4m3(clamp(x / scale)) with IEEE divisions (netra/ops/fp8.py)."""
+    s = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), 1e-10), 448.0)
+    return tl.clamp(tl.math.div_rn(x, s[:, None]), -448.0, 448.0).to(tl.float8e4nv), s
+
+
+@triton.jit
+def _tile(t_exp_ptr, t_row_ptr, t_cnt_ptr, pid_t, BLOCK_M: tl.constexpr):
+    """A tile-table entry: (expert, or -1 for an unused entry; its sorted-route rows; their mask)."""
+    e = tl.load(t_exp_ptr + pid_t)
+    row0 = tl.load(t_row_ptr + pid_t)
+    cnt = tl.load(t_cnt_ptr + pid_t)
+    offs_m = tl.arange(0, BLOCK_M)
+    return e, row0 + offs_m, offs_m < cnt
+
+
+@triton.jit
 def _quant_rows_kernel(x_ptr, xq_ptr, xs_ptr, K, NKB: tl.constexpr, KB_P2: tl.constexpr):
     """One row: x [K] BF16 -> xq [K] E4M3 and xs [K / 128] FP32 (per group of 128, IEEE divisions)."""
     row = tl.program_id(0)
@@ -75,8 +93,7 @@ def _quant_rows_kernel(x_ptr, xq_ptr, xs_ptr, K, NKB: tl.constexpr, KB_P2: tl.co
     gmask = g < NKB
     offs = row * K + g[:, None] * 128 + c[None, :]
     x = tl.load(x_ptr + offs, mask=gmask[:, None], other=0.0).to(tl.float32)
-    sa = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), 1e-10), 448.0)
-    q = tl.clamp(tl.math.div_rn(x, sa[:, None]), -448.0, 448.0).to(tl.float8e4nv)
+    q, sa = _quant_groups(x)
     tl.store(xq_ptr + offs, q, mask=gmask[:, None])
     tl.store(xs_ptr + row * NKB + g, sa, mask=gmask)
 
@@ -88,13 +105,8 @@ def _gate_up_kernel(xq_ptr, xs_ptr, tok_ptr, t_exp_ptr, t_row_ptr, t_cnt_ptr, w1
     BLOCK_K: tl.constexpr = 128
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
-    e = tl.load(t_exp_ptr + pid_t)
+    e, rows, m_mask = _tile(t_exp_ptr, t_row_ptr, t_cnt_ptr, pid_t, BLOCK_M)
     if e >= 0:
-        row0 = tl.load(t_row_ptr + pid_t)
-        cnt = tl.load(t_cnt_ptr + pid_t)
-        offs_m = tl.arange(0, BLOCK_M)
-        m_mask = offs_m < cnt
-        rows = row0 + offs_m
         tok = tl.load(tok_ptr + rows, mask=m_mask, other=0)
         nkb = H // BLOCK_K
         if e == E:
@@ -125,8 +137,7 @@ def _gate_up_kernel(xq_ptr, xs_ptr, tok_ptr, t_exp_ptr, t_row_ptr, t_cnt_ptr, w1
         g = acc_g.to(tl.bfloat16).to(tl.float32)
         u = acc_u.to(tl.bfloat16).to(tl.float32)
         h = (g / (1.0 + tl.exp(-g)) * u).to(tl.bfloat16).to(tl.float32)
-        sh = tl.math.div_rn(tl.maximum(tl.max(tl.abs(h), axis=1), 1e-10), 448.0)
-        q = tl.clamp(tl.math.div_rn(h, sh[:, None]), -448.0, 448.0).to(tl.float8e4nv)
+        q, sh = _quant_groups(h)
         tl.store(hq_ptr + rows[:, None].to(tl.int64) * N_I + offs_n[None, :], q, mask=m_mask[:, None])
         tl.store(hs_ptr + rows * (N_I // BLOCK_K) + pid_n, sh, mask=m_mask)
 
@@ -138,13 +149,8 @@ def _down_kernel(hq_ptr, hs_ptr, route_ptr, rw_ptr, t_exp_ptr, t_row_ptr, t_cnt_
     BLOCK_K: tl.constexpr = 128
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
-    e = tl.load(t_exp_ptr + pid_t)
+    e, rows, m_mask = _tile(t_exp_ptr, t_row_ptr, t_cnt_ptr, pid_t, BLOCK_M)
     if e >= 0:
-        row0 = tl.load(t_row_ptr + pid_t)
-        cnt = tl.load(t_cnt_ptr + pid_t)
-        offs_m = tl.arange(0, BLOCK_M)
-        m_mask = offs_m < cnt
-        rows = row0 + offs_m
         rte = tl.load(route_ptr + rows, mask=m_mask, other=0)
         rw = tl.load(rw_ptr + rte, mask=m_mask, other=0.0)
         nkb = N_I // BLOCK_K
