@@ -38,9 +38,15 @@ URL=http://127.0.0.1:8000
 INFO=http://127.0.0.1:30000
 BENCH=(python3 -m netra bench serve --url "$URL" --info-url "$INFO" --workers 1 --results-dir "$REC")
 
+# The device call's own limit: every step is cut to what is left of DEADLINE_S (from the script's start)
+# less a margin for stopping the deployment and packing the logs.
+DEADLINE_S=${DEADLINE_S:-570}
 step() {  # step NAME LIMIT_S COMMAND...
   local name=$1 limit=$2
   shift 2
+  local left=$((DEADLINE_S - SECONDS - 25))
+  (( left < limit )) && limit=$left
+  if (( limit < 10 )); then echo "$name skipped: no time left" | tee -a "$summary"; return 124; fi
   local t0=$SECONDS
   timeout --signal=TERM --kill-after=15 "$limit" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
@@ -52,7 +58,7 @@ launch() {  # launch NAME [ENV=VALUE...]
   local name=$1
   shift
   rm -rf "$RUN"
-  step "launch_$name" 900 env "$@" python3 -m netra launch --profile dp1-h200 --run-dir "$RUN" --detach
+  step "launch_$name" 420 env "$@" python3 -m netra launch --profile dp1-h200 --run-dir "$RUN" --detach
 }
 
 stop() {
