@@ -27,6 +27,9 @@ export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 PATH=$PWD/.nginx/bin:$PATH
 # Contracts measured on the H200 but not yet promoted are selected too; the record's /server_info
 # lists every selection with its maturity.
 export NETRA_TACTIC_MIN_MATURITY=${NETRA_TACTIC_MIN_MATURITY:-experiment}
+# Every module the launch imports, first: a missing wheel shows here in one line.
+python3 -c "import fastapi, uvicorn, orjson, pydantic, httpx, prometheus_client, llguidance, fla, netra.serve.app, netra.engine.server, netra.bench.serve" \
+  || { echo "preflight import failed"; exit 2; }
 RUN=/tmp/netra-run
 REC=$OUT/serving
 mkdir -p "$REC"
