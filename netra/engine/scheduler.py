@@ -132,6 +132,9 @@ class Scheduler:
     def __init__(self, model: Model, pools: StatePools, options: EngineOptions, eos_ids: tuple[int, ...]) -> None:
         self.model, self.pools, self.opt = model, pools, options
         self.device = model.device
+        if self.device.type == "cuda" and self.device.index is None:
+            # "cuda" names the constructing thread's current device; the scheduler thread needs it by index.
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.eos = frozenset(eos_ids)
         self.buckets = tuple(b for b in options.cuda_graph_bs)
         self.waiting: deque[Request] = deque()
@@ -143,6 +146,9 @@ class Scheduler:
         self.clock = StepClock(self.device)
         # Called after every step with (kind: prefill | decode | mixed, host seconds, device idle gap seconds).
         self.step_observer: Callable[[str, float, float], None] | None = None
+        # Called from the scheduler thread if it dies (an error outside a step): the server ends the process,
+        # so its supervisor restarts it instead of a listener that accepts requests no thread will serve.
+        self.on_fatal: Callable[[BaseException], None] | None = None
         self.progress_at = time.monotonic()  # start or end of the latest step (liveness: /health)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -213,6 +219,14 @@ class Scheduler:
 
     # ---- scheduler thread ------------------------------------------------------------------------
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:
+            log.critical("the scheduler thread has stopped", exc_info=True)
+            if self.on_fatal is not None:
+                self.on_fatal(exc)
+
+    def _serve(self) -> None:
         if self.device.type == "cuda":  # this thread's current device (streams, graphs) is the engine's
             torch.cuda.set_device(self.device)
         while not self._stop.is_set():

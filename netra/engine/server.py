@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import sys
 import time
@@ -56,6 +57,18 @@ def json_response(obj: Any, status: int = 200) -> Response:
 def error_response(message: str, status: int = 400) -> Response:
     """The response layer's error object (netra/serve/errors.py), so both layers fail alike."""
     return json_response(error_body(status, message), status)
+
+
+# The exit status of an engine whose scheduler thread died: not 0 (a clean stop) nor 1 (a startup failure).
+SCHEDULER_DIED = 70
+
+
+def _exit_on_scheduler_death(exc: BaseException) -> None:
+    """The scheduler thread is gone: no request will be served again. End the process (logs flushed) so
+    `/health` cannot keep a listener up that hangs every request, and the supervisor restarts the engine."""
+    log.critical("engine exiting (status %d): the scheduler thread died: %r", SCHEDULER_DIED, exc)
+    logging.shutdown()
+    os._exit(SCHEDULER_DIED)
 
 
 @dataclass
@@ -267,6 +280,7 @@ class Server:
     def _build_app(self) -> FastAPI:
         @contextlib.asynccontextmanager
         async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+            self.sched.on_fatal = _exit_on_scheduler_death
             self.sched.start()
             ticker = asyncio.ensure_future(self._load_lines()) if self.opt.load_log_interval_s > 0 else None
             yield

@@ -61,7 +61,7 @@ launch() {  # launch NAME [ENV=VALUE...]
   local name=$1
   shift
   rm -rf "$RUN"
-  step "launch_$name" 420 env "$@" python3 -m netra launch --profile dp1-h200 --run-dir "$RUN" --detach
+  step "launch_$name" 240 env "$@" python3 -m netra launch --profile dp1-h200 --run-dir "$RUN" --detach
 }
 
 stop() {
@@ -82,12 +82,13 @@ for part in "${PARTS[@]}"; do
       fi ;;
   esac
   case "$part" in
-    smoke) step smoke 300 "${BENCH[@]}" -K 2 -C 32 -R 32 -I 1024 -O 64 --scenario smoke-h200 ;;
-    c128) step c128 420 "${BENCH[@]}" -K 2 -C 128 -R 384 -I 1024 -O 1024 --scenario dp1-h200-1k1k ;;
+    # A failed point ends the run (its logs are what the next call needs; the rest would fail the same way).
+    smoke) step smoke 120 "${BENCH[@]}" -K 2 -C 8 -R 8 -I 1024 -O 32 --scenario smoke-h200 || break ;;
+    c128) step c128 420 "${BENCH[@]}" -K 2 -C 128 -R 384 -I 1024 -O 1024 --scenario dp1-h200-1k1k || break ;;
     sweep) step sweep 420 python3 -m netra bench sweep --url "$URL" --info-url "$INFO" --workers 1 \
-             --concurrencies 1,8,32,64,128 --rounds 2 -K 2 -I 1024 -O 1024 --scenario dp1-h200-sweep \
-             --results-dir "$REC" ;;
-    long) step long 420 "${BENCH[@]}" -K 2 -C 64 -R 64 -I 1024 -O 8192 --scenario dp1-h200-1k8k ;;
+             --concurrencies "${SWEEP_C:-1,8,32,64,128}" --rounds 2 -K 2 -I 1024 -O 1024 --scenario dp1-h200-sweep \
+             --results-dir "$REC" || break ;;
+    long) step long 420 "${BENCH[@]}" -K 2 -C 64 -R 64 -I 1024 -O 8192 --scenario dp1-h200-1k8k || break ;;
     off)
       if [[ $on -eq 1 ]]; then stop on; on=0; fi
       launch off NETRA_DISABLE_TACTICS=1 && \

@@ -185,3 +185,29 @@ def test_bf16_state_and_kv_cache_options() -> None:
     # different storage precisions: the first greedy token (from the prefill) agrees; later ones may
     # not (a one-ulp change flips E4M3 roundings downstream in a random model)
     assert outs["fp8_e4m3"][0] == outs["bfloat16"][0]
+
+
+def test_a_dying_scheduler_thread_calls_on_fatal_and_health_reports_it() -> None:
+    """An error outside a step (the thread's own setup, here) stops the thread: `on_fatal` gets the exception
+    (the server ends the process with it, so the supervisor restarts the engine) and `alive` turns false."""
+    import threading
+
+    eng = _engine()
+    sched = eng.scheduler
+    seen: list[BaseException] = []
+    called = threading.Event()
+
+    def boom() -> None:
+        raise ValueError("no device for this thread")
+
+    def fatal(exc: BaseException) -> None:
+        seen.append(exc)
+        called.set()
+
+    sched._serve = boom  # type: ignore[method-assign]
+    sched.on_fatal = fatal
+    sched.start()
+    assert called.wait(10)
+    sched._thread.join(10)  # type: ignore[union-attr]
+    assert [type(e) for e in seen] == [ValueError] and str(seen[0]) == "no device for this thread"
+    assert sched.started and not sched.alive
