@@ -54,6 +54,7 @@ step() {  # step NAME LIMIT_S COMMAND...
   timeout --signal=TERM --kill-after=15 "$limit" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
   echo "$name rc=$rc limit=${limit}s took=$((SECONDS - t0))s" | tee -a "$summary"
+  grep -E "output tok/s|output throughput|exact checks|BENCH FAILED|K= *[0-9]+ rep" "$OUT/$name.log" | cut -c1-200 >> "$summary"
   return $rc
 }
 
@@ -69,7 +70,7 @@ stop() {
   curl -s "$INFO/metrics" > "$OUT/metrics_$name.txt" 2>&1
   curl -s "$INFO/server_info" > "$OUT/server_info_$name.json" 2>&1
   python3 -m netra stop --run-dir "$RUN" > "$OUT/stop_$name.log" 2>&1
-  tar -czf "$OUT/run_$name.tar.gz" -C "$RUN" --exclude='*.sock' . 2>/dev/null
+  mkdir -p "$OUT/run_$name" && cp "$RUN"/*.log "$RUN"/*.json "$OUT/run_$name/" 2>/dev/null
 }
 
 on=0
@@ -103,4 +104,8 @@ for f in "$OUT"/*.log; do
   tail -15 "$f"
 done
 cat "$summary"
-ls -la "$OUT" "$REC"
+# At most 8 files come back from $OUT: everything but the summary goes into one tarball.
+tar -czf /tmp/serve_h200.tar.gz -C "$OUT" --exclude=./summary.txt . \
+  && find "$OUT" -mindepth 1 -maxdepth 1 ! -name summary.txt -exec rm -rf {} + \
+  && mv /tmp/serve_h200.tar.gz "$OUT/"
+ls -la "$OUT"
