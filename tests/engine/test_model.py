@@ -100,7 +100,9 @@ def test_mixed_batch_rows_equal_the_decode_and_prefill_paths_bitwise() -> None:
         m.forward(prefill_batch(CPU, [(s + 1, p, 0, True) for s, p in enumerate(prompts)]))
     rows = [(s + 1, 65 + s, len(p)) for s, p in enumerate(prompts)]
     ref, mix = models
-    want_d = _decode(ref, rows, bucket=4)
+    # The decode path at the mixed batch's own row count (bucket 2): the reference GDN decode is batched, and
+    # a CPU's kernels may round a row differently at another batch size (seen on an AVX2 EPYC at bucket 4).
+    want_d = _decode(ref, rows, bucket=2)
     want_p = ref.forward(prefill_batch(CPU, new))
     got = mix.forward(prefill_batch(CPU, new, decode=[(s, t, p + 1) for s, t, p in rows]))
     assert got.shape[0] == len(rows) + 1
