@@ -71,6 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--load-log-interval", dest="load_log_interval_s", type=float,
                    default=_D["load_log_interval_s"],
                    help="seconds between the 'running / queued / throughput' log lines while busy (0: off)")
+    p.add_argument("--no-warmup", dest="warmup", action="store_false",
+                   help="CUDA: serve at once, without compiling the prefill path and capturing every decode bucket "
+                        "first (the first requests then wait for both)")
     logs.add_arguments(p)
     p.add_argument("--max-new-tokens-limit", type=int, default=None,
                    help="reject larger max_new_tokens (default: the context length)")

@@ -43,6 +43,10 @@ class EngineOptions:
     # (the decode rows' graph plus a prefill forward in one step), fused (one forward carrying both).
     mixed_chunk: str = "split"
     load_log_interval_s: float = 10.0  # the periodic running / queued / throughput line (0: off)
+    # CUDA: before the first request, run the prefill path once at the chunk width (Triton compiles, fla's
+    # autotuning, tactic loads) and capture every decode bucket with its greedy sampling graph; /health
+    # answers 503 until done. Off: the first prompt waits for the compiles, each bucket's first step for its capture.
+    warmup: bool = True
 
     def __post_init__(self) -> None:
         positive = ("max_running_requests", "context_length", "chunked_prefill_size", "stream_interval",

@@ -149,6 +149,7 @@ class Scheduler:
         # Called from the scheduler thread if it dies (an error outside a step): the server ends the process,
         # so its supervisor restarts it instead of a listener that accepts requests no thread will serve.
         self.on_fatal: Callable[[BaseException], None] | None = None
+        self.warm = threading.Event()  # set once the warm-up (or its skipping) is done: /health answers 503 before
         self.progress_at = time.monotonic()  # start or end of the latest step (liveness: /health)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -186,6 +187,8 @@ class Scheduler:
         self.inbox.put(("abort", (rid, message)))
 
     def start(self) -> None:
+        if not (self.device.type == "cuda" and self.opt.warmup):
+            self.warm.set()  # nothing to warm: healthy as soon as the thread runs
         self._thread = threading.Thread(target=self._loop, name="netra-scheduler", daemon=True)
         self._thread.start()
 
@@ -229,6 +232,9 @@ class Scheduler:
     def _serve(self) -> None:
         if self.device.type == "cuda":  # this thread's current device (streams, graphs) is the engine's
             torch.cuda.set_device(self.device)
+            if self.opt.warmup:
+                self.warm_up()
+                self.warm.set()
         while not self._stop.is_set():
             try:
                 self._drain(block=not (self.waiting or self.prefilling or self.decoding))
@@ -243,6 +249,34 @@ class Scheduler:
                         self._finish(req, {"type": "abort", "message": f"engine error: {exc}"})
                     except Exception:
                         log.exception("could not fail request %s", req.rid)
+
+    def warm_up(self) -> None:
+        """Compile and capture before the first request, all on the pad slot (no request's state moves; the pad
+        slot's state is zeroed after): one prefill forward as wide as a chunk (pieces of at most 1024 tokens, as
+        prompts arrive), then every decode bucket's graph and its greedy sampling graph. At the full shape on an
+        H200 the first prompt otherwise waited ~70 s (Triton compiles, fla autotuning) and the first step of
+        each bucket for its capture."""
+        t0 = time.perf_counter()
+        n = self.opt.chunked_prefill_size
+        piece = max(1, min(n, 1024, self.pools.context_length - 1))
+        chunks = [(PAD_SLOT, [0] * min(piece, n - s), 0, True) for s in range(0, n, piece)]
+        self.model.forward(prefill_batch(self.device, chunks))
+        captured = 0
+        if self.use_graphs:
+            greedy = StepVariant(greedy=True, processed=False, logprobs=False)
+            for b in self.buckets:
+                if b not in self.eager_buckets:
+                    if b not in self._graphs:
+                        self._capture(b)
+                    self._sample_graph(b, greedy)
+                    captured += 1
+        p = self.pools
+        for pool in (p.k, p.v, p.ssm, p.conv):
+            pool[:, PAD_SLOT].zero_()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        log.info("warmed up in %.1f s: a %d-token prefill forward, %d decode bucket(s) captured",
+                 time.perf_counter() - t0, n, captured)
 
     def _drain(self, block: bool) -> None:
         try:

@@ -306,6 +306,8 @@ class Server:
             # A dead scheduler thread makes the process useless: say so, so a supervisor restarts it.
             if self.sched.started and not self.sched.alive:
                 return error_response("the scheduler thread has stopped", 503)
+            if not self.sched.warm.is_set():
+                return error_response("warming up: compiling the prefill path and capturing the decode graphs", 503)
             # Progress, for liveness (netra/serve/watch.py): a busy scheduler is alive while its
             # steps complete; step_age_s is how long the current step (or wait) has lasted.
             load = self.sched.load()
@@ -315,7 +317,8 @@ class Server:
                                   "step_age_s": round(age, 3)})
 
         async def ready() -> Response:
-            return json_response({"ready": True}) if self.sched.alive else error_response("starting", 503)
+            return (json_response({"ready": True}) if self.sched.alive and self.sched.warm.is_set()
+                    else error_response("starting", 503))
 
         async def model_info() -> Response:
             return json_response(self.model_info())

@@ -211,3 +211,34 @@ def test_a_dying_scheduler_thread_calls_on_fatal_and_health_reports_it() -> None
     sched._thread.join(10)  # type: ignore[union-attr]
     assert [type(e) for e in seen] == [ValueError] and str(seen[0]) == "no device for this thread"
     assert sched.started and not sched.alive
+
+
+def test_warm_up_moves_no_request_state_and_changes_no_output() -> None:
+    """The warm-up (run by the scheduler thread on CUDA; called directly here) prefills a chunk's width on the
+    pad slot only, leaves the pad slot zeroed, and the requests served after it get the tokens a cold engine
+    gives, bitwise."""
+    prompts = _prompts(3)
+    cold, warm = Collector(), Collector()
+    e_cold, e_warm = _engine(chunked_prefill_size=40), _engine(chunked_prefill_size=40)
+    e_warm.scheduler.warm_up()
+    p = e_warm.pools
+    for pool in (p.k, p.v, p.ssm, p.conv):
+        assert not pool.float().abs().sum().item(), "warm-up left state in a pool"
+    for e, col in ((e_cold, cold), (e_warm, warm)):
+        for i, pr in enumerate(prompts):
+            e.scheduler.submit(Request(f"r{i}", pr, GREEDY, col.sink))
+        e.scheduler.run_until_idle()
+    assert all(warm.ids(f"r{i}") == cold.ids(f"r{i}") and len(cold.ids(f"r{i}")) == 12 for i in range(3))
+
+
+def test_health_waits_for_the_warm_up_only_where_one_runs() -> None:
+    """On a CPU (or with warmup off) the scheduler is warm as soon as it starts; a CUDA engine with warmup on
+    sets it only after `warm_up`, and /health answers 503 until then (netra/engine/server.py)."""
+    e = _engine()
+    assert not e.scheduler.warm.is_set()
+    e.scheduler.start()
+    try:
+        assert e.scheduler.warm.wait(5)
+    finally:
+        e.scheduler.stop()
+    assert EngineOptions().warmup is True and EngineOptions(warmup=False).warmup is False
