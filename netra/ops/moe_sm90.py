@@ -4,6 +4,7 @@ Contracts (kernels/sm90/moe/*.contract.json) and the code objects they launch, i
 
   moe_block_t1      (op moe_fp8_block, 1 token)       moe_route (+ the shared gate_up) -> moe_layer_t1 (9 routes)
   moe_block_stream  (op moe_fp8_block, 2..128 tokens) moe_route -> moe_layer_stream's moe_ml_shared (9 routes)
+  moe_block_stream_fold (the same, one launch)       moe_layer_stream's moe_ml_fold (-DML_FOLD=1: routes, then 9 routes)
   moe_routed_t1     (op moe_fp8_routed, 1 token)      moe_layer_t1
   moe_routed_stream (op moe_fp8_routed, 2..128)       moe_layer_stream's moe_ml
 
@@ -28,8 +29,9 @@ import torch
 from netra import runtime as rt
 from netra.ops.moe_fp8 import HIDDEN, INTER, MAX_TOKENS, ROUTE_STRIDE, TOPK
 
-ROUTE, LAYER_T1, LAYER_STREAM, LAYER_STREAM_SHARED = (
-    "moe_route_e256_k9", "moe_layer_t1_e256_k8", "moe_layer_stream_e256_k8", "moe_layer_stream_e256_k9")
+ROUTE, LAYER_T1, LAYER_STREAM, LAYER_STREAM_SHARED, LAYER_STREAM_FOLD = (
+    "moe_route_e256_k9", "moe_layer_t1_e256_k8", "moe_layer_stream_e256_k8", "moe_layer_stream_e256_k9",
+    "moe_layer_stream_fold_e256_k9")
 
 
 class RouteParams(ctypes.Structure):
@@ -51,8 +53,14 @@ class LayerStreamParams(ctypes.Structure):
         (n, ctypes.c_void_p) for n in ("sw13", "sw13_scale", "sw2", "sw2_scale")]
 
 
+class LayerStreamFoldParams(ctypes.Structure):
+    """moe_ml_fold (-DML_FOLD=1): moe_ml's struct + the router, the shared gate row and the logits scratch."""
+    _fields_ = LayerStreamParams._fields_ + [(n, ctypes.c_void_p) for n in ("w_router", "w_gate", "logits")]
+
+
 STRUCTS: dict[str, type[ctypes.Structure]] = {ROUTE: RouteParams, LAYER_T1: LayerT1Params,
-                                              LAYER_STREAM: LayerStreamParams, LAYER_STREAM_SHARED: LayerStreamParams}
+                                              LAYER_STREAM: LayerStreamParams, LAYER_STREAM_SHARED: LayerStreamParams,
+                                              LAYER_STREAM_FOLD: LayerStreamFoldParams}
 
 
 def struct_layout(cls: type[ctypes.Structure]) -> dict[str, int]:
@@ -124,7 +132,7 @@ def _launch_layer(steps: dict[str, rt.Tactic], b: _Buffers, m: int, x: torch.Ten
                   tw: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor, w2: torch.Tensor, s2: torch.Tensor,
                   out: torch.Tensor, stream: int, shared: Any = None) -> None:
     """The plan's layer step; ``shared`` (the block: MoEWeights) adds the shared expert as route 8."""
-    name = next(n for n in (LAYER_T1, LAYER_STREAM_SHARED, LAYER_STREAM) if n in steps)
+    name = next(n for n in (LAYER_T1, LAYER_STREAM_FOLD, LAYER_STREAM_SHARED, LAYER_STREAM) if n in steps)
     t = steps[name]
     p = t.binding["params"]
     with t.lock:
@@ -140,6 +148,9 @@ def _launch_layer(steps: dict[str, rt.Tactic], b: _Buffers, m: int, x: torch.Ten
             p.sw13 = _p(shared.shared_w13.data) if shared is not None else None
             p.sw13_scale = _p(shared.shared_w13.scale_inv) if shared is not None else None
             p.sw2, p.sw2_scale = sw2, ss2
+            if name == LAYER_STREAM_FOLD:  # the block in one launch: the layer routes the tokens itself
+                p.w_router, p.w_gate = shared.router.data.data_ptr(), shared.shared_gate.data.data_ptr()
+                p.logits = b.logits.data_ptr()
         t.launch(t.grid({"tokens": m}), stream)
 
 
@@ -183,6 +194,7 @@ def launch_block(decision: Any, *, x: torch.Tensor, weights: Any) -> torch.Tenso
     b = _bufs(x.device)
     out = torch.empty(int(x.shape[0]), HIDDEN, dtype=torch.bfloat16, device=x.device)
     stream = _stream()
-    launch_route(steps, b, x, weights, stream)
+    if ROUTE in steps:  # moe_block_stream_fold routes inside its one launch
+        launch_route(steps, b, x, weights, stream)
     launch_block_layer(steps, b, x, weights, out, stream)
     return out

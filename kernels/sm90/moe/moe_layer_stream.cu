@@ -112,6 +112,11 @@ struct MlParams {
   const float* sw13_scale;   // [8, 16]
   const uint8_t* sw2;        // [2048, 512] e4m3
   const float* sw2_scale;    // [16, 4]
+#ifdef ML_FOLD
+  const __nv_bfloat16* w_router;  // moe_ml_fold: [256, 2048] the router
+  const __nv_bfloat16* w_gate;    // [2048] the shared-expert gate row
+  __nv_bfloat16* logits;          // [M, 256] scratch
+#endif
 };
 
 extern "C" __device__ unsigned int netra_params_layout[] = {
@@ -119,7 +124,11 @@ extern "C" __device__ unsigned int netra_params_layout[] = {
     offsetof(MlParams, w13), offsetof(MlParams, w13_scale), offsetof(MlParams, w2), offsetof(MlParams, w2_scale),
     offsetof(MlParams, hbuf), offsetof(MlParams, y), offsetof(MlParams, out), offsetof(MlParams, bar),
     offsetof(MlParams, hq), offsetof(MlParams, hs), offsetof(MlParams, M), offsetof(MlParams, sw13),
-    offsetof(MlParams, sw13_scale), offsetof(MlParams, sw2), offsetof(MlParams, sw2_scale)};
+    offsetof(MlParams, sw13_scale), offsetof(MlParams, sw2), offsetof(MlParams, sw2_scale)
+#ifdef ML_FOLD
+    , offsetof(MlParams, w_router), offsetof(MlParams, w_gate), offsetof(MlParams, logits)
+#endif
+};
 
 #define ML_CNT_WORD 256               // the per-chunk counters: workspace words [256, 256 + MAX_GCHUNKS)
 
@@ -269,6 +278,177 @@ __device__ __forceinline__ void split(int n_items, int c, int& lo, int& hi) {
   hi = (int)(((long long)n_items * (c + 1)) / ML_CTAS);
 }
 
+#ifdef ML_FOLD
+// moe_ml_fold: the block's routing folded into the layer's prologue (moe_route's arithmetic, byte for byte the same
+// logits, top-8 and gate; no second launch, no transition between two kernels). Units of work, 16 ceil(M/8) + ceil(M/8):
+// unit u < 16 G (G = ceil(M/8)): the BF16 logits of tokens [8 (u / 16), +8) for experts [16 (u % 16), +16) (moe_route's
+// logit CTA: 8 consumer warps split K, partial sums added in warp order in shared memory, rounded once); the last of a
+// group's 16 units (per-group counter, reset by that CTA) selects the group's top-8, a warp per token; unit 16 G + q:
+// the shared gate of tokens [8 q, +8) as route 8. CTA c runs units c, c + 128, ...; each finished group (top-8) and
+// each gate unit adds 1 to the done count (release); every CTA waits for 2 G (acquire) before reading the routes.
+// Workspace words: [ML_FOLD_GRP, +16) the group counters, ML_FOLD_DONE the done count (zeroed after the last barrier).
+#define ML_FOLD_GRP 704
+#define ML_FOLD_DONE 736
+
+__device__ __forceinline__ void fold_mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                              uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void fold_load16(const __nv_bfloat16* row, int col, uint32_t (&w)[8], bool cg) {
+  uint4 v0 = make_uint4(0u, 0u, 0u, 0u), v1 = v0;
+  if (row != nullptr) {
+    const uint4* q = reinterpret_cast<const uint4*>(row + col);
+    v0 = cg ? __ldcg(q) : __ldg(q);
+    v1 = cg ? __ldcg(q + 1) : __ldg(q + 1);
+  }
+  w[0] = v0.x; w[1] = v0.y; w[2] = v0.z; w[3] = v0.w;
+  w[4] = v1.x; w[5] = v1.y; w[6] = v1.z; w[7] = v1.w;
+}
+
+// moe_route's topk_token (one warp, one token)
+__device__ void fold_topk_token(const MlParams& p, int t) {
+  const int lane = threadIdx.x & 31;
+  int* ids = const_cast<int*>(p.topk_ids);
+  float* tw = const_cast<float*>(p.topk_w);
+  float v[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = __bfloat162float(__ldcg(p.logits + (size_t)t * 256 + lane + 32 * j));
+  float sel_v[TOPK];
+  int sel_i[TOPK];
+#pragma unroll
+  for (int k = 0; k < TOPK; ++k) {
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int idx = lane + 32 * j;
+      if (v[j] > bv || (v[j] == bv && idx < bi)) { bv = v[j]; bi = idx; }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    sel_v[k] = bv;
+    sel_i[k] = bi;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (lane + 32 * j == bi) v[j] = -INFINITY;
+  }
+  if (lane == 0) {
+    float e[TOPK], s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < TOPK; ++k) { e[k] = expf(sel_v[k] - sel_v[0]); s += e[k]; }
+#pragma unroll
+    for (int k = 0; k < TOPK; ++k) {
+      ids[t * (TOPK + 1) + k] = sel_i[k];
+      tw[t * (TOPK + 1) + k] = e[k] / s;
+    }
+  }
+}
+
+// A fragments of unit u (rows g and g + 8; this warp's 4 blocks of 64 columns, lane t's 16 columns of each)
+__device__ __forceinline__ void fold_load_w(const MlParams& p, int u, int nlog, uint32_t (&wa)[4][8], uint32_t (&wb)[4][8]) {
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int j = u < nlog ? u % 16 : 16;
+  const __nv_bfloat16* r0 = j < 16 ? p.w_router + (size_t)(16 * j + g) * HID : (g == 0 ? p.w_gate : nullptr);
+  const __nv_bfloat16* r1 = j < 16 ? p.w_router + (size_t)(16 * j + g + 8) * HID : nullptr;
+#pragma unroll
+  for (int blk = 0; blk < 4; ++blk) {
+    const int col = 256 * wid + 64 * blk + 16 * t;
+    fold_load16(r0, col, wa[blk], false);
+    fold_load16(r1, col, wb[blk], false);
+  }
+}
+
+// The routing of all M tokens into topk_ids / topk_w [M, 9]; every thread of the CTA enters (the producer warps only
+// take part in the CTA barriers). Ends with the done count complete (acquire by thread 0, then a CTA barrier).
+__device__ __forceinline__ void fold_route(const MlParams& p, uint8_t* scratch) {
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, g = lane >> 2, t = lane & 3;
+  const bool cons = tid < 256;
+  const int M = p.M, G = (M + 7) / 8, nlog = 16 * G, nu = nlog + G;
+  float* red = reinterpret_cast<float*>(scratch);           // [8 warps][32 lanes][4]
+  int* last = reinterpret_cast<int*>(scratch + 4096);
+  uint32_t wa[4][8], wb[4][8];
+  if (cons && (int)blockIdx.x < nu) fold_load_w(p, blockIdx.x, nlog, wa, wb);  // constant: before the wait
+  pdl_wait();
+  pdl_trigger();
+#pragma unroll 1
+  for (int u = blockIdx.x; u < nu; u += ML_CTAS) {
+    if (cons && u != (int)blockIdx.x) fold_load_w(p, u, nlog, wa, wb);
+    const int j = u < nlog ? u % 16 : 16, grp = u < nlog ? u / 16 : u - nlog, t0 = 8 * grp;
+    if (cons) {
+      const int tok = t0 + g;
+      const __nv_bfloat16* xr = tok < M ? p.x + (size_t)tok * HID : nullptr;
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int blk = 0; blk < 4; ++blk) {
+        uint32_t xb[8];
+        fold_load16(xr, 256 * wid + 64 * blk + 16 * t, xb, true);
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+          fold_mma_bf16(acc, wa[blk][2 * s], wb[blk][2 * s], wa[blk][2 * s + 1], wb[blk][2 * s + 1], xb[2 * s],
+                        xb[2 * s + 1]);
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[(wid * 32 + lane) * 4 + i] = acc[i];
+    }
+    __syncthreads();
+    if (tid < 64) {  // thread -> (fragment lane, row half): the 8 warps' partial sums in warp order, rounded once
+      const int fl = (tid >> 1) & 31, h = tid & 1, row = (fl >> 2) + 8 * h;
+      if (j < 16 || row == 0) {
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          float sum = 0.0f;
+#pragma unroll
+          for (int w = 0; w < 8; ++w) sum += red[(w * 32 + fl) * 4 + 2 * h + q];
+          const int tok = t0 + 2 * (fl & 3) + q;
+          if (tok < M) {
+            if (j < 16) {
+              p.logits[(size_t)tok * 256 + 16 * j + row] = __float2bfloat16_rn(sum);
+            } else {
+              const float l = __bfloat162float(__float2bfloat16_rn(sum));
+              const_cast<int*>(p.topk_ids)[tok * (TOPK + 1) + TOPK] = SHARED_E;
+              const_cast<float*>(p.topk_w)[tok * (TOPK + 1) + TOPK] = 1.0f / (1.0f + expf(-l));
+            }
+          }
+        }
+      }
+    }
+    bool signal = j == 16;
+    if (j < 16) {
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) *last = atomicAdd(p.bar + ML_FOLD_GRP + grp, 1u) == 15u;
+      __syncthreads();
+      if (*last) {
+        __threadfence();
+        if (cons) for (int tt = wid; tt < 8 && t0 + tt < M; tt += 8) fold_topk_token(p, t0 + tt);
+        if (tid == 0) p.bar[ML_FOLD_GRP + grp] = 0u;
+        signal = true;
+      }
+    }
+    __syncthreads();  // this unit's route stores (and red reads) are done
+    if (tid == 0 && signal) {
+      __threadfence();
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p.bar + ML_FOLD_DONE) : "memory");
+    }
+  }
+  if (tid == 0) {
+    unsigned polls = 0;
+    while (ld_acquire_gpu(p.bar + ML_FOLD_DONE) < (unsigned)(2 * G)) {
+      if (++polls == (1u << 26)) __trap();  // a count that cannot complete: fail instead of hanging
+    }
+  }
+  __syncthreads();
+}
+#endif
+
 }  // namespace
 
 template <int TK>
@@ -304,8 +484,14 @@ __device__ __forceinline__ void ml_body(const MlParams& p) {
     mbar_init(bstart, 1);
     mbar_fence_init();
   }
+#ifdef ML_FOLD
+  fold_route(p, smem + OFF_XCH);  // the routes of all tokens, complete and visible (its own PDL wait / trigger)
+#define ML_LD_ROUTE __ldcg     // written in this launch: through L2, not the non-coherent path
+#else
   pdl_wait();
   pdl_trigger();
+#define ML_LD_ROUTE __ldg
+#endif
   // the routes: ids and weights into registers (up to 6 per thread; ML_EARLY_GO: the consumer threads only, 4)
   constexpr int NRT = ML_EARLY_GO ? ML_NCW * 32 : ML_THREADS;
   constexpr int RPT = (ML_MAXM * TK + NRT - 1) / NRT;
@@ -314,8 +500,8 @@ __device__ __forceinline__ void ml_body(const MlParams& p) {
 #pragma unroll
   for (int u = 0; u < RPT; ++u) {
     const int r = tid + NRT * u;
-    rid[u] = r < R && (tid < NRT) ? __ldg(p.topk_ids + r) : -1;
-    rw[u] = r < R && (tid < NRT) ? __ldg(p.topk_w + r) : 0.0f;
+    rid[u] = r < R && (tid < NRT) ? ML_LD_ROUTE(p.topk_ids + r) : -1;
+    rw[u] = r < R && (tid < NRT) ? ML_LD_ROUTE(p.topk_w + r) : 0.0f;
   }
   for (int i = tid; i < NE * 4; i += ML_THREADS) (&m.tm[0][0])[i] = 0u;
   __syncthreads();
@@ -710,6 +896,9 @@ __device__ __forceinline__ void ml_body(const MlParams& p) {
   consumer_sync();
   // every down chunk's producer has seen its count (they all precede the last grid barrier): zero them for the next launch
   for (int i = c * ML_NCW * 32 + tid; i < MAX_GCHUNKS; i += ML_CTAS * ML_NCW * 32) p.bar[ML_CNT_WORD + i] = 0u;
+#ifdef ML_FOLD
+  if (c == 0 && tid == 0) p.bar[ML_FOLD_DONE] = 0u;  // every CTA read it complete before the barrier
+#endif
   const int u0 = c * (ML_NCW * 32) + tid, ustep = ML_CTAS * ML_NCW * 32;
 #pragma unroll 1
   for (int u = u0; u < M * (HID / 8); u += ustep) {
@@ -735,5 +924,9 @@ __device__ __forceinline__ void ml_body(const MlParams& p) {
   }
 }
 
+#ifdef ML_FOLD
+extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml_fold(const MlParams p) { ml_body<TOPK + 1>(p); }
+#else
 extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml(const MlParams p) { ml_body<TOPK>(p); }
 extern "C" __global__ void __launch_bounds__(ML_THREADS, 1) moe_ml_shared(const MlParams p) { ml_body<TOPK + 1>(p); }
+#endif
