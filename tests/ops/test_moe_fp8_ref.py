@@ -112,7 +112,7 @@ def test_dispatch_serves_each_token_range_and_explains_the_rest() -> None:
     got = {label: plan(sig, cat, "experiment") for label, sig in moe.explain_signatures()}
     assert got["block, 1 token(s)"].contract.name == "moe_block_t1"
     for t in (2, 8, 64, 128):
-        assert got[f"block, {t} token(s)"].contract.name == "moe_block_stream"
+        assert got[f"block, {t} token(s)"].contract.name == "moe_block_stream_fold"
     assert got["routed (SGLang fused_experts), 1 token(s)"].contract.name == "moe_routed_t1"
     assert got["routed (SGLang fused_experts), 128 token(s)"].contract.name == "moe_routed_stream"
     assert got["block, prefill chunk of 2048 tokens"].contract.name == "moe_block_prefill"

@@ -141,5 +141,5 @@ def test_contract_covers_prefill_chunks_only() -> None:
         return d.contract.name if d.contract is not None else None
 
     assert pick(129) == pick(2048) == pick(8192) == "moe_block_prefill"
-    assert pick(128) == "moe_block_stream"
+    assert pick(128) == "moe_block_stream_fold"
     assert pick(8193) is None and pick(2048, "capture") is None

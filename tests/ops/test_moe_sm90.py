@@ -34,7 +34,8 @@ def test_contract_against_its_oracle(name: str, layer: Any) -> None:
     from netra.catalog import Catalog
 
     w, ties = layer
-    got = check_contract(Catalog.load().by_name(name), w, ties, tokens=(1, 3, 8, 33, 128))
+    # decode sizes, and prefill chunks for moe_block_prefill (129..8192); each contract takes those in its domain
+    got = check_contract(Catalog.load().by_name(name), w, ties, tokens=(1, 3, 8, 33, 128, 129, 300, 2048))
     assert got["cases"] >= 6 and got["ok"], got["failing"]
 
 
@@ -46,10 +47,12 @@ def test_engine_op_selects_the_tactics_and_falls_back_outside(layer: Any) -> Non
 
     w, _ = layer
     _common.reset_decisions()
-    x = torch.randn(300, 2048, device="cuda").to(torch.bfloat16)  # a prefill chunk: outside every contract
-    out = moe(x[:200], w)
-    ref = moe_ref(x[:200], w)
+    x = torch.randn(8200, 2048, device="cuda").to(torch.bfloat16)  # wider than every contract (prefill: <= 8192)
+    out = moe(x, w)
+    ref = moe_ref(x, w)
     assert torch.equal(out, ref)  # the fallback is the reference itself
     moe(x[:5], w)
+    moe(x[:300], w)
     labels = _common.decisions()["moe_fp8_block"]
-    assert "moe_block_stream" in labels and any("tokens=200" in lab for lab in labels)
+    assert {"moe_block_stream_fold", "moe_block_prefill"} <= set(labels)
+    assert any("tokens=8200" in lab for lab in labels)
