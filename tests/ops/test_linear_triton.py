@@ -93,6 +93,26 @@ def test_fp8_split_is_repeatable_and_leaves_the_counters_zero(interp_entry) -> N
     assert rel_l2(a, linear_ref(x, w, torch.float32)) <= doc["numerics"]["rtol"]
 
 
+@pytest.mark.parametrize("swap", [1, 0])
+@pytest.mark.parametrize("target", [1, 64])
+def test_fp8_row_tile_first_order_is_bitwise_the_plain_order(interp_entry, swap: int, target: int) -> None:
+    """``MFAST`` (the CTAs of one column tile launched side by side: the row tiles walked first) only renames the
+    CTAs: the same tiles, the same split order, so the output is bitwise the plain order's, with and without the K
+    split's ticket sum (TARGET_CTAS 64: 4 column tiles x 2 row tiles x split 8), and the tickets end zero."""
+    entry, doc = interp_entry(D + "linear_fp8_block_decode_m128.contract.json")
+    mod = __import__("sys").modules[entry.__module__]
+    w = fp8_weight(256, 1024, seed=11)
+    x = x_of(100, 1024, seed=12)
+    plain = with_meta(doc, BLOCK_M=64, BLOCK_N=64, SWAP=swap, TARGET_CTAS=target, MFAST=0)
+    fast = with_meta(doc, BLOCK_M=64, BLOCK_N=64, SWAP=swap, TARGET_CTAS=target, MFAST=1)
+    assert mod.fp8_plan(fast["meta"], 100, 256, 1024)["split"] == (8 if target == 64 else 1)
+    a = entry(plain, x=x, weight=w, out_dtype=torch.float32)
+    b = entry(fast, x=x, weight=w, out_dtype=torch.float32)
+    assert torch.equal(a, b)
+    assert int(mod._tickets(x.device).abs().sum()) == 0
+    assert rel_l2(b, linear_ref(x, w, torch.float32)) <= doc["numerics"]["rtol"]
+
+
 @pytest.mark.parametrize("case", ["huge", "tiny", "zero_rows", "one_hot"])
 def test_fp8_adversarial_magnitudes(interp_entry, case: str) -> None:
     entry, doc = interp_entry(D + "linear_fp8_block_decode.contract.json")

@@ -23,9 +23,13 @@ no second pass); it resets the counter, so the counter array stays zero between 
 Activation quantization (``QUANT_IN=0``, every contract): one small pre-kernel (`_act_quant_kernel`) quantizes x
 once (E4M3 rows + FP32 group scales) and the GEMM reads them. ``QUANT_IN=1`` (each CTA quantizes its rows' K block in
 the loop) is kept as a launch option: the per-element IEEE divisions sit on every iteration's critical path and
-measured 3-5x slower (r1: 55 us at m = 1 for qkv|z). Options not yet run on the H200 (interpreter-tested): ``SWAP=0``
-(the activation rows as the MMA's M side, SGLang's orientation) and ``PDL=1`` (the GEMM launched as the quantization
-kernel's programmatic dependent, to hide the ~2 us launch gap the pre-kernel costs: r2 timed it alone at 2.1-2.7 us).
+measured 3-5x slower (r1: 55 us at m = 1 for qkv|z). Launch options (contract meta), measured in
+results/sm90/dense_fp8_h200_tune1.json: ``SWAP=0`` (the activation rows as the MMA's M side, SGLang's orientation:
+the winner at m 17..128 for the groups and at 65..128 for o / out); ``MFAST=1`` (the CTA order walks a column tile's
+row tiles first, so the CTAs reading one weight tile run side by side; same tiles, same sums: bitwise the plain
+order); ``PDL=1`` (the GEMM launched as the quantization kernel's programmatic dependent: 0.4-0.9 us less per call at
+m = 1..128, bitwise the same output; slower for o / out at m = 128, left off there); ``PREFETCH=1`` (each CTA's
+weight slice prefetched into L2 at entry, ahead of the PDL wait: 1-4 us slower everywhere, kept off).
 
 FP8 numerics (netra/ops/linear.py linear_ref): the activation is quantized per token in groups of 128 (amax,
 scale = max(amax, 1e-10) / 448 and q = e4m3(clamp(x / scale)) with IEEE divisions, as netra/ops/fp8.py), each K
@@ -129,22 +133,35 @@ def _act_quant_kernel(x_ptr, xq_ptr, xs_ptr, K, NKB: tl.constexpr, KB_P2: tl.con
 @triton.jit
 def _fp8_gemm_kernel(x_ptr, xq_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, kb_per_split,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, QUANT_IN: tl.constexpr,
-                     SWAP: tl.constexpr, OUT_F32: tl.constexpr, PDL: tl.constexpr):
+                     SWAP: tl.constexpr, OUT_F32: tl.constexpr, PDL: tl.constexpr, MFAST: tl.constexpr = 0,
+                     PREFETCH: tl.constexpr = 0):
     """W8A8 block GEMM over one K range, per K block scaled: swap AB (``SWAP``) acc[BLOCK_N, BLOCK_M] =
     W[n, k] . Xq[m, k]^T (the weight is the MMA's M side), else acc[BLOCK_M, BLOCK_N] = Xq[m, k] . W[n, k]^T."""
     BLOCK_K: tl.constexpr = 128
+    if MFAST:  # the launch order (x fastest) walks the row tiles first: a column tile's CTAs run side by side
+        lin = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
+        pid_m = lin % tl.num_programs(2)
+        pid_n = (lin // tl.num_programs(2)) % tl.num_programs(0)
+        pid_k = lin // (tl.num_programs(2) * tl.num_programs(0))
+    else:
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        pid_m = tl.program_id(2)
+    n_kb = K // BLOCK_K
+    kb0 = pid_k * kb_per_split
+    if PREFETCH:  # the CTA's whole weight slice into L2 at once (one 128-byte line per row and K block); the
+        # weights are never written by the kernels before, so this may run ahead of the PDL wait
+        p_rows = w_ptr + tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1) * K + kb0 * BLOCK_K
+        for i in range(0, kb_per_split):
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [p_rows + i * BLOCK_K],
+                                      dtype=tl.int32, is_pure=False, pack=1)
     if PDL:  # launched early behind the quantization kernel: wait for its rows (and everything before it)
         tl.extra.cuda.gdc_wait()
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
     n_mask = offs_n < N
     m_mask = offs_m < M
-    n_kb = K // BLOCK_K
-    kb0 = pid_k * kb_per_split
     w_ptrs = w_ptr + offs_n[:, None] * K + (kb0 * BLOCK_K + offs_k[None, :])
     ws_ptrs = ws_ptr + ((pid_n * BLOCK_N) // 128) * n_kb + kb0
     if QUANT_IN:
@@ -280,6 +297,7 @@ def _launch_fp8(launch: dict[str, Any], x: torch.Tensor, w: torch.Tensor, ws: to
     _fp8_gemm_kernel[(gx, gy, gz)](x, xq, xs, w, ws, out, part, cnt, m, n, k, pl["kb_per_split"],
                                    BLOCK_M=pl["BLOCK_M"], BLOCK_N=pl["BLOCK_N"], SPLIT=split, QUANT_IN=quant_in,
                                    SWAP=int(meta.get("SWAP", 1)), PDL=pdl, **({"launch_pdl": True} if pdl else {}),
+                                   MFAST=int(meta.get("MFAST", 0)), PREFETCH=int(meta.get("PREFETCH", 0)),
                                    OUT_F32=out_dtype == torch.float32, num_warps=int(launch["block"]) // 32,
                                    num_stages=int(meta["num_stages"]))
     return out
