@@ -14,6 +14,7 @@ meaning is the same (so an SGLang dashboard reads a Netra worker unchanged):
 | `netra_engine_requests_finished_total{finish_reason}` | counter | finished requests by reason (stop, length, abort) |
 | `netra_engine_step_host_seconds{kind}` | histogram | host time of one scheduler step (kind: prefill, decode, mixed); on CUDA the step less its wait for the device |
 | `netra_engine_step_device_gap_seconds{kind}` | histogram | device idle time before the step's first device work (CUDA events; on a CPU, the host time) |
+| `netra_engine_step_device_seconds{kind}` | histogram | device time of a step that waits for the device: its first device work to its last wait's end (CUDA events; not on a CPU). Against the host time it tells a host-bound step from a device-bound one |
 
 Every series carries `worker` and `model_name` labels (netra/serve/metrics.py).
 """
@@ -67,13 +68,19 @@ class EngineMetrics:
         self.step_gap = Histogram("netra_engine_step_device_gap_seconds",
                                   "device idle time between the previous step and this one", ["kind"],
                                   buckets=_STEP, registry=r)
+        self.step_device = Histogram("netra_engine_step_device_seconds",
+                                     "device time of one step, its first device work to its last wait's end "
+                                     "(CUDA events; steps that wait for the device)", ["kind"], buckets=_STEP,
+                                     registry=r)
         scheduler.step_observer = self.observe_step
         self._last: tuple[float, int] = (time.monotonic(), 0)
 
-    def observe_step(self, kind: str, host_s: float, gap_s: float) -> None:
+    def observe_step(self, kind: str, host_s: float, gap_s: float, device_s: float | None = None) -> None:
         """Called on the scheduler thread after every step."""
         self.step_host.labels(kind).observe(host_s)
         self.step_gap.labels(kind).observe(gap_s)
+        if device_s is not None:
+            self.step_device.labels(kind).observe(device_s)
 
     def _load(self) -> dict[str, int]:
         load: dict[str, int] = self.sched.load()

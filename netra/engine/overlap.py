@@ -29,6 +29,8 @@ class StepClock:
         self.device = device
         self.on_device = device.type == "cuda"
         self.wait_s = 0.0  # this step's wait for the device
+        # this step's device time, its first device work to its last wait's end (None: no wait, or a CPU)
+        self.device_s: float | None = None
         self._start: torch.cuda.Event | None = None
         self._end: torch.cuda.Event | None = None
         self._prev_end: torch.cuda.Event | None = None
@@ -37,6 +39,7 @@ class StepClock:
     def begin(self) -> None:
         """Before the step's first device work (admission zeroes the new slots' state)."""
         self.wait_s = 0.0
+        self.device_s = None
         self._end = None
         if self.on_device:
             self._start = torch.cuda.Event(enable_timing=True)
@@ -50,6 +53,8 @@ class StepClock:
             t = time.perf_counter()
             self._end.synchronize()
             self.wait_s += time.perf_counter() - t
+            if self._start is not None:
+                self.device_s = self._start.elapsed_time(self._end) / 1e3
 
     def end(self) -> float:
         """At the end of the step: the device idle gaps resolved so far, in seconds. A gap runs from the

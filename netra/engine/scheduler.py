@@ -115,6 +115,7 @@ class StepStats:
     # between steps (CUDA events; on a CPU, the host time).
     host_s: float = 0.0
     gap_s: float = 0.0
+    device_s: float = 0.0  # CUDA events: each waiting step's first device work to its last wait's end
 
     def to_json(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -144,8 +145,9 @@ class Scheduler:
         self.inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.stats = StepStats()
         self.clock = StepClock(self.device)
-        # Called after every step with (kind: prefill | decode | mixed, host seconds, device idle gap seconds).
-        self.step_observer: Callable[[str, float, float], None] | None = None
+        # Called after every step with (kind: prefill | decode | mixed, host seconds, device idle gap seconds,
+        # device seconds from the step's first device work to its last wait: None where the step did not wait).
+        self.step_observer: Callable[[str, float, float, float | None], None] | None = None
         # Called from the scheduler thread if it dies (an error outside a step): the server ends the process,
         # so its supervisor restarts it instead of a listener that accepts requests no thread will serve.
         self.on_fatal: Callable[[BaseException], None] | None = None
@@ -363,8 +365,10 @@ class Scheduler:
             gap = host
         self.stats.host_s += host
         self.stats.gap_s += gap
+        if self.clock.device_s is not None:
+            self.stats.device_s += self.clock.device_s
         if self.step_observer is not None:
-            self.step_observer(kind, host, gap)
+            self.step_observer(kind, host, gap, self.clock.device_s)
         self.progress_at = time.monotonic()
 
     def _dev(self, v: list[int]) -> torch.Tensor:
