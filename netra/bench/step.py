@@ -117,14 +117,14 @@ def floor_bytes(engine: Any, b: int, lens: list[int]) -> dict[str, float]:
             "kv_cache": kv, "total": total}
 
 
-def breakdown(graph: Any, top: int = 15) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-    """µs per kernel family in one replay, from the profiler's kernel records, and the ``top`` kernels by time
-    (name -> µs summed over the replay, launches)."""
+def breakdown(run: Any, top: int = 15) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """µs per kernel family in one call of ``run`` (a graph's replay, or an eager forward), from the profiler's
+    kernel records, and the ``top`` kernels by time (name -> µs summed over the call, launches)."""
     torch = _torch()
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        graph.replay()
+        run()
         torch.cuda.synchronize()
     out: dict[str, float] = {}
     kernels: dict[str, list[float]] = {}
@@ -239,7 +239,7 @@ def measure(engine: Any, b: int, context: int, replays: int, eager_off_steps: in
     row["floor_ms"] = round(fl["total"] / copy_bps * 1e3, 3)
     row["floor_fraction"] = round(row["floor_ms"] / med, 3)
     try:
-        row["breakdown_us"], row["top_kernels_us"] = breakdown(graph)
+        row["breakdown_us"], row["top_kernels_us"] = breakdown(graph.replay)
     except Exception as exc:  # the breakdown is informative; a profiler failure must not lose the row
         row["breakdown_us"] = {"error": f"{type(exc).__name__}: {exc}"}
     del graph, out
