@@ -27,7 +27,13 @@ class RecordError(ValueError):
 
 
 def git_sha(repo: Path = SOURCE_ROOT) -> str:
-    """Commit of the code measured, with a ``-dirty`` suffix when tracked files changed."""
+    """Commit of the code measured, with a ``-dirty`` suffix when tracked files changed; NETRA_GIT_SHA names it
+    where git cannot (a copy of the tree whose .git belongs to another commit)."""
+    from netra import settings
+
+    given = settings.get("NETRA_GIT_SHA")
+    if given:
+        return str(given)
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
                              check=True).stdout.strip()

@@ -67,6 +67,8 @@ SETTINGS: dict[str, Setting] = {
         Setting("NETRA_CACHE_DIR", Path, Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "netra",
                 "reusable build inputs (the image wheelhouse)"),
         Setting("NETRA_REQUIRE_DOCKER", bool, False, "tests marked docker fail instead of skipping without an engine (CI)"),
+        Setting("NETRA_GIT_SHA", str, "", "the commit a record names when the tree has no usable git (a device copy: "
+                "its .git is not the tree's); empty: `git rev-parse HEAD` of the source tree"),
         Setting("NETRA_TACTIC_MIN_MATURITY", str, "accepted", "lowest contract maturity dispatch selects (experiment|verified|accepted)"),
         Setting("NETRA_SGLANG_TACTICS", str, "", "tactic domains Netra's SGLang plugin hooks in this worker (comma list of moe, argmax; empty: none)"),
         Setting("NETRA_PLUGIN_EVIDENCE", Path, None, "directory where each SGLang process running Netra's plugin writes <pid>.json (hooks, code objects, hits)"),

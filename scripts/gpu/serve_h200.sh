@@ -27,6 +27,7 @@ export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 PATH=$PWD/.nginx/bin:$PATH
 # Contracts measured on the H200 but not yet promoted are selected too; the record's /server_info
 # lists every selection with its maturity.
 export NETRA_TACTIC_MIN_MATURITY=${NETRA_TACTIC_MIN_MATURITY:-experiment}
+export NETRA_GIT_SHA=$SHA  # the device copy's .git is not this tree's: records name the commit given
 # Every module the launch imports, first: a missing wheel shows here in one line.
 python3 -c "import fastapi, uvicorn, orjson, pydantic, httpx, prometheus_client, llguidance, fla, netra.serve.app, netra.engine.server, netra.bench.serve" \
   || { echo "preflight import failed"; exit 2; }
@@ -39,7 +40,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
 nginx -v >> "$summary" 2>&1
 URL=http://127.0.0.1:8000
 INFO=http://127.0.0.1:30000
-BENCH=(python3 -m netra bench serve --url "$URL" --info-url "$INFO" --workers 1 --results-dir "$REC")
+BENCH=(python3 -m netra bench serve --url "$URL" --info-url "$INFO" --workers 1 --results-dir "$REC" --target sm90)
 
 # The device call's own limit: every step is cut to what is left of DEADLINE_S (from the script's start)
 # less a margin for stopping the deployment and packing the logs.
@@ -88,7 +89,7 @@ for part in "${PARTS[@]}"; do
     c128) step c128 420 "${BENCH[@]}" -K 2 -C 128 -R 384 -I 1024 -O 1024 --scenario dp1-h200-1k1k || break ;;
     sweep) step sweep 420 python3 -m netra bench sweep --url "$URL" --info-url "$INFO" --workers 1 \
              --concurrencies "${SWEEP_C:-1,8,32,64,128}" --rounds 2 -K 2 -I 1024 -O 1024 --scenario dp1-h200-sweep \
-             --results-dir "$REC" || break ;;
+             --results-dir "$REC" --target sm90 || break ;;
     long) step long 420 "${BENCH[@]}" -K 2 -C 64 -R 64 -I 1024 -O 8192 --scenario dp1-h200-1k8k || break ;;
     off)
       if [[ $on -eq 1 ]]; then stop on; on=0; fi
