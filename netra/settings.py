@@ -62,6 +62,9 @@ SETTINGS: dict[str, Setting] = {
                 "its contract says (a control arm for races between adjacent kernels)"),
         Setting("NETRA_GDN_PREFILL", str, "fla", "GDN prefill on CUDA: fla (fla-core's chunk_gated_delta_rule) or "
                 "reference (the PyTorch reference)"),
+        Setting("NETRA_ATTN_PREFILL", str, "sdpa", "attention prefill on CUDA where no contract serves it: sdpa "
+                "(PyTorch's fused scaled_dot_product_attention, FlashAttention-class memory) or reference (the "
+                "FP32 reference: a chunk x prefix score matrix per sequence)"),
         Setting("NETRA_IMAGE_LOCK", Path, REPO_ROOT / "images" / "lock.json",
                 "the image lock that `netra images build` writes and launches check"),
         Setting("NETRA_CACHE_DIR", Path, Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "netra",

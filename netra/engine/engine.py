@@ -18,7 +18,7 @@ from netra.engine.options import EngineOptions, OptionsError
 from netra.engine.scheduler import Scheduler
 from netra.engine.tokenizer import Tokenizer, load_tokenizer
 from netra.engine.weights import seeded_weights
-from netra.ops import gdn
+from netra.ops import attention, gdn
 
 log = logging.getLogger("netra.engine")
 
@@ -47,6 +47,7 @@ def build_engine(options: EngineOptions) -> Engine:
         weights = seeded_weights(cfg, options.seed, device)
     if device.type == "cuda" and cfg.gdn_layers:
         log.info("GDN prefill on CUDA: %s", gdn.cuda_prefill_backend())  # fails here if fla-core is missing
+        log.info("attention prefill on CUDA (where no contract serves it): %s", attention.prefill_backend())
     if options.context_length > cfg.max_position_embeddings:
         raise OptionsError(f"--context-length {options.context_length} exceeds the model's "
                            f"max_position_embeddings {cfg.max_position_embeddings}")

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from netra import dispatch
+from netra import dispatch, settings
 from netra.ops import fp8, norm, rope
 from netra.ops._common import acc_dtype, bind, route
 from netra.ops._triton import launch_tactic
@@ -79,6 +79,42 @@ def attention_prefill_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         outs.append(_attend(qs, ks, vs, mask, sm_scale)[0])
         offset += n
     return torch.cat(outs, dim=0).to(q.dtype)
+
+
+def attention_prefill_sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           seq_slots: list[int], seq_starts: list[int], q_lens: list[int], sm_scale: float,
+                           k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+    """`attention_prefill_ref`'s contract through PyTorch's fused ``scaled_dot_product_attention`` (on CUDA its
+    FlashAttention backend: no chunk x prefix score matrix, so a long prompt's chunk does not need
+    ``Hq x n x total`` FP32 scores). Per sequence: q in its own dtype (BF16), the cached prefix and the chunk's own
+    K/V (already stored) dequantized exactly to q's dtype and repeated to the query heads, a causal mask aligned
+    to the bottom right (query i, at position ``start + i``, sees keys ``0 .. start + i``). Numerics: BF16
+    operands, FP32 accumulation inside the kernel, one rounding of the output; the declared tolerance against
+    the FP32 reference is rel-L2 <= 1e-2 (tests/ops/test_attention_prefill_sdpa.py)."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    hq, hkv = q.shape[1], k_cache.shape[2]
+    outs = []
+    offset = 0
+    for slot, start, n in zip(seq_slots, seq_starts, q_lens, strict=True):
+        total = start + n
+        qs = q[offset:offset + n].transpose(0, 1)[None]  # [1, Hq, n, D]
+        ks = _load(k_cache[slot, :total], k_scale, q.dtype).repeat_interleave(hq // hkv, dim=1)
+        vs = _load(v_cache[slot, :total], v_scale, q.dtype).repeat_interleave(hq // hkv, dim=1)
+        o = torch.nn.functional.scaled_dot_product_attention(
+            qs, ks.transpose(0, 1)[None], vs.transpose(0, 1)[None], attn_mask=causal_lower_right(n, total),
+            scale=sm_scale)
+        outs.append(o[0].transpose(0, 1))
+        offset += n
+    return torch.cat(outs, dim=0).to(q.dtype)
+
+
+def prefill_backend() -> str:
+    """``sdpa`` or ``reference`` (``NETRA_ATTN_PREFILL``): the attention prefill on CUDA where no contract serves it."""
+    how = str(settings.get("NETRA_ATTN_PREFILL"))
+    if how not in ("sdpa", "reference"):
+        raise settings.SettingError(f"NETRA_ATTN_PREFILL={how!r}: expected sdpa or reference")
+    return how
 
 
 def attention_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -150,6 +186,8 @@ def attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         return hit[0](hit[1], q=q, k_cache=k_cache, v_cache=v_cache, seq_slots=seq_slots,
                       seq_starts=seq_starts, q_lens=q_lens, sm_scale=sm_scale, k_scale=k_scale,
                       v_scale=v_scale)
+    if q.is_cuda and prefill_backend() == "sdpa":
+        return attention_prefill_sdpa(q, k_cache, v_cache, seq_slots, seq_starts, q_lens, sm_scale, k_scale, v_scale)
     return attention_prefill_ref(q, k_cache, v_cache, seq_slots, seq_starts, q_lens, sm_scale, k_scale,
                                  v_scale)
 
