@@ -235,7 +235,11 @@ class Scheduler:
         if self.device.type == "cuda":  # this thread's current device (streams, graphs) is the engine's
             torch.cuda.set_device(self.device)
             if self.opt.warmup:
-                self.warm_up()
+                try:
+                    self.warm_up()
+                except Exception:  # serving cold beats not serving: the requests meet the same error, one by one
+                    log.exception("warm-up failed; serving without it")
+                    self._zero_pad_slot()
                 self.warm.set()
         while not self._stop.is_set():
             try:
@@ -272,13 +276,16 @@ class Scheduler:
                         self._capture(b)
                     self._sample_graph(b, greedy)
                     captured += 1
-        p = self.pools
-        for pool in (p.k, p.v, p.ssm, p.conv):
-            pool[:, PAD_SLOT].zero_()
+        self._zero_pad_slot()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         log.info("warmed up in %.1f s: a %d-token prefill forward, %d decode bucket(s) captured",
                  time.perf_counter() - t0, n, captured)
+
+    def _zero_pad_slot(self) -> None:
+        p = self.pools
+        for pool in (p.k, p.v, p.ssm, p.conv):
+            pool[:, PAD_SLOT].zero_()
 
     def _drain(self, block: bool) -> None:
         try:
