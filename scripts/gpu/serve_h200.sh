@@ -22,43 +22,19 @@ SHA=${1:-unknown}
 shift || true
 PARTS=("$@")
 [[ ${#PARTS[@]} -eq 0 ]] && PARTS=(c128 sweep)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || { echo "wheel install failed"; exit 2; }
-export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 PATH=$PWD/.nginx/bin:$PATH
-# Contracts measured on the H200 but not yet promoted are selected too; the record's /server_info
-# lists every selection with its maturity.
-export NETRA_TACTIC_MIN_MATURITY=${NETRA_TACTIC_MIN_MATURITY:-experiment}
-export NETRA_GIT_SHA=$SHA  # the device copy's .git is not this tree's: records name the commit given
+STEP_GREP="output tok/s|output throughput|exact checks|BENCH FAILED|K= *[0-9]+ rep"
+source scripts/gpu/lib.sh
+export PATH=$PWD/.nginx/bin:$PATH
+REC=$OUT/serving
+RUN=/tmp/netra-run
+mkdir -p "$REC"
+nginx -v >> "$summary" 2>&1
 # Every module the launch imports, first: a missing wheel shows here in one line.
 python3 -c "import fastapi, uvicorn, orjson, pydantic, httpx, prometheus_client, llguidance, fla, netra.serve.app, netra.engine.server, netra.bench.serve" \
-  || { echo "preflight import failed"; exit 2; }
-RUN=/tmp/netra-run
-REC=$OUT/serving
-mkdir -p "$REC"
-summary=$OUT/summary.txt
-: > "$summary"
-nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv >> "$summary" 2>&1
-nginx -v >> "$summary" 2>&1
+  >> "$summary" 2>&1 || { echo "preflight import failed" | tee -a "$summary"; exit 2; }
 URL=http://127.0.0.1:8000
 INFO=http://127.0.0.1:30000
 BENCH=(python3 -m netra bench serve --url "$URL" --info-url "$INFO" --workers 1 --results-dir "$REC" --target sm90)
-
-# The device call's own limit: every step is cut to what is left of DEADLINE_S (from the script's start)
-# less a margin for stopping the deployment and packing the logs.
-DEADLINE_S=${DEADLINE_S:-570}
-step() {  # step NAME LIMIT_S COMMAND...
-  local name=$1 limit=$2
-  shift 2
-  local left=$((DEADLINE_S - SECONDS - 25))
-  (( left < limit )) && limit=$left
-  if (( limit < 10 )); then echo "$name skipped: no time left" | tee -a "$summary"; return 124; fi
-  local t0=$SECONDS
-  timeout --signal=TERM --kill-after=15 "$limit" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "$name rc=$rc limit=${limit}s took=$((SECONDS - t0))s" | tee -a "$summary"
-  grep -E "output tok/s|output throughput|exact checks|BENCH FAILED|K= *[0-9]+ rep" "$OUT/$name.log" | cut -c1-200 >> "$summary"
-  return $rc
-}
 
 launch() {  # launch NAME [ENV=VALUE...]
   local name=$1
@@ -104,13 +80,4 @@ for part in "${PARTS[@]}"; do
   esac
 done
 [[ $on -eq 1 ]] && stop on
-for f in "$OUT"/*.log; do
-  echo "==== $(basename "$f") (tail)"
-  tail -15 "$f"
-done
-cat "$summary"
-# At most 8 files come back from $OUT: everything but the summary goes into one tarball.
-tar -czf /tmp/serve_h200.tar.gz -C "$OUT" --exclude=./summary.txt . \
-  && find "$OUT" -mindepth 1 -maxdepth 1 ! -name summary.txt -exec rm -rf {} + \
-  && mv /tmp/serve_h200.tar.gz "$OUT/"
-ls -la "$OUT"
+pack
