@@ -188,6 +188,8 @@ def _netra_engine_argv(profile: Profile, port: int, index: int) -> tuple[list[st
         argv += ["--mem-fraction-static", f"{e.mem_fraction_static:g}"]
     if e.mixed_chunk is not None:
         argv += ["--mixed-chunk", e.mixed_chunk]
+    if e.decode_overlap:
+        argv.append("--decode-overlap")
     if e.model_path is not None:
         argv += ["--model-path", e.model_path]
     argv += ["--served-model-name", profile.serve.model_name, "--worker-id", str(index)]
@@ -208,6 +210,8 @@ def _netra_engine_argv(profile: Profile, port: int, index: int) -> tuple[list[st
         expect["mem_fraction_static"] = e.mem_fraction_static
     if e.mixed_chunk is not None:
         expect["mixed_chunk"] = e.mixed_chunk
+    if e.decode_overlap:
+        expect["decode_overlap"] = True
     return argv, expect
 
 

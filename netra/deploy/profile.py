@@ -72,6 +72,9 @@ class Engine:
     mixed_chunk: Literal["off", "split", "fused"] | None = field(default=None, metadata=_meta(
         "embedded engine: prompts arriving while requests decode run in mixed steps, split (decode graph + "
         "prefill forward) or fused (one forward), or off (prefill steps stall decode); null: engine default"))
+    decode_overlap: bool = field(default=False, metadata=_meta(
+        "embedded engine: chain greedy decode steps on the device (step N+1 launched from step N's tokens before "
+        "the host reads them); off until its H200 A/B"))
     cuda_graph_bs: tuple[int, ...] = field(default=(), metadata=_meta(
         "decode graph batch buckets, ascending; must reach max_running_requests (empty: no graphs)", ge=1))
     kv_cache_dtype: Literal["auto", "fp8_e4m3", "bfloat16"] = field(default="auto", metadata=_meta(
@@ -321,6 +324,9 @@ def _cross_checks(p: Profile) -> None:
             raise ProfileError("target: SGLang profiles run on a GPU target (sm90 or gfx950), not cpu")
     if e.kind == "sglang" and e.mixed_chunk is not None:
         raise ProfileError("engine.mixed_chunk: an embedded-engine option (kind netra); SGLang workers take "
+                           "their own scheduling flags")
+    if e.kind == "sglang" and e.decode_overlap:
+        raise ProfileError("engine.decode_overlap: an embedded-engine option (kind netra); SGLang workers take "
                            "their own scheduling flags")
     if e.tactics != "none":
         if e.kind != "sglang":

@@ -71,6 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--load-log-interval", dest="load_log_interval_s", type=float,
                    default=_D["load_log_interval_s"],
                    help="seconds between the 'running / queued / throughput' log lines while busy (0: off)")
+    p.add_argument("--decode-overlap", action="store_true",
+                   help="chain greedy decode steps on the device: launch step N+1 from step N's tokens before the "
+                        "host reads them (overlaps the host's output work with the device)")
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="CUDA: serve at once, without compiling the prefill path and capturing every decode bucket "
                         "first (the first requests then wait for both)")

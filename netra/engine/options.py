@@ -47,6 +47,10 @@ class EngineOptions:
     # autotuning, tactic loads) and capture every decode bucket with its greedy sampling graph; /health
     # answers 503 until done. Off: the first prompt waits for the compiles, each bucket's first step for its capture.
     warmup: bool = True
+    # Decode steps chained on the device: while every running request is greedy and unconstrained and no prompt
+    # waits, step N+1 is launched from step N's tokens on the device before the host reads them, so the host's
+    # output work overlaps the device. Off by default until its H200 A/B (netra/engine/scheduler.py).
+    decode_overlap: bool = False
 
     def __post_init__(self) -> None:
         positive = ("max_running_requests", "context_length", "chunked_prefill_size", "stream_interval",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from typing import Any
 
 import torch
 
@@ -35,6 +36,7 @@ class StepClock:
         self._end: torch.cuda.Event | None = None
         self._prev_end: torch.cuda.Event | None = None
         self._pending: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque()
+        self._chained = False
 
     def begin(self) -> None:
         """Before the step's first device work (admission zeroes the new slots' state)."""
@@ -56,12 +58,27 @@ class StepClock:
             if self._start is not None:
                 self.device_s = self._start.elapsed_time(self._end) / 1e3
 
+    def wait(self, event: Any) -> None:
+        """A chained step's wait: for one earlier step's completion event only (later work stays queued). Its
+        device time is not read (its work started before this step's first event), and it leaves no gap: the
+        device had the next step queued all along."""
+        if self.on_device and event is not None:
+            t = time.perf_counter()
+            event.synchronize()
+            self.wait_s += time.perf_counter() - t
+        self._chained = True
+
     def end(self) -> float:
         """At the end of the step: the device idle gaps resolved so far, in seconds. A gap runs from the
         end of one step's device work (its `sync`) to the first device work of the next (`begin`): the
         device idles while the host reads the tokens, emits outputs, admits and builds the next batch.
         It is resolved once the next step's first event has run (read without waiting)."""
         if not self.on_device or self._start is None:
+            return 0.0
+        if self._chained:
+            self._chained = False
+            self._start, self._end, self._prev_end = None, None, None
+            self._pending.clear()
             return 0.0
         end = self._end
         if end is None:  # a step that did not wait (a prefill step finishing no prompt): its work ends here

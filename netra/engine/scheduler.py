@@ -116,6 +116,7 @@ class StepStats:
     host_s: float = 0.0
     gap_s: float = 0.0
     device_s: float = 0.0  # CUDA events: each waiting step's first device work to its last wait's end
+    chained_steps: int = 0  # decode steps launched from the previous step's tokens on the device (--decode-overlap)
 
     def to_json(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -127,6 +128,17 @@ class StepStats:
         d["gap_ms_per_step"] = 1e3 * self.gap_s / max(1, self.steps)
         d["overhead_cpu_ms_per_step"] = 1e3 * (self.step_cpu_s - self.forward_cpu_s - self.sample_cpu_s) / max(1, self.steps)
         return d
+
+
+@dataclass(eq=False)
+class _InFlight:
+    """A decode step launched, its tokens not yet read: the rows' requests, a device copy of the sampled tokens
+    (the sampling graph's static output is overwritten by the next step), and the event after that copy."""
+    reqs: list[Request]
+    tokens: torch.Tensor
+    event: Any
+    bucket: int
+    graphed: bool
 
 
 class Scheduler:
@@ -180,6 +192,7 @@ class Scheduler:
         # logprobs run inside captured graphs too (the masks are copied in by `prepare` before the replay).
         self._sample_graphs: dict[tuple[int, StepVariant], tuple[Any, StepResult]] = {}
         self._graph_pool: Any = None
+        self._inflight: _InFlight | None = None  # --decode-overlap: the chained step on the device
 
     # ---- thread-safe interface -------------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -344,6 +357,14 @@ class Scheduler:
         self.progress_at = time.monotonic()
         t0, c0 = time.perf_counter(), time.thread_time()
         self.clock.begin()
+        if self._inflight is not None and not self._keep_chain():
+            # prompts to admit or prefill, or the running set changed: the chained step completes first (its
+            # tokens to the host), as a decode step of its own
+            fl, self._inflight = self._inflight, None
+            f0, s0 = self.stats.forward_s, self.stats.sample_s
+            self._complete(fl)
+            self._account("decode", t0, c0, f0, s0)
+            return
         while self.waiting and self.pools.free_slots:
             req = self.waiting.popleft()
             req.slot = self.pools.alloc()
@@ -360,6 +381,11 @@ class Scheduler:
         else:
             kind = "decode"
             self._decode_step()
+        self._account(kind, t0, c0, f0, s0)
+
+    def _account(self, kind: str, t0: float, c0: float, f0: float, s0: float) -> None:
+        """The end of a step: its wall and CPU time, host time, device gap and device time, to the stats and the
+        step observer (``f0``, ``s0``: the forward and sampling seconds before the step)."""
         wall = time.perf_counter() - t0
         self.stats.steps += 1
         self.stats.step_s += wall
@@ -492,6 +518,9 @@ class Scheduler:
 
     def _decode_step(self) -> None:
         reqs = list(self.decoding)
+        if self.opt.decode_overlap and self._chainable(reqs):
+            self._chained_decode_step(reqs)
+            return
         bucket, logits = self._launch_decode(reqs)
         self.stats.decode_steps += 1
         self.stats.decode_rows += len(reqs)
@@ -500,6 +529,92 @@ class Scheduler:
         graphed = bucket in self._graphs and logits is self._graphs[bucket][1]
         tokens = self._sample(reqs, logits, self._slots[:bucket], graphed=graphed)
         self._append(reqs, tokens)
+
+    # ---- --decode-overlap: decode steps chained on the device ----------------------------------------------
+    # While every running request is greedy and unconstrained (no penalties, bias, grammar or logprobs: nothing the
+    # host must prepare from the previous token) and no prompt can be admitted, step N+1 is launched from step N's
+    # tokens on the device (ids, positions and lengths advanced in the persistent buffers), then the host waits for
+    # step N only and processes its outputs while N+1 runs. Requests that finish at N ride in N+1 as dead rows
+    # (their slot's state moves once more before the slot is released; stream order puts any later reuse's zeroing
+    # after it); their N+1 tokens are dropped. Any change of the running set, a prompt to admit, or a row near the
+    # end of the context ends the chain: the in-flight step completes first (`step`).
+    def _chainable(self, reqs: list[Request]) -> bool:
+        if not reqs or len(reqs) > max(self.buckets):
+            return False
+        v = self.sampler.variant([r.params for r in reqs], [r.slot for r in reqs])
+        if not v.greedy or v.processed or v.logprobs:
+            return False
+        # the chained step writes position cached + 1 of every row: it must stay inside the context
+        if any(r.cached + 3 >= self.pools.context_length for r in reqs):
+            return False
+        fl = self._inflight
+        return fl is None or (len(fl.reqs) == len(reqs) and all(a is b for a, b in zip(fl.reqs, reqs, strict=True)))
+
+    def _keep_chain(self) -> bool:
+        """The in-flight step may stay in flight into this step: a decode step of the same running set follows."""
+        admit = bool(self.waiting) and self.pools.free_slots > 0
+        return not admit and not self.prefilling and self._chainable(list(self.decoding))
+
+    def _snapshot(self, reqs: list[Request], res: StepResult, bucket: int, graphed: bool) -> _InFlight:
+        tokens = res.tokens[:len(reqs)].clone()  # the sampling graph's static output is rewritten by the next step
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+        return _InFlight(reqs, tokens, event, bucket, graphed)
+
+    def _chained_decode_step(self, reqs: list[Request]) -> None:
+        cur = self._inflight
+        if cur is None:  # the first step of a chain: buffers filled from the host, as a plain decode step
+            bucket, logits = self._launch_decode(reqs)
+            self.stats.decode_steps += 1
+            self.stats.decode_rows += len(reqs)
+            for r in reqs:
+                r.cached += 1
+            graphed = bucket in self._graphs and logits is self._graphs[bucket][1]
+            _, res = self._sample_launch(reqs, logits, self._slots[:bucket], graphed)
+            cur = self._snapshot(reqs, res, bucket, graphed)
+        nxt = self._chain(cur)
+        self._inflight = None
+        self._complete(cur)
+        live = {id(r) for r in self.decoding}
+        for r in nxt.reqs:
+            if id(r) in live:
+                r.cached += 1  # the chained step's position, now that step N's outputs are processed
+        if any(id(r) in live for r in nxt.reqs):
+            self._inflight = nxt
+
+    def _chain(self, cur: _InFlight) -> _InFlight:
+        """Launch the step after ``cur`` for the same rows from ``cur``'s tokens on the device (no host sync)."""
+        n, bucket = len(cur.reqs), cur.bucket
+        t, c = time.perf_counter(), time.thread_time()
+        self._ids[:n].copy_(cur.tokens)
+        self._pos[:n] += 1
+        self._lens[:n] += 1
+        if cur.graphed:
+            graph, logits = self._graphs[bucket]
+            graph.replay()
+        else:
+            logits = self.model.forward(self._decode_batch(bucket, max(r.cached for r in cur.reqs) + 1))
+        self.stats.forward_s += time.perf_counter() - t
+        self.stats.forward_cpu_s += time.thread_time() - c
+        self.stats.decode_steps += 1
+        self.stats.decode_rows += n
+        self.stats.padded_rows += bucket - n
+        self.stats.chained_steps += 1
+        _, res = self._sample_launch(cur.reqs, logits, self._slots[:bucket], cur.graphed)
+        return self._snapshot(cur.reqs, res, bucket, cur.graphed)
+
+    def _complete(self, fl: _InFlight) -> None:
+        """Wait for ``fl`` only, read its tokens and process them for the rows still running."""
+        t, c = time.perf_counter(), time.thread_time()
+        self.clock.wait(fl.event)
+        tokens: list[int] = fl.tokens.tolist()
+        self.stats.sample_s += time.perf_counter() - t
+        self.stats.sample_cpu_s += time.thread_time() - c
+        live = {id(r) for r in self.decoding}
+        rows = [(r, tok) for r, tok in zip(fl.reqs, tokens, strict=True) if id(r) in live]
+        self._append([r for r, _ in rows], [tok for _, tok in rows])
 
     def _sample_graph(self, bucket: int, variant: StepVariant) -> tuple[Any, StepResult]:
         """The sampling step of a captured bucket as a CUDA graph over the forward graph's static logits and
@@ -564,13 +679,7 @@ class Scheduler:
         graphed: ``logits`` are a captured bucket's static output and ``slots`` its persistent buffer: the
         step replays that bucket's sampling graph for this step's variant."""
         t, c = time.perf_counter(), time.thread_time()
-        variant = self.sampler.variant([r.params for r in reqs], [r.slot for r in reqs])
-        self.sampler.prepare([r.slot for r in reqs])
-        if graphed:
-            graph, res = self._sample_graph(logits.shape[0], variant)
-            graph.replay()
-        else:
-            res = self.sampler.step(logits, slots, variant)
+        variant, res = self._sample_launch(reqs, logits, slots, graphed, timed=False)
         self.clock.sync()  # the step's one wait for the device: its tokens are read next
         n = len(reqs)
         tokens: list[int] = res.tokens[:n].tolist()
@@ -579,6 +688,22 @@ class Scheduler:
         self.stats.sample_s += time.perf_counter() - t
         self.stats.sample_cpu_s += time.thread_time() - c
         return tokens
+
+    def _sample_launch(self, reqs: list[Request], logits: torch.Tensor, slots: torch.Tensor, graphed: bool,
+                       timed: bool = True) -> tuple[StepVariant, StepResult]:
+        """The sampling step on the device (no wait): its variant and result (a captured bucket's static one)."""
+        t, c = time.perf_counter(), time.thread_time()
+        variant = self.sampler.variant([r.params for r in reqs], [r.slot for r in reqs])
+        self.sampler.prepare([r.slot for r in reqs])
+        if graphed:
+            graph, res = self._sample_graph(logits.shape[0], variant)
+            graph.replay()
+        else:
+            res = self.sampler.step(logits, slots, variant)
+        if timed:
+            self.stats.sample_s += time.perf_counter() - t
+            self.stats.sample_cpu_s += time.thread_time() - c
+        return variant, res
 
     @staticmethod
     def _record_logprobs(reqs: list[Request], res: StepResult) -> None:

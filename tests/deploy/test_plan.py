@@ -124,7 +124,7 @@ def test_embedded_engine_scheduling_and_memory_options_reach_the_engine(tmp_path
     from netra.deploy.profile import ProfileError
     from netra.engine.cli import add_arguments, options_from_args
 
-    prof = load_profile("dp1-h200").replace("engine.mixed_chunk", "fused")
+    prof = load_profile("dp1-h200").replace("engine.mixed_chunk", "fused").replace("engine.decode_overlap", True)
     w = make_plan(prof, NUMA / "dual-socket-8x-h200", Overrides(run_dir=tmp_path)).workers[0]
     argv = list(w.engine_argv)
     assert argv[argv.index("--mem-fraction-static") + 1] == "0.9"
@@ -135,7 +135,10 @@ def test_embedded_engine_scheduling_and_memory_options_reach_the_engine(tmp_path
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     opts = options_from_args(parser.parse_args(argv[2:]))
-    assert (opts.mem_fraction_static, opts.mixed_chunk) == (0.9, "fused")
+    assert (opts.mem_fraction_static, opts.mixed_chunk, opts.decode_overlap) == (0.9, "fused", True)
+    assert w.engine_expect["decode_overlap"] is True
     assert "--mixed-chunk" not in make_plan(load_profile("local"), None, Overrides(run_dir=tmp_path)).workers[0].engine_argv
     with pytest.raises(ProfileError, match=r"engine\.mixed_chunk: an embedded-engine option"):
         load_profile("dp8-h200-throughput128").replace("engine.mixed_chunk", "split")
+    with pytest.raises(ProfileError, match=r"engine\.decode_overlap: an embedded-engine option"):
+        load_profile("dp8-h200-throughput128").replace("engine.decode_overlap", True)

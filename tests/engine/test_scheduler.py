@@ -242,3 +242,52 @@ def test_health_waits_for_the_warm_up_only_where_one_runs() -> None:
     finally:
         e.scheduler.stop()
     assert EngineOptions().warmup is True and EngineOptions(warmup=False).warmup is False
+
+
+def _run_mixed_workload(overlap: bool) -> tuple[Collector, Engine]:
+    """Greedy requests finishing at different steps (lengths, a stop token, the context's end), one sampled
+    request (ends chaining while it runs), arrivals while others decode, and an abort mid-stream."""
+    col = Collector()
+    e = _engine(max_running_requests=6, context_length=96, decode_overlap=overlap, stream_interval=3)
+    s = e.scheduler
+    prompts = _prompts(6)
+    lens = [9, 23, 40, 17, 31, 200]  # the last one runs into the context's end
+    for i in range(4):
+        s.submit(Request(f"g{i}", prompts[i], SamplingParams(max_new_tokens=lens[i], temperature=0.0,
+                                                             ignore_eos=True), col.sink, stream=True))
+    for _ in range(12):
+        s._drain(block=False)
+        s.step()
+    s.submit(Request("late", prompts[4], SamplingParams(max_new_tokens=lens[4], temperature=0.0, ignore_eos=True),
+                     col.sink, stream=True))
+    s.submit(Request("ctx", prompts[5][:20], SamplingParams(max_new_tokens=lens[5], temperature=0.0,
+                                                            ignore_eos=True), col.sink, stream=True))
+    for _ in range(6):
+        s._drain(block=False)
+        s.step()
+    s.abort("g2", "client went away")
+    s.submit(Request("sampled", prompts[1], SamplingParams(max_new_tokens=8, temperature=0.8, ignore_eos=True),
+                     col.sink, seed=5))
+    for _ in range(10):
+        s._drain(block=False)
+        s.step()
+    stop_at = col.ids("g3")[-1] if col.events.get("g3") else 7
+    s.submit(Request("stop", prompts[3], SamplingParams(max_new_tokens=30, temperature=0.0, ignore_eos=True,
+                                                        stop_token_ids=[stop_at]), col.sink, stream=True))
+    s.run_until_idle()
+    return col, e
+
+
+def test_decode_overlap_gives_the_tokens_and_finishes_of_plain_decode() -> None:
+    """--decode-overlap chains greedy decode steps on the device; every request gets the same tokens, finish
+    reason and stream of events as without it, and the chain did run (chained steps counted)."""
+    plain, e0 = _run_mixed_workload(False)
+    chained, e1 = _run_mixed_workload(True)
+    assert set(plain.events) == set(chained.events)
+    for rid in plain.events:
+        assert chained.ids(rid) == plain.ids(rid), rid
+        assert chained.final(rid).finish_reason == plain.final(rid).finish_reason, rid
+        assert [len(ev.new_ids) for ev in chained.events[rid]] == [len(ev.new_ids) for ev in plain.events[rid]], rid
+    assert e0.scheduler.stats.chained_steps == 0 < e1.scheduler.stats.chained_steps
+    assert e1.scheduler._inflight is None or not e1.scheduler.decoding
+    assert e1.pools.free_slots == e0.pools.free_slots == 6
