@@ -11,6 +11,7 @@
 #       sweep  1K/1K at C=1,8,32,64,128, 2 rounds each (tok/s and TPOT against concurrency, with a plot)
 #       long   1K/8K at C=64, 64 requests (stream bytes per output token against the 1K/1K rows)
 #       off    NETRA_DISABLE_TACTICS=1, shortened: 1K/16 at C=4, 4 requests (a fresh launch)
+#   LAUNCH_SET="KEY=VALUE ..." overrides profile keys at launch (an A/B: LAUNCH_SET="engine.decode_overlap=true").
 #       prefill  scripts/gpu/prefill_profile.py in its own process, no deployment up (where a prefill chunk's time goes)
 #   carry: build .whl .nginx .sglang_peer is not needed. .whl holds the Python wheels the image lacks
 #   (fastapi, starlette, uvicorn, orjson, pydantic(+core), annotated-types, typing-inspection,
@@ -40,7 +41,9 @@ launch() {  # launch NAME [ENV=VALUE...]
   local name=$1
   shift
   rm -rf "$RUN"
-  step "launch_$name" 240 env "$@" python3 -m netra launch --profile dp1-h200 --run-dir "$RUN" --detach
+  local sets=()
+  for kv in ${LAUNCH_SET:-}; do sets+=(--set "$kv"); done  # e.g. LAUNCH_SET="engine.decode_overlap=true"
+  step "launch_$name" 240 env "$@" python3 -m netra launch --profile dp1-h200 "${sets[@]}" --run-dir "$RUN" --detach
 }
 
 stop() {
