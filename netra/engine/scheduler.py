@@ -132,8 +132,9 @@ class StepStats:
 
 @dataclass(eq=False)
 class _InFlight:
-    """A decode step launched, its tokens not yet read: the rows' requests, a device copy of the sampled tokens
-    (the sampling graph's static output is overwritten by the next step), and the event after that copy."""
+    """A decode step launched, its tokens not yet read: the rows' requests, a copy of the sampled tokens (the
+    sampling graph's static output is overwritten by the next step; on CUDA a pinned host buffer filled
+    asynchronously), and the event after that copy (None on a CPU)."""
     reqs: list[Request]
     tokens: torch.Tensor
     event: Any
@@ -193,6 +194,8 @@ class Scheduler:
         self._sample_graphs: dict[tuple[int, StepVariant], tuple[Any, StepResult]] = {}
         self._graph_pool: Any = None
         self._inflight: _InFlight | None = None  # --decode-overlap: the chained step on the device
+        self._tok_host: list[torch.Tensor] | None = None  # its two pinned token buffers (CUDA)
+        self._tok_flip = 0
 
     # ---- thread-safe interface -------------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -556,12 +559,21 @@ class Scheduler:
         return not admit and not self.prefilling and self._chainable(list(self.decoding))
 
     def _snapshot(self, reqs: list[Request], res: StepResult, bucket: int, graphed: bool) -> _InFlight:
-        tokens = res.tokens[:len(reqs)].clone()  # the sampling graph's static output is rewritten by the next step
-        event = None
-        if self.device.type == "cuda":
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(self.device))
-        return _InFlight(reqs, tokens, event, bucket, graphed)
+        """``res``'s tokens, kept for the host: on CUDA an asynchronous copy into one of two pinned buffers (the one
+        the step before did not use: its tokens may still be read) and an event after it, so reading them later
+        waits for this step only (a ``.tolist()`` of a device tensor would wait for the chained step too)."""
+        n = len(reqs)
+        if self.device.type != "cuda":
+            return _InFlight(reqs, res.tokens[:n].clone(), None, bucket, graphed)
+        if self._tok_host is None:
+            cap = self._ids.shape[0]
+            self._tok_host = [torch.empty(cap, dtype=torch.int64, pin_memory=True) for _ in range(2)]
+        self._tok_flip ^= 1
+        host = self._tok_host[self._tok_flip][:n]
+        host.copy_(res.tokens[:n], non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        return _InFlight(reqs, host, event, bucket, graphed)
 
     def _chained_decode_step(self, reqs: list[Request]) -> None:
         cur = self._inflight
@@ -588,7 +600,7 @@ class Scheduler:
         """Launch the step after ``cur`` for the same rows from ``cur``'s tokens on the device (no host sync)."""
         n, bucket = len(cur.reqs), cur.bucket
         t, c = time.perf_counter(), time.thread_time()
-        self._ids[:n].copy_(cur.tokens)
+        self._ids[:n].copy_(cur.tokens, non_blocking=True)  # CUDA: from the pinned copy, stream-ordered after it
         self._pos[:n] += 1
         self._lens[:n] += 1
         if cur.graphed:
