@@ -524,14 +524,19 @@ class Scheduler:
         if self.opt.decode_overlap and self._chainable(reqs):
             self._chained_decode_step(reqs)
             return
+        bucket, logits, graphed = self._decode_launch(reqs)
+        tokens = self._sample(reqs, logits, self._slots[:bucket], graphed=graphed)
+        self._append(reqs, tokens)
+
+    def _decode_launch(self, reqs: list[Request]) -> tuple[int, torch.Tensor, bool]:
+        """A decode step's forward from the host's view of ``reqs`` (counted; their positions advanced): its
+        bucket, logits, and whether they are a captured bucket's static output."""
         bucket, logits = self._launch_decode(reqs)
         self.stats.decode_steps += 1
         self.stats.decode_rows += len(reqs)
         for r in reqs:
             r.cached += 1
-        graphed = bucket in self._graphs and logits is self._graphs[bucket][1]
-        tokens = self._sample(reqs, logits, self._slots[:bucket], graphed=graphed)
-        self._append(reqs, tokens)
+        return bucket, logits, bucket in self._graphs and logits is self._graphs[bucket][1]
 
     # ---- --decode-overlap: decode steps chained on the device ----------------------------------------------
     # While every running request is greedy and unconstrained (no penalties, bias, grammar or logprobs: nothing the
@@ -578,12 +583,7 @@ class Scheduler:
     def _chained_decode_step(self, reqs: list[Request]) -> None:
         cur = self._inflight
         if cur is None:  # the first step of a chain: buffers filled from the host, as a plain decode step
-            bucket, logits = self._launch_decode(reqs)
-            self.stats.decode_steps += 1
-            self.stats.decode_rows += len(reqs)
-            for r in reqs:
-                r.cached += 1
-            graphed = bucket in self._graphs and logits is self._graphs[bucket][1]
+            bucket, logits, graphed = self._decode_launch(reqs)
             _, res = self._sample_launch(reqs, logits, self._slots[:bucket], graphed)
             cur = self._snapshot(reqs, res, bucket, graphed)
         nxt = self._chain(cur)
