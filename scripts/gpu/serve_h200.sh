@@ -50,6 +50,7 @@ stop() {
   local name=$1
   curl -s "$INFO/metrics" > "$OUT/metrics_$name.txt" 2>&1
   curl -s "$INFO/server_info" > "$OUT/server_info_$name.json" 2>&1
+  curl -s "$INFO/engine_stats" > "$OUT/engine_stats_$name.json" 2>&1  # step counts and seconds (chained_steps, device_s)
   python3 -m netra stop --run-dir "$RUN" > "$OUT/stop_$name.log" 2>&1
   mkdir -p "$OUT/run_$name" && cp "$RUN"/*.log "$RUN"/*.json "$OUT/run_$name/" 2>/dev/null
 }
