@@ -261,6 +261,8 @@ def _engine(profile: Profile, place_: Placement, port: int, index: int, evidence
         argv, expect = _netra_engine_argv(profile, port, index)
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    if profile.engine.tactic_min_maturity is not None:
+        env["NETRA_TACTIC_MIN_MATURITY"] = profile.engine.tactic_min_maturity
     if profile.gpu_vendor == "nvidia":
         # GPU indices above are PCI bus order; CUDA's default order is "fastest first".
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"

@@ -91,6 +91,9 @@ class Engine:
     tactics: tuple[Domain, ...] | Literal["none"] = field(default="none", metadata=_meta(
         "tactic domains Netra's SGLang plugin puts in each worker (netra/plugins/sglang.py): a list of moe, "
         "argmax; none: the plugin stays out (SGLANG_PLUGINS=none)"))
+    tactic_min_maturity: Literal["experiment", "verified", "accepted"] | None = field(default=None, metadata=_meta(
+        "lowest contract maturity dispatch selects in each worker (NETRA_TACTIC_MIN_MATURITY); null: the "
+        "engine default, accepted"))
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ PARTS=("$@")
 [[ ${#PARTS[@]} -eq 0 ]] && PARTS=(c128 sweep)
 STEP_GREP="output tok/s|output throughput|exact checks|BENCH FAILED|K= *[0-9]+ rep"
 source scripts/gpu/lib.sh
+unset NETRA_TACTIC_MIN_MATURITY  # the profile says which contracts its workers select (engine.tactic_min_maturity)
 export PATH=$PWD/.nginx/bin:$PATH
 REC=$OUT/serving
 RUN=/tmp/netra-run

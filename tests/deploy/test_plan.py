@@ -58,7 +58,8 @@ def test_plan_hash_is_canonical_and_deterministic(tmp_path: Path) -> None:
     c = make_plan(prof, NUMA / "dual-socket-8x-h200", Overrides(run_dir=tmp_path, port_base=50000))
     assert c.sha256() != a.sha256()
     w = a.workers[1]
-    assert w.engine_env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "1", "OMP_NUM_THREADS": "28"}
+    assert w.engine_env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "1", "OMP_NUM_THREADS": "28",
+                            "NETRA_TACTIC_MIN_MATURITY": "experiment"}
     # GPUs 0 and 1 are both on node 0: its 56 cores are split between the two workers.
     assert w.cpulist == "28-55,140-167"
     assert w.engine_argv[w.engine_argv.index("--cuda-graph-bs") + 1:][:11] == tuple(
@@ -137,6 +138,10 @@ def test_embedded_engine_scheduling_and_memory_options_reach_the_engine(tmp_path
     opts = options_from_args(parser.parse_args(argv[2:]))
     assert (opts.mem_fraction_static, opts.mixed_chunk, opts.decode_overlap) == (0.9, "fused", True)
     assert w.engine_expect["decode_overlap"] is True
+    # the profile's tactic maturity reaches the worker's environment (dp1-h200: what its H200 records measured)
+    assert w.engine_env["NETRA_TACTIC_MIN_MATURITY"] == "experiment"
+    local = make_plan(load_profile("local"), None, Overrides(run_dir=tmp_path)).workers[0]
+    assert "NETRA_TACTIC_MIN_MATURITY" not in local.engine_env
     assert "--mixed-chunk" not in make_plan(load_profile("local"), None, Overrides(run_dir=tmp_path)).workers[0].engine_argv
     with pytest.raises(ProfileError, match=r"engine\.mixed_chunk: an embedded-engine option"):
         load_profile("dp8-h200-throughput128").replace("engine.mixed_chunk", "split")
