@@ -40,6 +40,9 @@ def build_engine(options: EngineOptions) -> Engine:
     device = torch.device(options.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise OptionsError(f"--device {options.device}: no CUDA device is available")
+    if device.type == "cuda" and device.index is None:
+        # by index: the scheduler thread selects it with torch.cuda.set_device, which refuses a bare "cuda"
+        device = torch.device("cuda", torch.cuda.current_device())
     if options.checkpoint:
         cfg, weights = load_checkpoint(Path(options.checkpoint), device)
     else:

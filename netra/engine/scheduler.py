@@ -145,10 +145,7 @@ class _InFlight:
 class Scheduler:
     def __init__(self, model: Model, pools: StatePools, options: EngineOptions, eos_ids: tuple[int, ...]) -> None:
         self.model, self.pools, self.opt = model, pools, options
-        self.device = model.device
-        if self.device.type == "cuda" and self.device.index is None:
-            # "cuda" names the constructing thread's current device; the scheduler thread needs it by index.
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = model.device  # by index on CUDA (build_engine): the scheduler thread sets it as current
         self.eos = frozenset(eos_ids)
         self.buckets = tuple(b for b in options.cuda_graph_bs)
         self.waiting: deque[Request] = deque()
@@ -360,7 +357,8 @@ class Scheduler:
         self.progress_at = time.monotonic()
         t0, c0 = time.perf_counter(), time.thread_time()
         self.clock.begin()
-        if self._inflight is not None and not self._keep_chain():
+        chain = self._inflight is not None and self._keep_chain()
+        if self._inflight is not None and not chain:
             # prompts to admit or prefill, or the running set changed: the chained step completes first (its
             # tokens to the host), as a decode step of its own
             fl, self._inflight = self._inflight, None
@@ -383,7 +381,7 @@ class Scheduler:
             self._prefill_step()
         else:
             kind = "decode"
-            self._decode_step()
+            self._decode_step(chain)
         self._account(kind, t0, c0, f0, s0)
 
     def _account(self, kind: str, t0: float, c0: float, f0: float, s0: float) -> None:
@@ -519,9 +517,10 @@ class Scheduler:
         self.stats.padded_rows += bucket - n
         return bucket, logits
 
-    def _decode_step(self) -> None:
+    def _decode_step(self, chain: bool = False) -> None:
+        """chain: `step` found the in-flight chained step continuing into this one (``_chainable`` already true)."""
         reqs = list(self.decoding)
-        if self.opt.decode_overlap and self._chainable(reqs):
+        if chain or (self.opt.decode_overlap and self._chainable(reqs)):
             self._chained_decode_step(reqs)
             return
         bucket, logits, graphed = self._decode_launch(reqs)
