@@ -129,17 +129,8 @@ def _launch_linear(decision: Any, *, x: torch.Tensor, weight: Weight, out_dtype:
     return out
 
 
-# The group tactics' stacked weights, one cache for every contract: each contract imports its own instance of the
-# source module (netra.runtime), and each instance would otherwise stack the same weights again (three decode
-# buckets and the prefill contract: four copies of every group's FP8 weights). A stack depends on the weights only.
-_shared_stacks: dict[Any, Any] = {}
-
-
 def _launch_group(decision: Any, *, x: torch.Tensor, weights: list[Weight], out_dtype: torch.dtype
                   ) -> list[torch.Tensor]:
-    module = getattr(decision.tactic, "module", None)
-    if module is not None and getattr(module, "_stacks", _shared_stacks) is not _shared_stacks:
-        module._stacks = _shared_stacks
     out: list[torch.Tensor] = decision.tactic.entry(decision.contract.launch, x=x, weights=weights,
                                                     out_dtype=out_dtype)
     return out

@@ -330,15 +330,23 @@ def _load(contract: Contract, obj: CodeObject, device: int) -> Tactic:
     return tactic
 
 
+_SOURCE_MODULES: dict[tuple[str, str], Any] = {}
+
+
 def _import_source(obj: CodeObject, source: bytes) -> Any:
-    """Import a Triton module from the bytes whose sha256 was just checked (not from the path again)."""
+    """Import a Triton module from the bytes whose sha256 was just checked (not from the path again): once per
+    source file and content, so the contracts of one source share its module (its caches, e.g. the linear group
+    tactics' stacked weights, and its compiled kernels)."""
     import linecache
     import sys
     import types
 
     from netra.resources import DATA_ROOT
 
-    name = f"netra_tactics.{obj.target}.{obj.family}.{obj.name}"
+    key = (str(obj.kernel["source"]), hashlib.sha256(source).hexdigest())
+    if key in _SOURCE_MODULES:
+        return _SOURCE_MODULES[key]
+    name = f"netra_tactics.{obj.target}.{obj.family}.{key[0].rsplit('/', 1)[-1].removesuffix('.py')}_{key[1][:16]}"
     filename = str(DATA_ROOT / obj.kernel["source"])
     text = source.decode()
     # @triton.jit reads each kernel's source through inspect/linecache: serve it the checked bytes
@@ -347,6 +355,7 @@ def _import_source(obj: CodeObject, source: bytes) -> Any:
     module.__file__ = filename
     sys.modules[name] = module
     exec(compile(text, filename, "exec"), module.__dict__)
+    _SOURCE_MODULES[key] = module
     return module
 
 
