@@ -80,7 +80,7 @@ def linear(x: torch.Tensor, weight: Weight, out_dtype: torch.dtype | None = None
     return linear_ref(x, weight, out_dtype)
 
 
-_group_cache: dict[tuple[int, ...], torch.Tensor] = {}
+_group_cache: dict[tuple[int, ...], tuple[list[torch.Tensor], torch.Tensor]] = {}
 
 
 def linear_group_ref(x: torch.Tensor, weights: list[Weight], out_dtype: torch.dtype | None = None
@@ -98,12 +98,14 @@ def linear_group_ref(x: torch.Tensor, weights: list[Weight], out_dtype: torch.dt
         return [linear_ref(x, w, out_dtype) for w in weights]
     is_fp8, group = kinds.pop()
     xa = fp8.fake_quantize_per_token_group(x, group, acc) if is_fp8 else x.to(acc)
-    key = tuple(id(w._dequant) for w in weights)
-    stacked = _group_cache.get(key)
-    if stacked is None:
-        stacked = torch.cat([w._dequant for w in weights if w._dequant is not None]).t()
-        _group_cache[key] = stacked
-    out = torch.matmul(xa, stacked).to(out_dtype)
+    parts = [w._dequant for w in weights if w._dequant is not None]
+    key = tuple(id(d) for d in parts)
+    hit = _group_cache.get(key)
+    # the entry holds its tensors: an id is reused once its tensor is freed, so a hit must be those very tensors
+    if hit is None or any(a is not b for a, b in zip(hit[0], parts, strict=True)):
+        hit = (parts, torch.cat(parts).t())
+        _group_cache[key] = hit
+    out = torch.matmul(xa, hit[1]).to(out_dtype)
     return list(out.split([w.out_features for w in weights], dim=-1))
 
 

@@ -30,3 +30,26 @@ def test_bf16_linear_and_rows_independent_of_batch() -> None:
     assert torch.equal(full, (x.double() @ w.data.double().t()).float())
     for m in (1, 2, 5, 16):
         assert torch.equal(linear_ref(x[:m], w, torch.float32), full[:m])
+
+
+def test_group_reference_ignores_a_stale_stack_under_reused_ids() -> None:
+    """The group fallback caches its stacked weights by the weights' ids; an id comes back once its tensor is freed,
+    so a cached stack of other tensors under the same ids must not be used (seen as a split-size error in CI)."""
+    from netra.ops import linear as op
+
+    torch.manual_seed(1)
+    ws = []
+    for n in (48, 16):
+        q, s = fp8.block_quantize_weight(torch.randn(n, 256) / 16)
+        w = Weight(q, s)
+        w.dequantized(torch.float64)  # the engine keeps a dequantized copy on CPU (float64 accumulation)
+        ws.append(w)
+    x = torch.randn(5, 256).bfloat16()
+    key = tuple(id(w._dequant) for w in ws)
+    op._group_cache[key] = ([torch.zeros(1)], torch.zeros(256, 8, dtype=torch.float64))  # another tensors' stack
+    try:
+        got = op.linear_group_ref(x, ws)
+    finally:
+        op._group_cache.pop(key, None)
+    for g, w in zip(got, ws, strict=True):
+        assert torch.equal(g, linear_ref(x, w))
