@@ -85,3 +85,4 @@ def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, state_pool: torc
 
 
 bind("causal_conv1d_update", launch_tactic)
+bind("causal_conv1d_prefill", launch_tactic)

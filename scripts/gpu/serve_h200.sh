@@ -12,7 +12,8 @@
 #       long   1K/8K at C=64, 64 requests (stream bytes per output token against the 1K/1K rows)
 #       off    NETRA_DISABLE_TACTICS=1, shortened: 1K/16 at C=4, 4 requests (a fresh launch)
 #   LAUNCH_SET="KEY=VALUE ..." overrides profile keys at launch (an A/B: LAUNCH_SET="engine.decode_overlap=true").
-#       prefill  scripts/gpu/prefill_profile.py in its own process, no deployment up (where a prefill chunk's time goes)
+#       prefill  scripts/gpu/prefill_ops.py (the prefill tactics checked and timed beside reference and peer), then
+#                scripts/gpu/prefill_profile.py, each in its own process, no deployment up (where a prefill chunk's time goes)
 #   carry: build .whl .nginx .sglang_peer is not needed. .whl holds the Python wheels the image lacks
 #   (fastapi, starlette, uvicorn, orjson, pydantic(+core), annotated-types, typing-inspection,
 #   llguidance, fla-core, einops); .nginx is Debian bookworm's nginx 1.22 with its libraries.
@@ -75,6 +76,7 @@ for part in "${PARTS[@]}"; do
     long) step long 420 "${BENCH[@]}" -K 2 -C 64 -R 64 -I 1024 -O 8192 --scenario dp1-h200-1k8k || break ;;
     prefill)
       if [[ $on -eq 1 ]]; then stop on; on=0; fi
+      step prefill_ops 180 python3 scripts/gpu/prefill_ops.py --out "$OUT/prefill"
       step prefill 300 python3 scripts/gpu/prefill_profile.py --out "$OUT/prefill" ;;
     off)
       if [[ $on -eq 1 ]]; then stop on; on=0; fi

@@ -109,3 +109,62 @@ def test_reference_pad_rows_leave_the_pool_alone() -> None:
     y = conv.causal_conv1d_update_ref(x, w, pool, torch.tensor([0, 2, 0]))
     assert torch.equal(pool[0], before[0]) and not torch.equal(pool[2], before[2])
     assert torch.equal(y[0], torch.zeros_like(y[0])) and torch.equal(y[2], torch.zeros_like(y[2]))
+
+
+PREFILL = "kernels/sm90/conv/conv1d_prefill_c8192_w4.contract.json"
+
+
+def check_prefill(entry, doc, x: torch.Tensor, w: torch.Tensor, pool: torch.Tensor, slots: list[int],
+                  lens: list[int]) -> None:
+    mine, ref = pool.clone(), pool.clone()
+    y = entry(doc["launch"], x=x, weight=w, state_pool=mine, seq_slots=slots, q_lens=lens)
+    y_ref = conv.causal_conv1d_prefill_ref(x, w, ref, slots, lens)
+    rep = tolerance_report(y, y_ref, doc["numerics"]["rtol"], doc["numerics"]["atol"])
+    assert rep["ok"], rep
+    assert y.is_contiguous() and y.dtype == x.dtype
+    assert bits_equal(mine, ref), "state pool differs from the reference's (the new state moves values)"
+    untouched = [s for s in range(pool.shape[0]) if s not in slots]
+    assert bits_equal(mine[untouched], pool[untouched])
+
+
+@pytest.mark.parametrize("lens", [[40, 1, 2, 3, 33], [1], [2, 2], [64]])
+def test_prefill_chunks_of_every_length(interp_entry, lens: list[int]) -> None:
+    """Chunks shorter than the window (1, 2 tokens: the new state keeps part of the old), exactly 3, across a
+    token tile (33, 40 with BT 32), a strided x (a view of the qkv|z projection), channels not a block multiple."""
+    entry, doc = interp_entry(PREFILL)
+    x, w, pool = make(sum(lens), 600, seed=len(lens), n_slots=9)
+    slots = [7, 2, 5, 1, 8][:len(lens)]
+    check_prefill(entry, doc, x, w, pool, slots, lens)
+
+
+def test_prefill_full_width_with_hostile_values(interp_entry) -> None:
+    entry, doc = interp_entry(PREFILL)
+    lens = [5, 2]
+    x, w, pool = make(sum(lens), 8192, seed=6, n_slots=4)
+    payloads = torch.tensor([0x7FA1, -0x003F, 0x7F81, -0x0001], dtype=torch.int16).view(torch.bfloat16)
+    x[4, 100:104] = payloads  # the last input of sequence 0: it enters the state bitwise
+    pool[3, 200:204, 2] = payloads  # sequence 1 (2 tokens) keeps its old state's last element
+    x[0, :7] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 3e38, -3e38]).bfloat16()
+    check_prefill(entry, doc, x, w, pool, [1, 3], lens)
+
+
+def test_prefill_then_decode_is_one_sequence(interp_entry) -> None:
+    """A prompt prefilled in two chunks then one decode step gives what the token-by-token reference gives."""
+    entry, doc = interp_entry(PREFILL)
+    upd, udoc = interp_entry(CONTRACT)
+    x, w, pool = make(12, 600, seed=8, n_slots=3)
+    mine, ref = pool.clone(), pool.clone()
+    y1 = entry(doc["launch"], x=x[:7], weight=w, state_pool=mine, seq_slots=[2], q_lens=[7])
+    y2 = entry(doc["launch"], x=x[7:11], weight=w, state_pool=mine, seq_slots=[2], q_lens=[4])
+    y3 = upd(udoc["launch"], x=x[11:], weight=w, state_pool=mine, slots=torch.tensor([2]))
+    y_ref, st = conv.causal_conv1d_ref(x, w, ref[2])
+    got = torch.cat([y1, y2, y3])
+    assert tolerance_report(got, y_ref, doc["numerics"]["rtol"], doc["numerics"]["atol"])["ok"]
+    assert bits_equal(mine[2], st)
+
+
+def test_prefill_refuses_a_repeated_slot(interp_entry) -> None:
+    entry, doc = interp_entry(PREFILL)
+    x, w, pool = make(4, 600, seed=9)
+    with pytest.raises(ValueError, match="twice"):
+        entry(doc["launch"], x=x, weight=w, state_pool=pool, seq_slots=[3, 3], q_lens=[2, 2])

@@ -1,0 +1,77 @@
+"""The RMSNorm family's Triton tactics (kernels/sm90/norm/norm.py) under Triton's CPU interpreter, at the decode and
+the prefill contracts' launch geometry, against the FP32 references per each contract's declared relative-L2 tolerance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from netra.ops import norm
+
+pytestmark = pytest.mark.triton_interp
+
+BASE = "kernels/sm90/norm/"
+
+
+def rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((got.double() - ref.double()).norm() / ref.double().norm().clamp(min=1e-300))
+
+
+def inputs(rows: int, width: int, seed: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+
+    def t(scale: float) -> torch.Tensor:
+        return (torch.randn(rows, width, generator=g) * scale).bfloat16()
+    x = t(3.0)
+    x[0] *= 1e4  # one huge row, one zero row: each row is normalised on its own
+    x[-1] = 0.0
+    return x, t(5.0), t(2.0), (torch.randn(width, generator=g) * 0.1).bfloat16()
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_gemma_rows", "rmsnorm_gemma_prefill", "add_rmsnorm_gemma_prefill",
+                                  "gated_rmsnorm_rows", "gated_rmsnorm_prefill"])
+def test_norm_contract_geometry(interp_source, name: str) -> None:
+    from netra.ops._triton import read_contract
+
+    doc = read_contract(BASE + name + ".contract.json")
+    entry = getattr(interp_source(doc["kernel"]["source"]), doc["kernel"]["symbol"])  # BF16 rounding mended
+    gated = name.startswith("gated")
+    rows, width = (203, 128) if gated else (131, 2048)  # not a multiple of the contract's ROWS
+    x, r, z, w = inputs(rows, width, seed=len(name))
+    tol = doc["numerics"]["rtol"]
+    if gated:
+        zs = torch.cat([z, z], dim=1)[:, :width]  # strided, as the engine's view of the in-projection
+        got = entry(doc["launch"], x=x, z=zs, weight=w, eps=1e-6)
+        ref = norm.gated_rmsnorm_ref(x, zs, w, 1e-6)
+    elif name.startswith("add"):
+        got, res = entry(doc["launch"], x=x, residual=r, weight=w, eps=1e-6)
+        ref, res_ref = norm.add_rmsnorm_ref(x, r, w, 1e-6)
+        assert torch.equal(res, res_ref)  # the new residual is the BF16 sum, exactly
+    else:
+        got = entry(doc["launch"], x=x, weight=w, eps=1e-6)
+        ref = norm.rmsnorm_ref(x, w, 1e-6)
+    assert got.dtype == ref.dtype and got.shape == ref.shape
+    if not name.startswith("add"):  # a zero row normalises to zeros (its sum with the residual is not zero)
+        assert torch.equal(got[-1], torch.zeros_like(got[-1]))
+    for i in range(rows - 1):  # per row: a row's error never hides behind another's magnitude
+        assert rel_l2(got[i], ref[i]) <= tol, (name, i)
+
+
+@pytest.mark.parametrize("name, rows, want", [
+    ("rmsnorm_gemma_rows", 128, "rmsnorm_gemma_rows"), ("rmsnorm_gemma_rows", 129, "rmsnorm_gemma_prefill"),
+    ("add_rmsnorm_gemma_rows", 8320, "add_rmsnorm_gemma_prefill"), ("gated_rmsnorm_rows", 4096, "gated_rmsnorm_rows"),
+    ("gated_rmsnorm_rows", 4097, "gated_rmsnorm_prefill"), ("gated_rmsnorm_rows", 262144, "gated_rmsnorm_prefill")])
+def test_dispatch_picks_the_prefill_norms_by_rows(name: str, rows: int, want: str) -> None:
+    """Decode rows stay on the verified decode contracts; a prefill chunk (8192 tokens + 128 decode rows in a mixed
+    step; x 32 heads for the gated norm) picks the prefill contract at experiment maturity."""
+    from dataclasses import replace
+
+    from netra.catalog import Catalog
+    from netra.dispatch import plan
+    from netra.dispatch_cli import domain_signature
+
+    cat = Catalog.load()
+    base = domain_signature(cat.by_name(name))
+    sig = replace(base, dims=tuple(sorted({**dict(base.dims), "rows": rows}.items())))
+    got = plan(sig, cat, "experiment")
+    assert (got.contract.name if got.contract is not None else None) == want, got.reason
