@@ -10,6 +10,7 @@ silent fallback.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -75,6 +76,16 @@ def decisions() -> dict[str, list[str]]:
 def reset_decisions() -> None:
     """Forget cached decisions (after `netra.dispatch.reset`, in tests)."""
     _decisions.clear()
+
+
+@functools.lru_cache(maxsize=64)
+def device_ints(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device``, made once per (values, device) and shared (callers only read
+    it): a prefill forward's chunk offsets and slots reach the device once for all its layers, through pinned
+    memory and asynchronously (a pageable copy would synchronise the stream before it starts)."""
+    from netra.engine.overlap import to_device
+
+    return to_device(list(values), device)
 
 
 def acc_dtype(device: torch.device) -> torch.dtype:

@@ -30,12 +30,14 @@ from typing import Any
 import torch
 
 from netra import settings
-from netra.ops._common import bind, route
+from netra.ops._common import bind, device_ints, route
 from netra.ops._triton import launch_tactic
 
 L2_EPS = 1e-6
 # fla-core's chunked prefill against the FP32 reference (atol, rtol) on outputs and final states.
 FLA_TOLERANCE = (2e-2, 2e-2)
+# fla-core's chunk size in chunk_gated_delta_rule (its chunk indices: (sequence, chunk) of every 64-token chunk)
+FLA_CHUNK = 64
 PAD_SLOT = 0  # decode rows on this slot are bucket padding (netra/engine/cache.py never hands it out)
 
 
@@ -141,6 +143,12 @@ def cuda_prefill_backend() -> str:
     return str(how)
 
 
+def fla_chunk_indices(q_lens: list[int], device: torch.device) -> torch.Tensor:
+    """fla's ``chunk_indices`` ``[chunks, 2]`` int64: (sequence, chunk within it) of every FLA_CHUNK-token chunk."""
+    flat = tuple(v for i, n in enumerate(q_lens) for j in range(-(-n // FLA_CHUNK)) for v in (i, j))
+    return device_ints(flat, device).view(-1, 2)
+
+
 def gdn_prefill_fla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                     state_pool: torch.Tensor, seq_slots: list[int], q_lens: list[int]) -> torch.Tensor:
     """`gdn_prefill_ref`'s contract through fla-core: every sequence in one varlen call (``cu_seqlens``),
@@ -149,14 +157,18 @@ def gdn_prefill_fla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     for n in q_lens:
         offsets.append(offsets[-1] + n)
     cu_cpu = torch.tensor(offsets, dtype=torch.int64)
-    # pinned, asynchronous: no host-device synchronisation in the prefill forward
-    cu = cu_cpu.pin_memory().to(q.device, non_blocking=True)
-    slots = torch.tensor(seq_slots, dtype=torch.int64).pin_memory().to(q.device, non_blocking=True)
+    # Made once per chunk layout and shared by every layer, on the device asynchronously: fla would otherwise build
+    # its chunk indices on the host and copy them from pageable memory, a stream synchronisation per GDN layer
+    # (30 per prefill forward, which kept the host from running ahead of the device; scripts/gpu/prefill_profile.py).
+    cu = device_ints(tuple(offsets), q.device)
+    slots = device_ints(tuple(seq_slots), q.device)
+    chunks = fla_chunk_indices(q_lens, q.device)
     h0 = state_pool.index_select(0, slots).float()
     o, final = _fla_chunk()(q.unsqueeze(0).contiguous(), k.unsqueeze(0).contiguous(), v.unsqueeze(0).contiguous(),
                             g.float().unsqueeze(0).contiguous(), beta.float().unsqueeze(0).contiguous(),
                             scale=q.shape[-1] ** -0.5, initial_state=h0, output_final_state=True,
-                            use_qk_l2norm_in_kernel=True, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu)
+                            use_qk_l2norm_in_kernel=True, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu,
+                            chunk_indices=chunks)
     state_pool.index_copy_(0, slots, final.to(state_pool.dtype))
     out: torch.Tensor = o.squeeze(0).to(v.dtype)
     return out

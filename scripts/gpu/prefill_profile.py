@@ -42,6 +42,29 @@ def active_params(cfg: Any) -> float:
     return float(cfg.num_hidden_layers * moe + n_attn * attn + n_gdn * gdn)
 
 
+def host_profile(forward: Any, top: int = 25) -> list[dict[str, Any]]:
+    """Where the host spends one forward (cProfile, the device drained first): the functions with the most own
+    time, as ``file:line func`` with own and cumulative ms and calls. A wait for the device shows as own time in
+    the call that synchronises."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    forward()
+    torch.cuda.synchronize()
+    prof.disable()
+    stats = pstats.Stats(prof)
+    rows = []
+    for (path, line, func), (_cc, calls, tot, cum, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        rows.append({"where": f"{Path(path).name}:{line} {func}", "own_ms": round(1e3 * tot, 2),
+                     "cum_ms": round(1e3 * cum, 2), "calls": calls})
+    return sorted(rows, key=lambda r: -r["own_ms"])[:top]
+
+
 def one(engine: Any, seqs: int, length: int, repeats: int) -> dict[str, Any]:
     import torch
 
@@ -61,7 +84,7 @@ def one(engine: Any, seqs: int, length: int, repeats: int) -> dict[str, Any]:
     first_s = time.perf_counter() - t0
     forward()
     torch.cuda.synchronize()
-    walls, devs = [], []
+    walls, devs, hosts = [], [], []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t = time.perf_counter()
@@ -69,6 +92,7 @@ def one(engine: Any, seqs: int, length: int, repeats: int) -> dict[str, Any]:
         forward()
         end.record()
         host = time.perf_counter() - t
+        hosts.append(host)
         end.synchronize()
         walls.append(time.perf_counter() - t)
         devs.append(start.elapsed_time(end) / 1e3)
@@ -86,14 +110,16 @@ def one(engine: Any, seqs: int, length: int, repeats: int) -> dict[str, Any]:
         key = f"{Path(w.filename).name}:{w.lineno}"
         syncs[key] = syncs.get(key, 0) + 1
     families, top = breakdown(forward, top=20)
+    host_top = host_profile(forward)
     tokens = seqs * length
     dev = sorted(devs)[len(devs) // 2]
     flops = 2 * active_params(engine.config) * tokens
     return {"seqs": seqs, "len": length, "tokens": tokens, "first_call_s": round(first_s, 2),
             "wall_ms": round(1e3 * sorted(walls)[len(walls) // 2], 2), "device_ms": round(1e3 * dev, 2),
+            "host_ms": round(1e3 * sorted(hosts)[len(hosts) // 2], 2),
             "tokens_per_s": round(tokens / dev), "tflops": round(flops / dev / 1e12, 1),
             "syncs": dict(sorted(syncs.items(), key=lambda kv: -kv[1])), "breakdown_us": families,
-            "top_kernels_us": top}
+            "top_kernels_us": top, "host_top": host_top}
 
 
 def main() -> int:
@@ -118,13 +144,16 @@ def main() -> int:
         print(json.dumps(rows[-1])[:3000], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "prefill_profile.json").write_text(json.dumps(rows, indent=1))
-    print(f"{'chunk':>10} {'first s':>8} {'wall ms':>9} {'device ms':>10} {'tok/s':>9} {'TFLOP/s':>8} {'syncs':>6}  top families (us)")
+    for r in rows:
+        for h in r.get("host_top", [])[:12]:
+            print(f"  {r['seqs']}x{r['len']} host {h['own_ms']:>8} ms own {h['cum_ms']:>8} cum {h['calls']:>6} x  {h['where']}")
+    print(f"{'chunk':>10} {'first s':>8} {'host ms':>8} {'wall ms':>9} {'device ms':>10} {'tok/s':>9} {'TFLOP/s':>8} {'syncs':>6}  top families (us)")
     for r in rows:
         if "error" in r:
             print(f"{r['seqs']}x{r['len']:>6}  {r['error'][:100]}")
             continue
         fam = ", ".join(f"{k} {v:.0f}" for k, v in list(r["breakdown_us"].items())[:6])
-        print(f"{r['seqs']:>3}x{r['len']:<6} {r['first_call_s']:>8} {r['wall_ms']:>9} {r['device_ms']:>10} "
+        print(f"{r['seqs']:>3}x{r['len']:<6} {r['first_call_s']:>8} {r['host_ms']:>8} {r['wall_ms']:>9} {r['device_ms']:>10} "
               f"{r['tokens_per_s']:>9} {r['tflops']:>8} {sum(r['syncs'].values()):>6}  {fam}")
     return 0
 

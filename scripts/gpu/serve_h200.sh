@@ -11,6 +11,8 @@
 #       sweep  1K/1K at C=1,8,32,64,128, 2 rounds each (tok/s and TPOT against concurrency, with a plot)
 #       long   1K/8K at C=64, 64 requests (stream bytes per output token against the 1K/1K rows)
 #       off    NETRA_DISABLE_TACTICS=1, shortened: 1K/16 at C=4, 4 requests (a fresh launch)
+#       tests    the GPU tests of the scheduler (decode overlap included), fla prefill and SDPA attention prefill
+#       overlap  the next launch sets engine.decode_overlap=true, if `tests` passed
 #   LAUNCH_SET="KEY=VALUE ..." overrides profile keys at launch (an A/B: LAUNCH_SET="engine.decode_overlap=true").
 #       prefill  scripts/gpu/prefill_ops.py (the prefill tactics checked and timed beside reference and peer), then
 #                scripts/gpu/prefill_profile.py, each in its own process, no deployment up (where a prefill chunk's time goes)
@@ -74,6 +76,11 @@ for part in "${PARTS[@]}"; do
              --concurrencies "${SWEEP_C:-1,8,32,64,128}" --rounds 2 -K 2 -I 1024 -O 1024 --scenario dp1-h200-sweep \
              --results-dir "$REC" --target sm90 || break ;;
     long) step long 420 "${BENCH[@]}" -K 2 -C 64 -R 64 -I 1024 -O 8192 --scenario dp1-h200-1k8k || break ;;
+    tests) step gpu_tests 150 python3 -m pytest -q -s -m gpu tests/engine/test_sched_gpu.py tests/ops/test_gdn_fla_gpu.py \
+             tests/ops/test_attention_prefill_sdpa.py; tests_rc=$? ;;
+    overlap)  # the next launch chains greedy decode steps (engine.decode_overlap), if the GPU tests just passed
+      if [[ ${tests_rc:-1} -eq 0 ]]; then LAUNCH_SET="${LAUNCH_SET:-} engine.decode_overlap=true"
+      else echo "overlap skipped: the GPU tests did not pass (rc ${tests_rc:-none})" | tee -a "$summary"; fi ;;
     prefill)
       if [[ $on -eq 1 ]]; then stop on; on=0; fi
       step prefill_ops 180 python3 scripts/gpu/prefill_ops.py --out "$OUT/prefill"

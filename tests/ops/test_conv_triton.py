@@ -115,9 +115,9 @@ PREFILL = "kernels/sm90/conv/conv1d_prefill_c8192_w4.contract.json"
 
 
 def check_prefill(entry, doc, x: torch.Tensor, w: torch.Tensor, pool: torch.Tensor, slots: list[int],
-                  lens: list[int]) -> None:
+                  lens: list[int], launch: dict | None = None) -> None:
     mine, ref = pool.clone(), pool.clone()
-    y = entry(doc["launch"], x=x, weight=w, state_pool=mine, seq_slots=slots, q_lens=lens)
+    y = entry(launch or doc["launch"], x=x, weight=w, state_pool=mine, seq_slots=slots, q_lens=lens)
     y_ref = conv.causal_conv1d_prefill_ref(x, w, ref, slots, lens)
     rep = tolerance_report(y, y_ref, doc["numerics"]["rtol"], doc["numerics"]["atol"])
     assert rep["ok"], rep
@@ -127,14 +127,16 @@ def check_prefill(entry, doc, x: torch.Tensor, w: torch.Tensor, pool: torch.Tens
     assert bits_equal(mine[untouched], pool[untouched])
 
 
+@pytest.mark.parametrize("unroll", [1, 0], ids=["unrolled", "loop"])
 @pytest.mark.parametrize("lens", [[40, 1, 2, 3, 33], [1], [2, 2], [64]])
-def test_prefill_chunks_of_every_length(interp_entry, lens: list[int]) -> None:
+def test_prefill_chunks_of_every_length(interp_entry, lens: list[int], unroll: int) -> None:
     """Chunks shorter than the window (1, 2 tokens: the new state keeps part of the old), exactly 3, across a
     token tile (33, 40 with BT 32), a strided x (a view of the qkv|z projection), channels not a block multiple."""
     entry, doc = interp_entry(PREFILL)
     x, w, pool = make(sum(lens), 600, seed=len(lens), n_slots=9)
     slots = [7, 2, 5, 1, 8][:len(lens)]
-    check_prefill(entry, doc, x, w, pool, slots, lens)
+    launch = {**doc["launch"], "meta": {**doc["launch"]["meta"], "UNROLL": unroll}}
+    check_prefill(entry, doc, x, w, pool, slots, lens, launch)
 
 
 def test_prefill_full_width_with_hostile_values(interp_entry) -> None:

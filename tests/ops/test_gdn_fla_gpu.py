@@ -75,3 +75,21 @@ def test_gdn_prefill_dispatches_to_fla_on_cuda(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("NETRA_GDN_PREFILL", "triton")
     with pytest.raises(ValueError, match="NETRA_GDN_PREFILL"):
         gdn.gdn_prefill(q, k, v, g, beta, pool.clone(), seq_slots, lens)
+
+
+def test_fla_prefill_makes_no_host_synchronisation() -> None:
+    """The chunk indices fla needs come from the host lists (fla's own builds them on the host and copies them from
+    pageable memory: a stream synchronisation per GDN layer); they are fla's own."""
+    from fla.ops.utils.index import prepare_chunk_indices
+
+    lens, seq_slots = [1, 63, 64, 65, 200, 7], [5, 2, 7, 1, 3, 6]
+    q, k, v, g, beta, pool = _inputs(lens, 16, 32, 128, 128, 8, seed=3)
+    gdn.gdn_prefill_fla(q, k, v, g, beta, pool, seq_slots, lens)  # compiles, caches the index tensors
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        gdn.gdn_prefill_fla(q, k, v, g, beta, pool, seq_slots, lens)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    offsets = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=CUDA)
+    assert torch.equal(gdn.fla_chunk_indices(lens, CUDA), prepare_chunk_indices(offsets, gdn.FLA_CHUNK))

@@ -11,7 +11,10 @@ Two launches, so that no program overwrites a state another program still reads:
 
 1. ``_conv1d_prefill_kernel``, grid ``[sequences, cdiv(max_len, BT), cdiv(C, BC)]``: program ``(i, j, k)`` computes
    tokens ``[j·BT, (j+1)·BT)`` of sequence ``i`` on channels ``[k·BC, (k+1)·BC)`` (tiles past the sequence's end
-   return at once). A tap before the sequence's first token reads the old state; only tile 0 has such taps.
+   return at once), one token after another with the last three inputs in registers, so each input row is read
+   once (plus the three before the tile). A tap before the sequence's first token reads the old state; only tile 0
+   has such taps. (The first version loaded each tap as a shifted [BT, BC] tile, four reads per input: 243 us at
+   8 x 1024 tokens on the H200 against SGLang's causal_conv1d_fn at 127 us, 0.26 of the floor.)
 2. ``_conv1d_state_kernel``, grid ``[sequences, cdiv(C, BS)]``: writes each sequence's new state (stream-ordered
    after every read of the old one).
 
@@ -39,7 +42,7 @@ from netra.runtime import grid_size
 def _conv1d_prefill_kernel(
     x_ptr, w_ptr, state_ptr, slots_ptr, cu_ptr, out_ptr, channels,
     sx_t, sx_c, sw_c, sw_k, ss_n, ss_c, ss_k,
-    BT: tl.constexpr, BC: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr, UNROLL: tl.constexpr,
 ):
     i_s = tl.program_id(0)
     i_t = tl.program_id(1)
@@ -52,24 +55,43 @@ def _conv1d_prefill_kernel(
     slot = tl.load(slots_ptr + i_s).to(tl.int64)
     offs_c = i_c * BC + tl.arange(0, BC)
     mask_c = offs_c < channels
-    t = t0 + tl.arange(0, BT)
-    mask_t = t < length
     st = state_ptr + slot * ss_n + offs_c * ss_c  # [BC]: this slot's state of each channel
-    y = tl.zeros([BT, BC], dtype=tl.float32)
-    for j in tl.static_range(4):  # fixed summation order j = 0..3, as the reference
-        idx = t - 3 + j  # input position of tap j (negative: the state's 3 + idx)
-        in_x = idx >= 0
-        row = (start + idx).to(tl.int64)
-        xv = tl.load(x_ptr + row[:, None] * sx_t + offs_c[None, :] * sx_c,
-                     mask=(mask_t & in_x)[:, None] & mask_c[None, :], other=0.0)
-        sv = tl.load(st[None, :] + (3 + idx)[:, None] * ss_k, mask=(mask_t & ~in_x)[:, None] & mask_c[None, :], other=0.0)
-        wj = tl.load(w_ptr + offs_c * sw_c + j * sw_k, mask=mask_c, other=0.0).to(tl.float32)
-        v = tl.where(in_x[:, None], xv.to(tl.float32), sv.to(tl.float32))
-        y = y + v * wj[None, :]
+    w0 = tl.load(w_ptr + offs_c * sw_c, mask=mask_c, other=0.0).to(tl.float32)
+    w1 = tl.load(w_ptr + offs_c * sw_c + sw_k, mask=mask_c, other=0.0).to(tl.float32)
+    w2 = tl.load(w_ptr + offs_c * sw_c + 2 * sw_k, mask=mask_c, other=0.0).to(tl.float32)
+    w3 = tl.load(w_ptr + offs_c * sw_c + 3 * sw_k, mask=mask_c, other=0.0).to(tl.float32)
+    x_col = x_ptr + offs_c * sx_c
+    # the window before the tile's first token: inputs t0-3..t0-1, from x, or from the old state before position 0
+    # (state element 3 + p holds input p < 0)
+    c0 = tl.where(t0 >= 3, tl.load(x_col + (start + t0 - 3).to(tl.int64) * sx_t, mask=mask_c & (t0 >= 3), other=0.0),
+                  tl.load(st + (t0 * ss_k), mask=mask_c & (t0 < 3), other=0.0)).to(tl.float32)
+    c1 = tl.where(t0 >= 2, tl.load(x_col + (start + t0 - 2).to(tl.int64) * sx_t, mask=mask_c & (t0 >= 2), other=0.0),
+                  tl.load(st + ((t0 + 1) * ss_k), mask=mask_c & (t0 < 2), other=0.0)).to(tl.float32)
+    c2 = tl.where(t0 >= 1, tl.load(x_col + (start + t0 - 1).to(tl.int64) * sx_t, mask=mask_c & (t0 >= 1), other=0.0),
+                  tl.load(st + ((t0 + 2) * ss_k), mask=mask_c & (t0 < 1), other=0.0)).to(tl.float32)
+    # the tile's tokens in order, the window sliding in registers: each input is read once
+    if UNROLL:  # unrolled: the row loads are independent of the arithmetic, so they can all be in flight
+        for i in tl.static_range(BT):
+            c0, c1, c2 = _conv_token(x_col, out_ptr, start, t0 + i, length, channels, offs_c, mask_c, sx_t,
+                                     c0, c1, c2, w0, w1, w2, w3)
+    else:
+        for i in range(BT):
+            c0, c1, c2 = _conv_token(x_col, out_ptr, start, t0 + i, length, channels, offs_c, mask_c, sx_t,
+                                     c0, c1, c2, w0, w1, w2, w3)
+
+
+@triton.jit
+def _conv_token(x_col, out_ptr, start, t, length, channels, offs_c, mask_c, sx_t, c0, c1, c2, w0, w1, w2, w3):
+    ok = mask_c & (t < length)
+    row = (start + t).to(tl.int64)
+    c3 = tl.load(x_col + row * sx_t, mask=ok, other=0.0).to(tl.float32)
+    y = c0 * w0  # fixed summation order j = 0..3, as the reference
+    y = y + c1 * w1
+    y = y + c2 * w2
+    y = y + c3 * w3
     y = y / (1.0 + tl.exp(-y))
-    out_rows = (start + t).to(tl.int64)
-    tl.store(out_ptr + out_rows[:, None] * channels + offs_c[None, :], y.to(out_ptr.dtype.element_ty),
-             mask=mask_t[:, None] & mask_c[None, :])
+    tl.store(out_ptr + row * channels + offs_c, y.to(out_ptr.dtype.element_ty), mask=ok)
+    return c1, c2, c3
 
 
 @triton.jit
@@ -121,13 +143,13 @@ def conv1d_prefill(launch: dict[str, Any], *, x: torch.Tensor, weight: torch.Ten
     out = torch.empty((tokens, channels), dtype=x.dtype, device=x.device)
     if tokens == 0:
         return out
-    from netra.engine.overlap import to_device
+    from netra.ops._common import device_ints
 
     offsets = [0]
     for n in q_lens:
         offsets.append(offsets[-1] + n)
-    cu = to_device(offsets, x.device)
-    slots = to_device(list(seq_slots), x.device)
+    cu = device_ints(tuple(offsets), x.device)  # once per chunk layout: every layer of the forward shares it
+    slots = device_ints(tuple(seq_slots), x.device)
     meta = launch["meta"]
     dims = {"sequences": len(q_lens), "max_len": max(q_lens), "channels": channels}
     grid = tuple(grid_size(launch["grid"], {**dims, **meta}))
@@ -135,7 +157,8 @@ def conv1d_prefill(launch: dict[str, Any], *, x: torch.Tensor, weight: torch.Ten
         x, weight, state_pool, slots, cu, out, channels,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), state_pool.stride(0), state_pool.stride(1),
         state_pool.stride(2),
-        BT=meta["BT"], BC=meta["BC"], num_warps=int(launch["block"]) // 32, num_stages=1,
+        BT=meta["BT"], BC=meta["BC"], UNROLL=int(meta.get("UNROLL", 0)), num_warps=int(launch["block"]) // 32,
+        num_stages=int(meta.get("num_stages", 1)),
     )
     bs = int(meta["BS"])
     _conv1d_state_kernel[(len(q_lens), triton.cdiv(channels, bs))](
