@@ -144,7 +144,7 @@ def test_step_clock_reads_cuda_events() -> None:
     got: dict[str, list[int]] = {}
     _collect(e, RUNNING, got, then=ARRIVING)
     st = e.scheduler.stats
-    assert st.steps > 40 and 0 < st.host_s < st.step_s and 0 <= st.gap_s < st.step_s
+    assert st.steps >= 30 and 0 < st.host_s < st.step_s and 0 <= st.gap_s < st.step_s
     assert 0 < st.device_s < st.step_s  # every decode step waits for its tokens: its device time is read
     print(f"tiny cuda: {st.steps} steps, {1e3 * st.step_s / st.steps:.2f} ms/step, host "
           f"{1e3 * st.host_s / st.steps:.2f} ms/step, device idle gap {1e3 * st.gap_s / st.steps:.2f} ms/step, "
