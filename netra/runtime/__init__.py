@@ -16,6 +16,7 @@ Importing this package needs no GPU and no driver; the first call that needs one
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import threading
 from dataclasses import dataclass, field
@@ -392,7 +393,16 @@ def grid_size(rule: list[str], env: dict[str, int]) -> list[int]:
 
     if not 1 <= len(rule) <= 3:
         raise RuntimeBridgeError(f"grid rule {rule!r}: 1 to 3 axes")
-    return [ev(ast.parse(axis, mode="eval")) for axis in rule]
+    return [ev(_parse_axis(axis)) for axis in rule]
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_axis(axis: str) -> Any:
+    """One grid axis expression parsed once (a launch evaluates it; parsing on every launch was about 9 ms of host
+    time per prefill forward on the H200, 500 parses: scripts/gpu/prefill_profile.py's host profile)."""
+    import ast
+
+    return ast.parse(axis, mode="eval")
 
 
 def _set_function_attributes(cu: Any, function: Any, obj: CodeObject) -> None:
