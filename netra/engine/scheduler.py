@@ -252,7 +252,7 @@ class Scheduler:
                     self.warm_up()
                 except Exception:  # serving cold beats not serving: the requests meet the same error, one by one
                     log.exception("warm-up failed; serving without it")
-                    self._zero_pad_slot()
+                    self._zero_slot(PAD_SLOT)
                 self.warm.set()
         while not self._stop.is_set():
             try:
@@ -270,35 +270,68 @@ class Scheduler:
                         log.exception("could not fail request %s", req.rid)
 
     def warm_up(self) -> None:
-        """Compile and capture before the first request, all on the pad slot (no request's state moves; the pad
-        slot's state is zeroed after): one prefill forward as wide as a chunk (pieces of at most 1024 tokens, as
-        prompts arrive), then every decode bucket's graph and its greedy sampling graph. At the full shape on an
-        H200 the first prompt otherwise waited ~70 s (Triton compiles, fla autotuning) and the first step of
-        each bucket for its capture."""
+        """Compile and capture before the first request; no request's state moves (the slots it borrows are zeroed
+        and handed back in their order, the pad slot is zeroed after). Prefill forwards of the shapes serving makes,
+        so that Triton compiles each kernel's specialisations (an integer argument equal to 1, or a multiple of 16,
+        is a specialisation of its own) and fla autotunes before a request waits for it:
+
+        * a chunk's width of prompts of at most 1024 tokens, each on its own slot (a prefill batch never repeats a
+          slot: the conv prefill tactic refuses one);
+        * mixed steps: decode rows on the pad slot (as many as the chunk budget leaves, 1, 7) beside a chunk of an
+          odd length, so the decode ops' eager paths at those row counts compile too;
+        * a one-token prompt;
+
+        then every decode bucket's graph and its greedy sampling graph. At the full shape on an H200 the first
+        prompt otherwise waited ~70 s (Triton compiles, fla autotuning), the first step of each bucket waited for
+        its capture, and the compiles of the other shapes stalled every running stream for up to 1.2 s in the
+        first C=128 run (results/serving/dp1-h200-20261202-prefill)."""
         t0 = time.perf_counter()
         n = self.opt.chunked_prefill_size
         piece = max(1, min(n, 1024, self.pools.context_length - 1))
-        chunks = [(PAD_SLOT, [0] * min(piece, n - s), 0, True) for s in range(0, n, piece)]
-        self.model.forward(prefill_batch(self.device, chunks))
-        captured = 0
-        if self.use_graphs:
-            greedy = StepVariant(greedy=True, processed=False, logprobs=False)
-            for b in self.buckets:
-                if b not in self.eager_buckets:
-                    if b not in self._graphs:
-                        self._capture(b)
-                    self._sample_graph(b, greedy)
-                    captured += 1
-        self._zero_pad_slot()
+        want = -(-n // piece)
+        slots = [self.pools.alloc() for _ in range(min(want, self.pools.free_slots))]
+        try:
+            shapes = self._warm_shapes(n, piece, slots)
+            for chunks, decode in shapes:
+                self.model.forward(prefill_batch(self.device, chunks, decode=decode or None))
+            captured = 0
+            if self.use_graphs:
+                greedy = StepVariant(greedy=True, processed=False, logprobs=False)
+                for b in self.buckets:
+                    if b not in self.eager_buckets:
+                        if b not in self._graphs:
+                            self._capture(b)
+                        self._sample_graph(b, greedy)
+                        captured += 1
+        finally:
+            for slot in [PAD_SLOT, *slots]:
+                self._zero_slot(slot)
+            for slot in reversed(slots):
+                self.pools.release(slot)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        log.info("warmed up in %.1f s: a %d-token prefill forward, %d decode bucket(s) captured",
-                 time.perf_counter() - t0, n, captured)
+        log.info("warmed up in %.1f s: %d prefill forwards (up to %d tokens, %d slots borrowed), %d decode bucket(s) "
+                 "captured", time.perf_counter() - t0, len(shapes), n, len(slots), captured)
 
-    def _zero_pad_slot(self) -> None:
+    def _warm_shapes(self, n: int, piece: int, slots: list[int]
+                     ) -> list[tuple[list[tuple[int, list[int], int, bool]], list[tuple[int, int, int]]]]:
+        """The warm-up's forwards: (prompt chunks, decode rows) each, within the chunk budget ``n``."""
+        if not slots:  # no slot to borrow (every one taken): one prompt on the pad slot
+            return [([(PAD_SLOT, [0] * piece, 0, True)], [])]
+        wide = [(slot, [0] * min(piece, n - i * piece), 0, True) for i, slot in enumerate(slots) if i * piece < n]
+        shapes: list[tuple[list[tuple[int, list[int], int, bool]], list[tuple[int, int, int]]]] = [(wide, [])]
+        rows = min(self.opt.max_running_requests, max(0, n - 2))
+        for nd in sorted({rows, 1, 7}):
+            length = min(piece, n - nd) - 1 if min(piece, n - nd) % 2 == 0 else min(piece, n - nd)
+            if nd <= rows and length >= 1:
+                shapes.append(([(slots[0], [0] * length, 0, True)], [(PAD_SLOT, 0, 1)] * nd))
+        shapes.append(([(slots[0], [0], 0, True)], []))
+        return shapes
+
+    def _zero_slot(self, slot: int) -> None:
         p = self.pools
         for pool in (p.k, p.v, p.ssm, p.conv):
-            pool[:, PAD_SLOT].zero_()
+            pool[:, slot].zero_()
 
     def _drain(self, block: bool) -> None:
         try:

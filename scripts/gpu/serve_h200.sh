@@ -57,6 +57,7 @@ stop() {
   curl -s "$INFO/engine_stats" > "$OUT/engine_stats_$name.json" 2>&1  # step counts and seconds (chained_steps, device_s)
   python3 -m netra stop --run-dir "$RUN" > "$OUT/stop_$name.log" 2>&1
   mkdir -p "$OUT/run_$name" && cp "$RUN"/*.log "$RUN"/*.json "$OUT/run_$name/" 2>/dev/null
+  grep -hE "warmed up|warm-up failed" "$RUN"/worker*.engine.log 2>/dev/null | cut -c1-200 >> "$summary"  # a cold start shows
 }
 
 on=0

@@ -5,6 +5,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from netra.engine.cache import PAD_SLOT
 from netra.engine.engine import Engine, build_engine
 from netra.engine.options import EngineOptions, OptionsError
 from netra.engine.scheduler import Output, Request, SamplingParams
@@ -214,13 +215,28 @@ def test_a_dying_scheduler_thread_calls_on_fatal_and_health_reports_it() -> None
 
 
 def test_warm_up_moves_no_request_state_and_changes_no_output() -> None:
-    """The warm-up (run by the scheduler thread on CUDA; called directly here) prefills a chunk's width on the
-    pad slot only, leaves the pad slot zeroed, and the requests served after it get the tokens a cold engine
-    gives, bitwise."""
+    """The warm-up (run by the scheduler thread on CUDA; called directly here) prefills a chunk's width of prompts,
+    each on a slot of its own (a prefill batch never repeats a slot), and mixed steps with decode rows on the pad
+    slot; it zeroes and hands back the slots it borrowed, in their order, and the requests served after it get the
+    tokens a cold engine gives, bitwise."""
     prompts = _prompts(3)
     cold, warm = Collector(), Collector()
     e_cold, e_warm = _engine(chunked_prefill_size=40), _engine(chunked_prefill_size=40)
+    # prompts of at most 1024 tokens: 40 tokens is one piece, so a narrower context makes the warm-up borrow slots
+    free_before = list(e_warm.pools._free)
+    seen: list[tuple[list[int], int, int]] = []
+    forward = e_warm.model.forward
+
+    def spy(fb):  # type: ignore[no-untyped-def]
+        seen.append((list(fb.seq_slots), fb.decode_rows, int(fb.input_ids.shape[0])))
+        return forward(fb)
+
+    e_warm.model.forward = spy  # type: ignore[method-assign]
     e_warm.scheduler.warm_up()
+    e_warm.model.forward = forward  # type: ignore[method-assign]
+    assert seen and all(len(set(slots)) == len(slots) for slots, _, _ in seen), seen
+    assert any(nd > 0 for _, nd, _ in seen) and all(t <= 40 for _, _, t in seen), seen
+    assert e_warm.pools._free == free_before
     p = e_warm.pools
     for pool in (p.k, p.v, p.ssm, p.conv):
         assert not pool.float().abs().sum().item(), "warm-up left state in a pool"
@@ -229,6 +245,20 @@ def test_warm_up_moves_no_request_state_and_changes_no_output() -> None:
             e.scheduler.submit(Request(f"r{i}", pr, GREEDY, col.sink))
         e.scheduler.run_until_idle()
     assert all(warm.ids(f"r{i}") == cold.ids(f"r{i}") and len(cold.ids(f"r{i}")) == 12 for i in range(3))
+
+
+def test_warm_up_borrows_a_slot_per_prompt_and_gives_them_back() -> None:
+    """A chunk wider than a prompt piece (here: a 24-token context makes pieces of 23 tokens in a 64-token chunk)
+    is warmed as several prompts on distinct borrowed slots; with no slot free, one prompt on the pad slot."""
+    e = _engine(chunked_prefill_size=64, context_length=24)
+    slots = [e.pools.alloc() for _ in range(3)]
+    shapes = e.scheduler._warm_shapes(64, 23, slots)
+    wide = shapes[0][0]
+    assert [c[0] for c in wide] == slots and [len(c[1]) for c in wide] == [23, 23, 18]
+    for chunks, decode in shapes:
+        assert len({c[0] for c in chunks}) == len(chunks) and sum(len(c[1]) for c in chunks) + len(decode) <= 64
+    assert sorted({len(d) for _, d in shapes}) == [0, 1, 4]  # never more decode rows than max_running_requests (4)
+    assert e.scheduler._warm_shapes(64, 23, []) == [([(PAD_SLOT, [0] * 23, 0, True)], [])]
 
 
 def test_health_waits_for_the_warm_up_only_where_one_runs() -> None:
