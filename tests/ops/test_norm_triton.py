@@ -75,3 +75,31 @@ def test_dispatch_picks_the_prefill_norms_by_rows(name: str, rows: int, want: st
     sig = replace(base, dims=tuple(sorted({**dict(base.dims), "rows": rows}.items())))
     got = plan(sig, cat, "experiment")
     assert (got.contract.name if got.contract is not None else None) == want, got.reason
+
+
+@pytest.mark.parametrize("name", ["gated_rmsnorm_rows", "gated_rmsnorm_prefill"])
+def test_gated_norm_reads_the_engine_strided_z_in_place(interp_source, name: str) -> None:
+    """z as the GDN layer holds it: a column slice of the fused in-projection viewed as [tokens, heads, width] (token
+    stride 2 x heads x width); the kernel reads it in place, and a z it cannot read so (last dim strided) is copied."""
+    from netra.ops._triton import read_contract
+
+    doc = read_contract(BASE + name + ".contract.json")
+    mod = interp_source(doc["kernel"]["source"])
+    entry = getattr(mod, doc["kernel"]["symbol"])
+    tokens, heads, width = 5, 3, 128
+    x, _, _, w = inputs(tokens * heads, width, seed=11)
+    x3 = x.view(tokens, heads, width)
+    proj = (torch.randn(tokens, 2 * heads * width, generator=torch.Generator().manual_seed(2)) * 2).bfloat16()
+    z = proj[:, heads * width:].reshape(tokens, heads, width)
+    assert not z.is_contiguous() and z.untyped_storage().data_ptr() == proj.untyped_storage().data_ptr()  # a view
+    assert mod._z_layout(z, width)[1:] == (heads, 2 * heads * width, width)
+    got = entry(doc["launch"], x=x3, z=z, weight=w, eps=1e-6)
+    ref = norm.gated_rmsnorm_ref(x3, z, w, 1e-6)
+    assert got.shape == ref.shape
+    for i in range(tokens):
+        for h in range(heads):
+            if float(ref[i, h].float().norm()) > 0:
+                assert rel_l2(got[i, h], ref[i, h]) <= doc["numerics"]["rtol"], (i, h)
+    zt = z.transpose(1, 2).contiguous().transpose(1, 2)  # last dim strided: copied contiguous first
+    assert mod._z_layout(zt, width)[1] == 1
+    assert torch.equal(entry(doc["launch"], x=x3, z=zt, weight=w, eps=1e-6), got)

@@ -5,7 +5,9 @@ references). One program normalises ROWS rows of one width (<= 4096) in register
 output written once, so each op runs at its byte floor's launch-bound limit at decode sizes (a few KB per call);
 the residual add writes the new residual (rounded to BF16, as torch's BF16 add) and normalises that rounded value,
 as the reference does. FP32 inside; the row's mean of squares is a tree reduction (the reference's order differs,
-so the contracts declare a relative-L2 tolerance at BF16 resolution).
+so the contracts declare a relative-L2 tolerance at BF16 resolution). The gated norm reads z in place from the
+engine's strided view of the in-projection (it copied z contiguous first: one more launch per GDN layer, about
+4 us at 128 rows and 1.5-2 us at one row of a decode step on the H200, scripts/gpu/step.py's breakdown).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _norm_kernel(x_ptr, r_ptr, z_ptr, w_ptr, out_ptr, res_out_ptr, n_rows, width, eps,
+def _norm_kernel(x_ptr, r_ptr, z_ptr, w_ptr, out_ptr, res_out_ptr, n_rows, width, eps, z_heads, z_s0, z_s1,
                  MODE: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, OUT_F32: tl.constexpr):
     # MODE 0: rmsnorm (1 + w); 1: residual add + rmsnorm (1 + w); 2: gated (w * silu(z))
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -39,7 +41,10 @@ def _norm_kernel(x_ptr, r_ptr, z_ptr, w_ptr, out_ptr, res_out_ptr, n_rows, width
     inv = 1.0 / tl.sqrt_rn(var + eps)
     w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     if MODE == 2:
-        z = tl.load(z_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        # z as the engine holds it: a strided view [tokens, heads, width] of the in-projection (row r is token
+        # r // heads, head r % heads), read in place instead of copied contiguous first
+        zrow = (rows // z_heads).to(tl.int64) * z_s0 + (rows % z_heads).to(tl.int64) * z_s1
+        z = tl.load(z_ptr + zrow[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         y = xf * inv[:, None] * w[None, :] * (z / (1.0 + tl.exp(-z)))
     else:
         y = xf * inv[:, None] * (1.0 + w[None, :])
@@ -49,18 +54,32 @@ def _norm_kernel(x_ptr, r_ptr, z_ptr, w_ptr, out_ptr, res_out_ptr, n_rows, width
         tl.store(out_ptr + offs, y.to(tl.bfloat16), mask=mask)
 
 
+def _z_layout(z: torch.Tensor | None, width: int) -> tuple[torch.Tensor | None, int, int, int]:
+    """(z, heads, token stride, head stride) for the kernel's in-place read: z ``[..., heads, width]`` (or
+    ``[rows, width]``) with its last dim contiguous; any other layout is copied contiguous first."""
+    if z is None:
+        return None, 1, 0, 0
+    if z.dim() == 2 and z.stride(1) == 1:
+        return z, 1, z.stride(0), 0
+    if z.dim() == 3 and z.stride(2) == 1:
+        return z, z.shape[1], z.stride(0), z.stride(1)
+    zc = z.contiguous().view(-1, width)
+    return zc, 1, width, 0
+
+
 def _run(launch: dict[str, Any], mode: int, x: torch.Tensor, r: torch.Tensor | None, z: torch.Tensor | None,
          w: torch.Tensor, eps: float, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
     from netra.runtime import grid_size
 
     width = x.shape[-1]
+    z, z_heads, z_s0, z_s1 = _z_layout(z, width)
     n_rows = x.numel() // width
     rows = int(launch["meta"]["ROWS"])
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     res = torch.empty_like(x) if mode == 1 else None
     (gx,) = grid_size(launch["grid"], {"rows": n_rows, "ROWS": rows})
     _norm_kernel[(gx,)](x, r if r is not None else x, z if z is not None else x, w, out,
-                        res if res is not None else out, n_rows, width, eps, MODE=mode,
+                        res if res is not None else out, n_rows, width, eps, z_heads, z_s0, z_s1, MODE=mode,
                         BLOCK=triton.next_power_of_2(width), ROWS=rows, OUT_F32=out_dtype == torch.float32,
                         num_warps=launch["block"] // 32)
     return out, res
@@ -79,4 +98,4 @@ def add_rmsnorm(launch: dict[str, Any], *, x: torch.Tensor, residual: torch.Tens
 
 def gated_rmsnorm(launch: dict[str, Any], *, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float,
                   out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    return _run(launch, 2, x, None, z.contiguous(), weight, eps, out_dtype or z.dtype)[0]
+    return _run(launch, 2, x, None, z, weight, eps, out_dtype or z.dtype)[0]
