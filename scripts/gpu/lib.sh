@@ -17,6 +17,10 @@ export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 export NETRA_GIT_SHA=$SHA
 export NETRA_TACTIC_MIN_MATURITY=${NETRA_TACTIC_MIN_MATURITY:-experiment}
 DEADLINE_S=${DEADLINE_S:-570}
+# A source edited after `netra kernels build` would be refused at its first load, minutes into the call: check first.
+python3 -m netra kernels verify > /tmp/netra-verify.log 2>&1 \
+  || { echo "kernel lock mismatch (rebuild with \`netra kernels build\` and commit the lock):" | tee -a "$summary";
+       tail -8 /tmp/netra-verify.log | tee -a "$summary"; exit 2; }
 STEP_GREP=${STEP_GREP:-'^$^'}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,memory.used --format=csv \
   >> "$summary" 2>&1
