@@ -318,3 +318,34 @@ def test_group_contracts_share_one_weight_stack(interp_source) -> None:
     assert mods[0] is mods[1]
     assert key in mods[0]._stacks
     mods[0]._stacks.pop(key)
+
+
+def test_bf16_group_at_prefill_rows_through_cublas() -> None:
+    """`linear_group_bf16_prefill` (kernels/sm90/linear/cublas_group.py, no Triton kernel: runs anywhere torch does)
+    against linear_group_ref per the contract's relative L2, and dispatch: rows 129..8320 pick it, 128 the decode
+    contract, beyond 8320 the reference."""
+    from dataclasses import replace
+
+    from netra.catalog import Catalog
+    from netra.dispatch import plan
+    from netra.dispatch_cli import domain_signature
+    from netra.ops._triton import entry, read_contract
+    from netra.ops.linear import Weight, linear_group_ref
+
+    doc = read_contract("kernels/sm90/linear/linear_group_bf16_prefill.contract.json")
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(200, 2048, generator=g) * 2).bfloat16()
+    x[0] *= 1e3
+    x[1] = 0.0
+    ws = [Weight((torch.randn(32, 2048, generator=g) * 2048 ** -0.5).bfloat16()) for _ in range(2)]
+    got = entry(doc)(doc["launch"], x=x, weights=ws, out_dtype=torch.bfloat16)
+    for o, r in zip(got, linear_group_ref(x, ws, torch.bfloat16), strict=True):
+        assert o.shape == r.shape and o.dtype == r.dtype
+        judge_rows(o, r, doc["numerics"]["rtol"], "bf16 group")
+    cat = Catalog.load()
+    base = domain_signature(cat.by_name("linear_group_bf16_decode"))
+    for m, want in ((128, "linear_group_bf16_decode"), (129, "linear_group_bf16_prefill"),
+                    (8320, "linear_group_bf16_prefill"), (8321, None)):
+        sig = replace(base, dims=tuple(sorted({**dict(base.dims), "m": m}.items())), graph_phase="eager")  # prefill
+        d = plan(sig, cat, "experiment")
+        assert (d.contract.name if d.contract is not None else None) == want, (m, d.reason)
