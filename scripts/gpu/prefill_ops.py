@@ -7,8 +7,9 @@ peer, at the prefill chunk shapes the dp1-h200 profile runs (8 x 1024, 1 x 8192,
   `causal_conv1d_prefill_ref`, the pool bitwise the reference's (hostile values, NaN payloads), other slots untouched;
   timed beside the reference and SGLang 0.5.23's ``causal_conv1d_fn`` (the Triton varlen kernel its GDN backend runs
   at prefill, loaded unchanged from the pinned wheel's files in ``.sglang_peer``).
-* ``rmsnorm_gemma_prefill``, ``add_rmsnorm_gemma_prefill``, ``gated_rmsnorm_prefill``: per-row relative L2 within the
-  declared tolerance, timed beside the reference.
+* ``rmsnorm_gemma_prefill``, ``add_rmsnorm_gemma_prefill``, ``gated_rmsnorm_prefill``: relative L2 within the
+  declared tolerance (the worst row beside it), timed beside the reference.
+* ``linear_group_bf16_prefill`` (GDN b|a through cuBLAS): relative L2 against linear_group_ref, timed beside it.
 
 Eager timing (prefill runs eagerly): CUDA events around 20 calls after 3 warm-ups, median of 5; inputs poisoned
 (outputs of a previous call never reused). Prints a table last; writes prefill_ops.json under --out.
@@ -157,6 +158,28 @@ def norm_rows() -> list[dict[str, Any]]:
     return rows
 
 
+def linear_rows() -> list[dict[str, Any]]:
+    """``linear_group_bf16_prefill`` (GDN b|a through cuBLAS) against linear_group_ref at prefill rows."""
+    import torch
+
+    from netra.ops._common import decisions
+    from netra.ops.linear import Weight, linear_group, linear_group_ref
+
+    rows = []
+    for m in (8192, 8320, 1151):
+        g = torch.Generator(device="cuda").manual_seed(m)
+        x = (torch.randn(m, 2048, generator=g, device="cuda") * 2).bfloat16()
+        ws = [Weight((torch.randn(32, 2048, generator=g, device="cuda") * 2048 ** -0.5).bfloat16()) for _ in range(2)]
+        got, want = linear_group(x, ws), linear_group_ref(x, ws)
+        rel = max(float((a.double() - b.double()).norm() / b.double().norm()) for a, b in zip(got, want, strict=True))
+        row = {"op": "linear_group", "shape": f"{m}x2048->32+32", "selected": decisions().get("linear_group", []),
+               "rel_l2": rel, "ok": rel <= 2e-3, "netra_us": timed(lambda: linear_group(x, ws)),
+               "reference_us": timed(lambda: linear_group_ref(x, ws), reps=5)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "prefill")
@@ -172,7 +195,7 @@ def main() -> int:
         peer = importlib.import_module("sglang.kernels.ops.mamba.causal_conv1d_triton").causal_conv1d_fn
     except Exception as exc:
         print(f"SGLang conv peer not loaded: {type(exc).__name__}: {exc}", flush=True)
-    rows = conv_rows(peer) + norm_rows()
+    rows = conv_rows(peer) + norm_rows() + linear_rows()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "prefill_ops.json").write_text(json.dumps(rows, indent=1))
     print(f"{'op':<24} {'shape':<18} {'ok':<5} {'netra us':>9} {'ref us':>10} {'sglang us':>10}  selected")
