@@ -6,8 +6,9 @@ output written once, so each op runs at its byte floor's launch-bound limit at d
 the residual add writes the new residual (rounded to BF16, as torch's BF16 add) and normalises that rounded value,
 as the reference does. FP32 inside; the row's mean of squares is a tree reduction (the reference's order differs,
 so the contracts declare a relative-L2 tolerance at BF16 resolution). The gated norm reads z in place from the
-engine's strided view of the in-projection (it copied z contiguous first: one more launch per GDN layer, about
-4 us at 128 rows and 1.5-2 us at one row of a decode step on the H200, scripts/gpu/step.py's breakdown).
+engine's strided view of the in-projection (it copied z contiguous first: one more launch per GDN layer, 30 copies
+taking 122 us of the 128-row decode step on the H200, results/serving/decode_step_h200_float32.json; at one row the
+view is already contiguous).
 """
 
 from __future__ import annotations
