@@ -251,8 +251,7 @@ class Scheduler:
                 try:
                     self.warm_up()
                 except Exception:  # serving cold beats not serving: the requests meet the same error, one by one
-                    log.exception("warm-up failed; serving without it")
-                    self._zero_slot(PAD_SLOT)
+                    log.exception("warm-up failed; serving without it")  # (warm_up zeroed what it touched)
                 self.warm.set()
         while not self._stop.is_set():
             try:
@@ -322,7 +321,8 @@ class Scheduler:
         shapes: list[tuple[list[tuple[int, list[int], int, bool]], list[tuple[int, int, int]]]] = [(wide, [])]
         rows = min(self.opt.max_running_requests, max(0, n - 2))
         for nd in sorted({rows, 1, 7}):
-            length = min(piece, n - nd) - 1 if min(piece, n - nd) % 2 == 0 else min(piece, n - nd)
+            span = min(piece, n - nd)
+            length = span - 1 + span % 2  # the longest odd chunk that fits (not a multiple of 16)
             if nd <= rows and length >= 1:
                 shapes.append(([(slots[0], [0] * length, 0, True)], [(PAD_SLOT, 0, 1)] * nd))
         shapes.append(([(slots[0], [0], 0, True)], []))

@@ -143,8 +143,10 @@ def cuda_prefill_backend() -> str:
     return str(how)
 
 
-def fla_chunk_indices(q_lens: list[int], device: torch.device) -> torch.Tensor:
-    """fla's ``chunk_indices`` ``[chunks, 2]`` int64: (sequence, chunk within it) of every FLA_CHUNK-token chunk."""
+@functools.lru_cache(maxsize=64)
+def fla_chunk_indices(q_lens: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """fla's ``chunk_indices`` ``[chunks, 2]`` int64: (sequence, chunk within it) of every FLA_CHUNK-token chunk;
+    made once per chunk layout (every GDN layer of a forward asks for the same)."""
     flat = tuple(v for i, n in enumerate(q_lens) for j in range(-(-n // FLA_CHUNK)) for v in (i, j))
     return device_ints(flat, device).view(-1, 2)
 
@@ -162,7 +164,7 @@ def gdn_prefill_fla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     # (30 per prefill forward, which kept the host from running ahead of the device; scripts/gpu/prefill_profile.py).
     cu = device_ints(tuple(offsets), q.device)
     slots = device_ints(tuple(seq_slots), q.device)
-    chunks = fla_chunk_indices(q_lens, q.device)
+    chunks = fla_chunk_indices(tuple(q_lens), q.device)
     h0 = state_pool.index_select(0, slots).float()
     o, final = _fla_chunk()(q.unsqueeze(0).contiguous(), k.unsqueeze(0).contiguous(), v.unsqueeze(0).contiguous(),
                             g.float().unsqueeze(0).contiguous(), beta.float().unsqueeze(0).contiguous(),

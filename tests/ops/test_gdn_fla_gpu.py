@@ -92,4 +92,4 @@ def test_fla_prefill_makes_no_host_synchronisation() -> None:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     offsets = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=CUDA)
-    assert torch.equal(gdn.fla_chunk_indices(lens, CUDA), prepare_chunk_indices(offsets, gdn.FLA_CHUNK))
+    assert torch.equal(gdn.fla_chunk_indices(tuple(lens), CUDA), prepare_chunk_indices(offsets, gdn.FLA_CHUNK))
