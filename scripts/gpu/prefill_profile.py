@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -144,6 +145,13 @@ def main() -> int:
         print(json.dumps(rows[-1])[:3000], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "prefill_profile.json").write_text(json.dumps(rows, indent=1))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import torch
+    from prefill_records import write  # the result record beside the raw JSON
+
+    for p in write(args.out, os.environ.get("NETRA_GIT_SHA", "unknown"), "python3 scripts/gpu/prefill_profile.py",
+                   device=torch.cuda.get_device_name()):
+        print(f"record: {p}", flush=True)
     for r in rows:
         for h in r.get("host_top", [])[:12]:
             print(f"  {r['seqs']}x{r['len']} host {h['own_ms']:>8} ms own {h['cum_ms']:>8} cum {h['calls']:>6} x  {h['where']}")

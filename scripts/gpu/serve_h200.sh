@@ -51,7 +51,8 @@ launch() {  # launch NAME [ENV=VALUE...]
 }
 
 stop() {
-  local name=$1
+  local name=$1 n=2
+  while [[ -e "$OUT/metrics_$name.txt" ]]; do name="$1$n"; n=$((n + 1)); done  # a second launch of one name keeps both
   curl -s "$INFO/metrics" > "$OUT/metrics_$name.txt" 2>&1
   curl -s "$INFO/server_info" > "$OUT/server_info_$name.json" 2>&1
   curl -s "$INFO/engine_stats" > "$OUT/engine_stats_$name.json" 2>&1  # step counts and seconds (chained_steps, device_s)
