@@ -23,6 +23,7 @@ def register(sub: Any) -> None:
     p.add_argument("--layout", action="append", default=[], metavar="TENSOR=LAYOUT",
                    help="contiguous_align16 | contiguous | strided")
     p.add_argument("--phase", choices=("eager", "capture"), help="graph phase")
+    p.add_argument("--quant", help="the call's quant, e.g. fp8_e4m3_group128 (a norm whose rows feed FP8 projections)")
     p.add_argument("--min-maturity", help="lowest maturity selected (default NETRA_TACTIC_MIN_MATURITY)")
     p.add_argument("--disable-tactics", action="store_true", help="as NETRA_DISABLE_TACTICS=1")
     p.set_defaults(func=main)
@@ -91,7 +92,7 @@ def main(args: argparse.Namespace) -> int:
         if op in OPS:
             show = getattr(importlib.import_module(OPS[op]), "explain_signatures", None)
             examples = [(label, sig) for label, sig in show() if sig.op == op] if show is not None else []
-        custom = args.op and (args.target or args.dim or args.dtype or args.layout or args.phase)
+        custom = args.op and (args.target or args.dim or args.dtype or args.layout or args.phase or args.quant)
         if custom:
             base = examples[0][1] if examples else Signature(target="sm90", op=op, dims=(), dtypes=(), layouts=())
             dims = dict(base.dims) | _pairs(args.dim, "dim", as_int=True)
@@ -99,7 +100,7 @@ def main(args: argparse.Namespace) -> int:
             layouts = dict(base.layouts) | _pairs(args.layout, "layout")
             sig = replace(base, target=args.target or base.target, dims=tuple(sorted(dims.items())),
                           dtypes=tuple(sorted(dtypes.items())), layouts=tuple(sorted(layouts.items())),
-                          graph_phase=args.phase or base.graph_phase)
+                          graph_phase=args.phase or base.graph_phase, quant=args.quant or base.quant)
             examples = [("requested", sig)]
         if not examples:  # no op module examples: one call inside each contract's domain
             examples = [(f"domain of {c.name}", domain_signature(c)) for c in catalog.for_op(op)]

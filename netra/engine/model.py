@@ -20,9 +20,9 @@ from netra.engine.cache import StatePools
 from netra.engine.config import ModelConfig
 from netra.engine.overlap import to_device
 from netra.engine.weights import AttentionWeights, GDNWeights, ModelWeights
-from netra.ops import attention, conv, gdn, norm
+from netra.ops import attention, conv, fp8, gdn, norm
 from netra.ops._common import acc_dtype
-from netra.ops.linear import linear, linear_group
+from netra.ops.linear import act_quant, linear, linear_group
 from netra.ops.moe import moe
 from netra.ops.rope import rope_cache
 
@@ -51,6 +51,12 @@ class Model:
         self.cfg, self.w, self.pools, self.device = cfg, weights, pools, device
         self.rope_cache = rope_cache(pools.context_length, cfg.rotary_dim, cfg.rope_theta, device)
         self.sm_scale = cfg.head_dim ** -0.5
+        # per layer, the activation quant of the mixer's input projections and of the GDN output projection: the
+        # norms in front of FP8 projections write the rows' E4M3 form too where a contract covers it (netra.ops.norm)
+        self.in_quant = [act_quant(layer.mixer.q_proj if isinstance(layer.mixer, AttentionWeights)
+                                   else layer.mixer.in_proj_qkv) for layer in weights.layers]
+        self.out_quant = [act_quant(layer.mixer.out_proj) if isinstance(layer.mixer, GDNWeights) else "none"
+                          for layer in weights.layers]
         if device.type == "cuda":
             # The fallbacks are FP32 references: TF32 GEMMs (10-bit mantissa) would move BF16/FP8
             # rounding decisions and drift from the oracle; tactics are unaffected (own kernels).
@@ -84,20 +90,21 @@ class Model:
         eps = cfg.rms_norm_eps
         h = self.w.embed.index_select(0, fb.input_ids)
         residual = h
-        x = norm.rmsnorm(h, self.w.layers[0].input_layernorm, eps)
+        xa = norm.rmsnorm_quant(h, self.w.layers[0].input_layernorm, eps, self.in_quant[0])
         for i, layer in enumerate(self.w.layers):
             if i > 0:
-                x, residual = norm.add_rmsnorm(h, residual, layer.input_layernorm, eps)
+                xa, residual = norm.add_rmsnorm_quant(h, residual, layer.input_layernorm, eps, self.in_quant[i])
             if isinstance(layer.mixer, AttentionWeights):
-                h = self._attention(x, layer.mixer, fb, self.pools.attn_index[i])
+                h = self._attention(xa, layer.mixer, fb, self.pools.attn_index[i])
             else:
-                h = self._gdn(x, layer.mixer, fb, self.pools.gdn_index[i])
+                h = self._gdn(xa, layer.mixer, fb, self.pools.gdn_index[i], self.out_quant[i])
             x, residual = norm.add_rmsnorm(h, residual, layer.post_attention_layernorm, eps)
             h = moe(x, layer.moe)
         x, _ = norm.add_rmsnorm(h, residual, self.w.norm, eps)
         return linear(x.index_select(0, fb.logits_rows), self.w.lm_head, torch.float32)
 
-    def _attention(self, x: torch.Tensor, w: AttentionWeights, fb: ForwardBatch, li: int) -> torch.Tensor:
+    def _attention(self, x: torch.Tensor | fp8.GroupQuantized, w: AttentionWeights, fb: ForwardBatch, li: int
+                   ) -> torch.Tensor:
         cfg = self.cfg
         t, hq, hkv, d = x.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         qg, k, v = linear_group(x, [w.q_proj, w.k_proj, w.v_proj])
@@ -124,7 +131,8 @@ class Model:
                 o = torch.cat([od, o])
         return linear(o.reshape(t, hq * d), w.o_proj)
 
-    def _gdn(self, x: torch.Tensor, w: GDNWeights, fb: ForwardBatch, li: int) -> torch.Tensor:
+    def _gdn(self, x: torch.Tensor | fp8.GroupQuantized, w: GDNWeights, fb: ForwardBatch, li: int,
+             out_quant: str) -> torch.Tensor:
         cfg = self.cfg
         t = x.shape[0]
         hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
@@ -153,8 +161,8 @@ class Model:
             if nd:
                 o = torch.cat([gdn.gdn_decode_fused(q[:nd], k[:nd], v[:nd], a[:nd], b[:nd], w.a_log, w.dt_bias,
                                                     ssm_pool, fb.slots), o])
-        o = norm.gated_rmsnorm(o, z, w.norm, cfg.rms_norm_eps)
-        return linear(o.reshape(t, hv * dv), w.out_proj)
+        rows = norm.gated_rmsnorm_quant(o, z, w.norm, cfg.rms_norm_eps, out_quant)
+        return linear(rows.reshape(t, hv * dv), w.out_proj)
 
 
 def prefill_batch(device: torch.device, chunks: list[tuple[int, list[int], int, bool]],

@@ -10,9 +10,13 @@ Formats, as in the FP8 checkpoints (DeepSeek-V3 / Qwen3 ``fp8`` quant method, ``
   ``[T, ceil(K/128)]``; scale = max(|x| over the group, 1e-10) / 448.
 
 Every function works on any leading shape and on CPU or GPU; nothing here allocates persistent state.
+`GroupQuantized` carries activation rows together with their E4M3 form from the op that produced them to the FP8
+projection that reads them (issue 19: the activation quantization folded into its producer).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -108,3 +112,47 @@ def fake_quantize_per_token_group(x: torch.Tensor, group: int = BLOCK, dtype: to
     # 448 (torch's conversion only overflows from 480 up). `q · scale` promotes to `dtype` in the mul.
     q = (g / scale).to(E4M3)
     return (q.to(dtype) * scale).reshape(x.shape)
+
+
+ACT_GROUP128 = "fp8_e4m3_group128"  # the dispatch quant of an op whose output rows also come per-token-group E4M3
+
+
+@dataclass(frozen=True)
+class GroupQuantized:
+    """Activation rows and their per-token-group E4M3 form, made together by the op that produced the rows (the
+    norms in front of the FP8 projections), so that the projection skips its own quantization kernel.
+
+    ``x [..., K]`` holds the rows as the producer rounds them (BF16), ``q [..., K]`` (E4M3) and
+    ``scale [..., K / group]`` (FP32) are bitwise `quantize_per_token_group(x, group)`: a consumer may read
+    either form and compute the same numbers (a reference reads ``x`` and quantizes it again).
+    """
+
+    x: torch.Tensor
+    q: torch.Tensor
+    scale: torch.Tensor
+    group: int = BLOCK
+
+    def __post_init__(self) -> None:
+        k = self.x.shape[-1]
+        if (self.q.shape != self.x.shape or k % self.group
+                or tuple(self.scale.shape) != (*self.x.shape[:-1], k // self.group)):
+            raise ValueError(f"GroupQuantized: x {tuple(self.x.shape)}, q {tuple(self.q.shape)}, scale "
+                             f"{tuple(self.scale.shape)} are not rows with one scale per group of {self.group}")
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.x.shape
+
+    def reshape(self, *shape: int) -> GroupQuantized:
+        """The same rows under another leading shape; the last dim stays a multiple of the group (a group is a
+        contiguous run of ``group`` values, so regrouping the flat rows keeps every group's scale)."""
+        x = self.x.reshape(*shape)
+        if x.shape[-1] % self.group:
+            raise ValueError(f"GroupQuantized.reshape: last dim {x.shape[-1]} is not a multiple of {self.group}")
+        return GroupQuantized(x, self.q.reshape(x.shape),
+                              self.scale.reshape(*x.shape[:-1], x.shape[-1] // self.group), self.group)
+
+
+def rows_of(x: torch.Tensor | GroupQuantized) -> torch.Tensor:
+    """The activation rows of ``x`` as a tensor (its ``x`` where it carries an E4M3 form)."""
+    return x.x if isinstance(x, GroupQuantized) else x

@@ -4,6 +4,10 @@
 `linear_ref`. The FP8 reference is the deployed arithmetic: activations quantized per token in
 groups of 128 (FP32 scale), both operands dequantized exactly to the accumulator, one GEMM,
 output rounded once to the activation dtype.
+
+An input may be a `fp8.GroupQuantized` (rows plus their E4M3 form, made by the norm in front): an FP8
+tactic of the same group size then reads that form instead of quantizing the rows itself (bitwise the same
+operands); BF16 weights and the references read the rows.
 """
 
 from __future__ import annotations
@@ -58,6 +62,21 @@ class Weight:
         return self._dequant
 
 
+def act_quant(weight: Weight) -> str:
+    """The activation quant a producer may fold in for ``weight``'s input (`netra.ops.norm`'s ``*_quant``)."""
+    return fp8.ACT_GROUP128 if weight.is_fp8 and weight.block[1] == fp8.BLOCK else "none"
+
+
+def _prequantized(x: torch.Tensor | fp8.GroupQuantized, fp8_weights: bool, group: int
+                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(the rows, the tactic's extra arguments): ``xq`` / ``xs`` where the E4M3 form fits FP8 weights of ``group``."""
+    if not isinstance(x, fp8.GroupQuantized):
+        return x, {}
+    if fp8_weights and x.group == group:
+        return x.x, {"xq": x.q, "xs": x.scale}
+    return x.x, {}
+
+
 def linear_ref(x: torch.Tensor, weight: Weight, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """``x [..., K]`` (BF16) @ ``weight [N, K]``ᵀ -> ``[..., N]`` in ``out_dtype`` (default: x's dtype)."""
     acc = acc_dtype(x.device)
@@ -66,8 +85,10 @@ def linear_ref(x: torch.Tensor, weight: Weight, out_dtype: torch.dtype | None = 
     return torch.matmul(xa, weight.dequantized(acc).t()).to(out_dtype)
 
 
-def linear(x: torch.Tensor, weight: Weight, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor | fp8.GroupQuantized, weight: Weight, out_dtype: torch.dtype | None = None
+           ) -> torch.Tensor:
     """Projection through dispatch (op ``linear_fp8_block`` or ``linear_bf16``); fallback `linear_ref`."""
+    x, pre = _prequantized(x, weight.is_fp8, weight.block[1])
     op = "linear_fp8_block" if weight.is_fp8 else "linear_bf16"
     tensors = {"x": x, "w": weight.data}
     if weight.scale_inv is not None:
@@ -76,7 +97,7 @@ def linear(x: torch.Tensor, weight: Weight, out_dtype: torch.dtype | None = None
                               "k": weight.in_features}, quant="fp8_e4m3_block128" if weight.is_fp8 else "none")
     if hit is not None:
         launcher, decision = hit
-        return launcher(decision, x=x, weight=weight, out_dtype=out_dtype or x.dtype)
+        return launcher(decision, x=x, weight=weight, out_dtype=out_dtype or x.dtype, **pre)
     return linear_ref(x, weight, out_dtype)
 
 
@@ -109,32 +130,36 @@ def linear_group_ref(x: torch.Tensor, weights: list[Weight], out_dtype: torch.dt
     return list(out.split([w.out_features for w in weights], dim=-1))
 
 
-def linear_group(x: torch.Tensor, weights: list[Weight], out_dtype: torch.dtype | None = None
+def linear_group(x: torch.Tensor | fp8.GroupQuantized, weights: list[Weight], out_dtype: torch.dtype | None = None
                  ) -> list[torch.Tensor]:
     """Projections sharing an input through dispatch (op ``linear_group``); fallback `linear_group_ref`."""
-    fp8 = all(w.is_fp8 for w in weights)
+    all_fp8 = all(w.is_fp8 for w in weights)
+    x, pre = _prequantized(x, all_fp8, weights[0].block[1])
     tensors = {"x": x, "w": weights[0].data}
     # one signature per (rows, K, total N, parts): the tactic stacks the weights once; a mixed-dtype group (or
     # weights of different K) is outside every contract by its dtype / quant
     same = all(w.in_features == x.shape[-1] and w.data.dtype == weights[0].data.dtype for w in weights)
     hit = route("linear_group", tensors, {"m": x.numel() // max(1, x.shape[-1]), "k": x.shape[-1],
                                           "n": sum(w.out_features for w in weights), "parts": len(weights)},
-                quant="fp8_e4m3_block128" if fp8 and same else ("none" if same else "mixed"))
+                quant="fp8_e4m3_block128" if all_fp8 and same else ("none" if same else "mixed"))
     if hit is not None:
-        out: list[torch.Tensor] = hit[0](hit[1], x=x, weights=weights, out_dtype=out_dtype or x.dtype)
+        out: list[torch.Tensor] = hit[0](hit[1], x=x, weights=weights, out_dtype=out_dtype or x.dtype,
+                                         **(pre if same else {}))
         return out
     return linear_group_ref(x, weights, out_dtype)
 
 
-def _launch_linear(decision: Any, *, x: torch.Tensor, weight: Weight, out_dtype: torch.dtype) -> torch.Tensor:
-    out: torch.Tensor = decision.tactic.entry(decision.contract.launch, x=x, weight=weight, out_dtype=out_dtype)
+def _launch_linear(decision: Any, *, x: torch.Tensor, weight: Weight, out_dtype: torch.dtype,
+                   **pre: torch.Tensor) -> torch.Tensor:
+    out: torch.Tensor = decision.tactic.entry(decision.contract.launch, x=x, weight=weight, out_dtype=out_dtype,
+                                              **pre)
     return out
 
 
-def _launch_group(decision: Any, *, x: torch.Tensor, weights: list[Weight], out_dtype: torch.dtype
-                  ) -> list[torch.Tensor]:
+def _launch_group(decision: Any, *, x: torch.Tensor, weights: list[Weight], out_dtype: torch.dtype,
+                  **pre: torch.Tensor) -> list[torch.Tensor]:
     out: list[torch.Tensor] = decision.tactic.entry(decision.contract.launch, x=x, weights=weights,
-                                                    out_dtype=out_dtype)
+                                                    out_dtype=out_dtype, **pre)
     return out
 
 

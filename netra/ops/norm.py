@@ -2,6 +2,11 @@
 
 References compute in FP32 and round once to the input dtype, as SGLang's GemmaRMSNorm and the
 FLA gated norm (``norm_before_gate``) do. Shapes: normalisation over the last dim; any leading dims.
+
+The ``*_quant`` variants are the norms whose rows feed FP8 block-scaled projections: with ``quant`` =
+``fp8_e4m3_group128`` a contract of that quant writes the rows' per-token-group E4M3 form beside them (a
+`fp8.GroupQuantized`, which `netra.ops.linear` reads without quantizing again); outside every such contract, or with
+``quant`` = ``none``, they are the plain op and the projection quantizes its input itself (the same numbers).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from typing import Any
 
 import torch
 
+from netra.ops import fp8
 from netra.ops._common import bind, route
 
 _offset_weights: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -74,6 +80,37 @@ def gated_rmsnorm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: f
     if hit is not None:
         return hit[0](hit[1], x=x, z=z, weight=weight, eps=eps, out_dtype=out_dtype)
     return gated_rmsnorm_ref(x, z, weight, eps, out_dtype)
+
+
+def rmsnorm_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, quant: str
+                  ) -> torch.Tensor | fp8.GroupQuantized:
+    """`rmsnorm` whose rows feed projections of activation quant ``quant`` (module docstring)."""
+    if quant != "none":
+        hit = route("rmsnorm_gemma", {"x": x, "w": weight}, _dims(x), quant=quant)
+        if hit is not None:
+            return fp8.GroupQuantized(*hit[0](hit[1], x=x, weight=weight, eps=eps))
+    return rmsnorm(x, weight, eps)
+
+
+def add_rmsnorm_quant(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, quant: str
+                      ) -> tuple[torch.Tensor | fp8.GroupQuantized, torch.Tensor]:
+    """`add_rmsnorm` whose rows feed projections of activation quant ``quant`` (module docstring)."""
+    if quant != "none":
+        hit = route("add_rmsnorm_gemma", {"x": x, "residual": residual, "w": weight}, _dims(x), quant=quant)
+        if hit is not None:
+            rows, q, s, new_residual = hit[0](hit[1], x=x, residual=residual, weight=weight, eps=eps)
+            return fp8.GroupQuantized(rows, q, s), new_residual
+    return add_rmsnorm(x, residual, weight, eps)
+
+
+def gated_rmsnorm_quant(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, quant: str
+                        ) -> torch.Tensor | fp8.GroupQuantized:
+    """`gated_rmsnorm` (output in z's dtype) whose rows feed projections of activation quant ``quant``."""
+    if quant != "none":
+        hit = route("gated_rmsnorm", {"x": x, "z": z, "w": weight}, _dims(x), quant=quant)
+        if hit is not None:
+            return fp8.GroupQuantized(*hit[0](hit[1], x=x, z=z, weight=weight, eps=eps))
+    return gated_rmsnorm(x, z, weight, eps)
 
 
 def _entry(decision: Any, **kw: Any) -> Any:

@@ -2,7 +2,7 @@
 # One device call for a session's kernel work: the per-family GPU scripts in sequence, each under its own time
 # limit (cut to the call's DEADLINE_S), so that one family's failure or hang cannot cost the others their results.
 #   usage (device): bash scripts/gpu/session.sh <git sha> PART...   (default: moe-tests moe step)
-#   parts: argmax moe-tests moe step plugin dense dense-tune gdn attention determinism gpu-tests prefill
+#   parts: argmax moe-tests moe step plugin dense dense-tune norm-fp8 gdn attention determinism gpu-tests prefill
 # Carry build/ (code objects from `netra kernels build`), .sglang_peer/ (the peers) and .whl/ (fla-core, ...).
 # Everything comes back as $OUT/out.tar.gz beside $OUT/summary.txt.
 set -uo pipefail
@@ -25,12 +25,14 @@ for part in "${PARTS[@]}"; do
     dense) step dense "${DENSE_LIMIT:-200}" python3 scripts/gpu/dense.py --out "$OUT/dense" ;;
     dense-tune) step dense_tune "${DENSE_TUNE_LIMIT:-200}" python3 scripts/gpu/dense_tune.py --out "$OUT/dense_tune" \
                   --deadline 160 ;;
+    norm-fp8) step norm_fp8 "${NORM_FP8_LIMIT:-150}" python3 scripts/gpu/norm_fp8.py --out "$OUT/norm_fp8" \
+                --deadline 110 ;;
     gdn) step gdn "${GDN_LIMIT:-240}" python3 scripts/gpu/gdn.py --out "$OUT/gdn" ${GDN_ARGS:-} ;;
     attention) step attention "${ATTN_LIMIT:-240}" python3 scripts/gpu/attention.py --out "$OUT/attention" ;;
     determinism) step determinism "${DET_LIMIT:-90}" python3 scripts/gpu/determinism_stress.py ;;
     gpu-tests) step gpu_tests "${GPU_TESTS_LIMIT:-300}" python3 -m pytest -q -s -m gpu \
                  tests/ops/test_attention_prefill_sdpa.py tests/engine/test_sched_gpu.py tests/ops/test_gdn_fla_gpu.py \
-                 tests/engine/test_gpu.py tests/engine/test_sampler_gpu.py ;;
+                 tests/engine/test_gpu.py tests/engine/test_sampler_gpu.py tests/ops/test_norm_fp8_gpu.py ;;
     prefill) step prefill "${PREFILL_LIMIT:-300}" python3 scripts/gpu/prefill_profile.py --out "$OUT/prefill" ;;
     *) echo "unknown part $part" | tee -a "$summary" ;;
   esac

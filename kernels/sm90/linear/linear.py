@@ -21,7 +21,8 @@ tiles for the 132 SMs split K over ``split`` CTAs; each writes its FP32 partial 
 per-tile counter, and the last of a tile's CTAs sums the partials in split order (bitwise deterministic, one launch,
 no second pass); it resets the counter, so the counter array stays zero between calls (workspace, zeroed once).
 Activation quantization (``QUANT_IN=0``, every contract): one small pre-kernel (`_act_quant_kernel`) quantizes x
-once (E4M3 rows + FP32 group scales) and the GEMM reads them. ``QUANT_IN=1`` (each CTA quantizes its rows' K block in
+once (E4M3 rows + FP32 group scales) and the GEMM reads them -- or the norm in front wrote them with its rows
+(kernels/sm90/norm, the ``*_fp8_*`` contracts; ``xq`` / ``xs``), and no pre-kernel runs. ``QUANT_IN=1`` (each CTA quantizes its rows' K block in
 the loop) is kept as a launch option: the per-element IEEE divisions sit on every iteration's critical path and
 measured 3-5x slower (r1: 55 us at m = 1 for qkv|z). Launch options (contract meta), measured in
 results/sm90/dense_fp8_h200_tune1.json: ``SWAP=0`` (the activation rows as the MMA's M side, SGLang's orientation:
@@ -270,7 +271,9 @@ def quantize_rows(x: torch.Tensor, pdl: bool = False) -> tuple[torch.Tensor, tor
 
 
 def _launch_fp8(launch: dict[str, Any], x: torch.Tensor, w: torch.Tensor, ws: torch.Tensor,
-                out_dtype: torch.dtype) -> torch.Tensor:
+                out_dtype: torch.dtype, pre: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """``pre``: the rows' E4M3 form and group scales made by the op in front (a norm's FP8 output), read instead of
+    running the quantization kernel (bitwise its output)."""
     from netra.runtime import grid_size
 
     meta = launch["meta"]
@@ -281,10 +284,20 @@ def _launch_fp8(launch: dict[str, Any], x: torch.Tensor, w: torch.Tensor, ws: to
     pl = fp8_plan(meta, m, n, k)
     quant_in = int(meta["QUANT_IN"])
     out = torch.empty(m, n, dtype=out_dtype, device=x.device)
-    # PDL (launch meta): the GEMM is launched as the quantization kernel's programmatic dependent, so its CTAs are
-    # resident when the rows land (not on Triton's interpreter, which has no PDL)
+    # PDL (launch meta): the GEMM is launched as the programmatic dependent of the kernel that quantized its rows
+    # (the quantization kernel, or the norm writing them), so its CTAs are resident when the rows land (not on
+    # Triton's interpreter, which has no PDL)
     pdl = bool(int(meta.get("PDL", 0))) and not quant_in and x.is_cuda
-    xq, xs = (x, x) if quant_in else quantize_rows(x, pdl)
+    if quant_in:
+        xq, xs = x, x
+    elif pre is not None:
+        xq, xs = pre[0].reshape(m, k), pre[1].reshape(m, k // 128)
+        if xq.dtype != torch.float8_e4m3fn or xs.dtype != torch.float32 or not (xq.is_contiguous()
+                                                                                and xs.is_contiguous()):
+            raise ValueError(f"linear fp8: pre-quantized rows must be contiguous E4M3 [{m}, {k}] with FP32 scales "
+                             f"[{m}, {k // 128}], not {xq.dtype} / {xs.dtype}")
+    else:
+        xq, xs = quantize_rows(x, pdl)
     split = pl["split"]
     if split > 1:
         if pl["tiles"] > _COUNTERS:
@@ -333,19 +346,25 @@ def _launch(launch: dict[str, Any], x: torch.Tensor, w: torch.Tensor, out_dtype:
     return out
 
 
-def linear(launch: dict[str, Any], *, x: torch.Tensor, weight: Any, out_dtype: torch.dtype) -> torch.Tensor:
-    """Op ``linear_fp8_block`` / ``linear_bf16``: ``x [..., K]`` -> ``[..., N]`` in ``out_dtype``."""
+def _pre(xq: torch.Tensor | None, xs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    return None if xq is None or xs is None else (xq, xs)
+
+
+def linear(launch: dict[str, Any], *, x: torch.Tensor, weight: Any, out_dtype: torch.dtype,
+           xq: torch.Tensor | None = None, xs: torch.Tensor | None = None) -> torch.Tensor:
+    """Op ``linear_fp8_block`` / ``linear_bf16``: ``x [..., K]`` -> ``[..., N]`` in ``out_dtype`` (FP8: ``xq`` /
+    ``xs``, x's E4M3 form and group scales where the op in front made them)."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     if weight.is_fp8:
-        out = _launch_fp8(launch, x2.contiguous(), weight.data, weight.scale_inv, out_dtype)
+        out = _launch_fp8(launch, x2.contiguous(), weight.data, weight.scale_inv, out_dtype, _pre(xq, xs))
     else:
         out = _launch(launch, x2, weight.data, out_dtype)
     return out.reshape(*lead, out.shape[-1])
 
 
-def linear_group(launch: dict[str, Any], *, x: torch.Tensor, weights: list[Any],
-                 out_dtype: torch.dtype) -> list[torch.Tensor]:
+def linear_group(launch: dict[str, Any], *, x: torch.Tensor, weights: list[Any], out_dtype: torch.dtype,
+                 xq: torch.Tensor | None = None, xs: torch.Tensor | None = None) -> list[torch.Tensor]:
     """Op ``linear_group`` (projections sharing an input, all FP8 or all BF16): the weights stacked once (cached),
     one GEMM, the outputs as column views (the reference's split)."""
     key = tuple(id(w.data) for w in weights)
@@ -360,7 +379,7 @@ def linear_group(launch: dict[str, Any], *, x: torch.Tensor, weights: list[Any],
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     if hit[2] is not None:
-        out = _launch_fp8(launch, x2.contiguous(), hit[1], hit[2], out_dtype)
+        out = _launch_fp8(launch, x2.contiguous(), hit[1], hit[2], out_dtype, _pre(xq, xs))
     else:
         out = _launch(launch, x2, hit[1], out_dtype)
     parts = out.split([w.data.shape[0] for w in weights], dim=-1)
