@@ -2,7 +2,7 @@
 CPU interpreter, against the block oracle `moe_ref` per the contract's declared relative-L2 tolerance, on a small
 shape (16 experts top-4, hidden 256, expert and shared width 128): random chunks, adversarial rows (1e4 / 1e-4
 magnitudes, zero rows, an outlier group), router ties (duplicated router rows: the lowest expert wins, as the
-oracle); the sort/align tile table against a plain loop; the contract's domain through dispatch (129..8192
+oracle); the routing and sort/align kernels against plain PyTorch; the contract's domain through dispatch (129..8192
 tokens, eager only: the decode contracts keep 1..128)."""
 
 from __future__ import annotations
@@ -104,28 +104,47 @@ def test_ties_route_to_the_lowest_expert(prefill) -> None:
     assert rel_l2(got, wrong) > 10 * rel_l2(got, ref)
 
 
-def test_tile_table_covers_every_route_once(prefill) -> None:
+def tile_table_ref(ids: torch.Tensor, experts: int, block_m: int, max_tiles: int) -> tuple[torch.Tensor, ...]:
+    """The sort/align in plain PyTorch: a stable argsort of the routes' expert ids, and per tile of ``block_m`` sorted
+    rows of one expert (in expert order) its expert (-1 past the last tile), first sorted row and row count."""
+    flat = ids.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=experts + 1)
+    seg = torch.cumsum(counts, 0) - counts
+    t_exp, t_row, t_cnt = (torch.full((max_tiles,), v, dtype=torch.int64) for v in (-1, 0, 0))
+    j = 0
+    for e in range(experts + 1):
+        for r0 in range(0, int(counts[e]), block_m):
+            t_exp[j], t_row[j], t_cnt[j] = e, int(seg[e]) + r0, min(block_m, int(counts[e]) - r0)
+            j += 1
+    return order, t_exp, t_row, t_cnt, j
+
+
+@pytest.mark.parametrize("experts,top_k,tokens,block_m", [(16, 4, 97, 16), (256, 8, 300, 64), (256, 8, 5, 64)])
+def test_route_align_is_the_oracles_routing_and_a_stable_sort(prefill, experts: int, top_k: int, tokens: int,
+                                                               block_m: int) -> None:
+    """`route_align` on the device against plain PyTorch: the oracle's ids (ties to the lowest expert) and FP32
+    weights (`moe_route_ref`: softmax gathered and renormalised; the shared expert's sigmoid as route k), the route
+    order bitwise a stable argsort (several blocks of the scatter kernel, a partial last block), the tile table and
+    the token of every sorted row."""
     _, _, mod = prefill
-    g = torch.Generator().manual_seed(7)
-    t, s, bm = 97, K + 1, 16
-    ids = torch.cat([torch.randint(0, E, (t, K), generator=g) ** 2 % E, torch.full((t, 1), E)], dim=1)
-    max_tiles = -(-t * s // bm) + E + 1
-    order, t_exp, t_row, t_cnt = mod.tile_table(ids, E, bm, max_tiles)
-    flat = ids.reshape(-1)
-    assert torch.equal(order.long(), torch.argsort(flat, stable=True))
-    seen = torch.zeros(t * s, dtype=torch.int64)
-    used = 0
-    for j in range(max_tiles):
-        e = int(t_exp[j])
-        if e < 0:
-            assert j >= used
-            continue
-        used += 1
-        rows = order[int(t_row[j]):int(t_row[j]) + int(t_cnt[j])].long()
-        assert 0 < int(t_cnt[j]) <= bm and bool((flat[rows] == e).all())
-        seen[rows] += 1
-    assert bool((seen == 1).all())
-    assert used == int(((torch.bincount(flat, minlength=E + 1) + bm - 1) // bm).sum())
+    g = torch.Generator().manual_seed(tokens)
+    logits = (torch.randn(tokens, experts + 1, generator=g) * 3).bfloat16()
+    logits[::3, 1] = logits[::3, experts - 2]  # ties: the lower expert first
+    logits[1::4, :experts] = logits[1::4, :1]  # a row of all-equal logits: experts 0..k-1
+    s = top_k + 1
+    max_tiles = -(-tokens * s // block_m) + experts + 1
+    rw, order, tok, t_exp, t_row, t_cnt = mod.route_align(logits, experts, top_k, True, block_m, max_tiles)
+    w_ref, ids_ref = moe_route_ref(logits[:, :experts], top_k, True)
+    ids_all = torch.cat([ids_ref, torch.full((tokens, 1), experts)], dim=1)
+    w_all = torch.cat([w_ref, torch.sigmoid(logits[:, experts].float())[:, None]], dim=1)
+    o_ref, e_ref, r_ref, c_ref, used = tile_table_ref(ids_all, experts, block_m, max_tiles)
+    assert torch.equal(order.long(), o_ref)  # implies the ids: a route sorts where its expert's segment is
+    assert torch.equal(tok.long(), o_ref // s)
+    assert torch.allclose(rw.view(tokens, s), w_all, rtol=2e-6, atol=0)
+    assert torch.equal(t_exp.long(), e_ref)
+    assert torch.equal(t_row[:used].long(), r_ref[:used]) and torch.equal(t_cnt.long(), c_ref)
+    assert torch.equal(ids_all.reshape(-1)[o_ref], torch.sort(ids_all.reshape(-1)).values)
 
 
 def test_contract_covers_prefill_chunks_only() -> None:
