@@ -156,8 +156,8 @@ class Model:
         if fb.decode:  # gating + L2 norm + delta rule + output, one op (pad rows: zeros, pool untouched)
             o = gdn.gdn_decode_fused(q, k, v, a, b, w.a_log, w.dt_bias, ssm_pool, fb.slots)
         else:
-            g, beta = gdn.gdn_gating(a[nd:], b[nd:], w.a_log, w.dt_bias)
-            o = gdn.gdn_prefill(q[nd:], k[nd:], v[nd:], g, beta, ssm_pool, fb.seq_slots, fb.q_lens)
+            o = gdn.gdn_prefill_gated(q[nd:], k[nd:], v[nd:], a[nd:], b[nd:], w.a_log, w.dt_bias, ssm_pool,
+                                      fb.seq_slots, fb.q_lens)
             if nd:
                 o = torch.cat([gdn.gdn_decode_fused(q[:nd], k[:nd], v[:nd], a[:nd], b[:nd], w.a_log, w.dt_bias,
                                                     ssm_pool, fb.slots), o])

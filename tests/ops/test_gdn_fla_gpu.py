@@ -1,7 +1,8 @@
 """GDN prefill on CUDA through fla-core's chunk_gated_delta_rule (`gdn.gdn_prefill_fla`) against the
 FP32 PyTorch reference (`gdn.gdn_prefill_ref`): outputs and the states written back to the pool, over
 variable-length sequences that continue from non-zero states, with the pool's other slots (the pad
-slot 0 among them) untouched; and the engine's dispatch of `gdn_prefill` to it."""
+slot 0 among them) untouched; the gating inside fla's kernels (`gdn.gdn_prefill_gated`, raw a and b in) against
+the reference's gating and prefill; and the engine's dispatch of `gdn_prefill` to it."""
 
 from __future__ import annotations
 
@@ -31,7 +32,41 @@ def _inputs(lens: list[int], hk: int, hv: int, dk: int, dv: int, slots: int, see
     a_log, dt_bias = (0.5 * r(hv)).to(CUDA), (0.5 * r(hv)).to(CUDA)
     g, beta = gdn.gdn_gating_ref(a, b, a_log, dt_bias)
     pool = (0.1 * r(slots, hv, dk, dv)).to(CUDA)  # sequences continue from non-zero states
+    RAW[id(g)] = (a, b, a_log, dt_bias)
     return q, k, v, g, beta, pool
+
+
+RAW: dict[int, tuple[torch.Tensor, ...]] = {}  # g's id -> the raw a, b, a_log, dt_bias it was made from
+
+
+@pytest.mark.parametrize("shape", [(2, 4, 32, 32), (16, 32, 128, 128)], ids=["tiny", "qwen36"])
+def test_fla_gating_in_kernel_matches_the_reference(shape: tuple[int, int, int, int]) -> None:
+    """The engine's prefill call: raw a (bf16, a column view of the b|a projection as the engine holds it) and b in,
+    fla's in-kernel gate and beta sigmoid, against `gdn_gating_ref` + `gdn_prefill_ref`; beside the two-op fla path;
+    no host synchronisation."""
+    hk, hv, dk, dv = shape
+    lens, seq_slots = [1, 63, 64, 65, 200, 7], [5, 2, 7, 1, 3, 6]
+    q, k, v, g, beta, pool = _inputs(lens, hk, hv, dk, dv, 8, seed=hv + 1)
+    a, b, a_log, dt_bias = RAW[id(g)]
+    ba = torch.cat([b, a], dim=1)  # the projection's [T, 2 Hv] output, split into strided column views
+    b_view, a_view = ba[:, :hv], ba[:, hv:]
+    ref_pool, fla_pool, two_pool = pool.clone(), pool.clone(), pool.clone()
+    o_ref = gdn.gdn_prefill_ref(q, k, v, g, beta, ref_pool, seq_slots, lens)
+    o_two = gdn.gdn_prefill_fla(q, k, v, g, beta, two_pool, seq_slots, lens)
+    o = gdn.gdn_prefill_gated(q, k, v, a_view, b_view, a_log, dt_bias, fla_pool, seq_slots, lens)
+    atol, rtol = gdn.FLA_TOLERANCE
+    torch.testing.assert_close(o.float(), o_ref.float(), atol=atol, rtol=rtol)
+    torch.testing.assert_close(fla_pool, ref_pool, atol=atol, rtol=rtol)
+    print(f"{shape}: in-kernel gating vs two-op fla: max |do| {(o.float() - o_two.float()).abs().max().item():.2e}, "
+          f"max |dstate| {(fla_pool - two_pool).abs().max().item():.2e}")
+    for untouched in (0, 4):
+        assert torch.equal(fla_pool[untouched], pool[untouched])
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        gdn.gdn_prefill_gated(q, k, v, a_view, b_view, a_log, dt_bias, fla_pool, seq_slots, lens)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
 
 
 @pytest.mark.parametrize("shape", [(2, 4, 32, 32), (16, 32, 128, 128)], ids=["tiny", "qwen36"])
