@@ -86,27 +86,40 @@ def attention_prefill_sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """`attention_prefill_ref`'s contract through PyTorch's fused ``scaled_dot_product_attention`` (on CUDA its
     FlashAttention backend: no chunk x prefix score matrix, so a long prompt's chunk does not need
-    ``Hq x n x total`` FP32 scores). Per sequence: q in its own dtype (BF16), the cached prefix and the chunk's own
-    K/V (already stored) dequantized exactly to q's dtype and repeated to the query heads, a causal mask aligned
-    to the bottom right (query i, at position ``start + i``, sees keys ``0 .. start + i``). Numerics: BF16
-    operands, FP32 accumulation inside the kernel, one rounding of the output; the declared tolerance against
-    the FP32 reference is rel-L2 <= 1e-2 (tests/ops/test_attention_prefill_sdpa.py)."""
+    ``Hq x n x total`` FP32 scores). Per run of consecutive sequences of one shape (the same cached prefix and
+    chunk length: a chunk of fresh prompts of one length is one run, one SDPA call instead of one per sequence):
+    q in its own dtype (BF16), the cached prefixes and the chunks' own K/V (already stored) gathered from their
+    slots, dequantized exactly to q's dtype and repeated to the query heads, a causal mask aligned to the bottom
+    right (query i, at position ``start + i``, sees keys ``0 .. start + i``). Numerics: BF16 operands, FP32
+    accumulation inside the kernel, one rounding of the output; the declared tolerance against the FP32 reference
+    is rel-L2 <= 1e-2 (tests/ops/test_attention_prefill_sdpa.py)."""
     from torch.nn.attention.bias import causal_lower_right
 
-    hq, hkv = q.shape[1], k_cache.shape[2]
+    from netra.ops._common import device_ints
+
+    hq, hkv, d = q.shape[1], k_cache.shape[2], q.shape[2]
     outs = []
-    offset = 0
-    for slot, start, n in zip(seq_slots, seq_starts, q_lens, strict=True):
-        total = start + n
-        qs = q[offset:offset + n].transpose(0, 1)[None]  # [1, Hq, n, D]
-        ks = _load(k_cache[slot, :total], k_scale, q.dtype).repeat_interleave(hq // hkv, dim=1)
-        vs = _load(v_cache[slot, :total], v_scale, q.dtype).repeat_interleave(hq // hkv, dim=1)
-        o = torch.nn.functional.scaled_dot_product_attention(
-            qs, ks.transpose(0, 1)[None], vs.transpose(0, 1)[None], attn_mask=causal_lower_right(n, total),
-            scale=sm_scale)
-        outs.append(o[0].transpose(0, 1))
-        offset += n
-    return torch.cat(outs, dim=0).to(q.dtype)
+    offset = i = 0
+    while i < len(q_lens):
+        start, n = seq_starts[i], q_lens[i]
+        j = i + 1
+        while j < len(q_lens) and (seq_starts[j], q_lens[j]) == (start, n):
+            j += 1
+        total, group = start + n, j - i
+        qs = q[offset:offset + group * n].reshape(group, n, hq, d).transpose(1, 2)  # [G, Hq, n, D]
+        if group == 1:
+            kv = (k_cache[seq_slots[i], :total][None], v_cache[seq_slots[i], :total][None])
+        else:
+            idx = device_ints(tuple(seq_slots[i:j]), q.device)
+            kv = (k_cache[idx, :total], v_cache[idx, :total])
+        ks, vs = (_load(c, sc, q.dtype).repeat_interleave(hq // hkv, dim=2).transpose(1, 2)
+                  for c, sc in zip(kv, (k_scale, v_scale), strict=True))
+        o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, attn_mask=causal_lower_right(n, total),
+                                                             scale=sm_scale)
+        outs.append(o.transpose(1, 2).reshape(group * n, hq, d))
+        offset += group * n
+        i = j
+    return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)).to(q.dtype)
 
 
 def prefill_backend() -> str:

@@ -52,6 +52,27 @@ def test_sdpa_prefill_matches_the_reference(hq: int, hkv: int, d: int, cache: st
     assert not torch.equal(moved[last][1:], got[last][1:])
 
 
+@pytest.mark.parametrize("cache", ["fp8", "bf16"])
+def test_sdpa_prefill_runs_of_one_shape_are_one_call_with_the_same_rows(cache: str) -> None:
+    """Consecutive sequences of one shape (a chunk of fresh prompts of one length, continuing chunks of one prefix)
+    go through one batched SDPA call: the result matches the reference and every sequence's rows are bitwise that
+    sequence prefilled alone (on the CPU's math backend; on CUDA the backend may tile a batch otherwise, and the GPU
+    test judges it against the reference)."""
+    dtype = fp8.E4M3 if cache == "fp8" else torch.bfloat16
+    chunks = [(0, 37), (0, 37), (0, 37), (50, 9), (50, 9), (3, 1), (0, 37)]
+    q, kc, vc = _case(16, 2, 64, dtype, chunks, seed=11)
+    slots, starts, lens = [7, 2, 5, 1, 3, 6, 4], [s for s, _ in chunks], [n for _, n in chunks]
+    got = attention.attention_prefill_sdpa(q, kc, vc, slots, starts, lens, 64 ** -0.5)
+    ref = attention.attention_prefill_ref(q, kc, vc, slots, starts, lens, 64 ** -0.5)
+    err = ((got.double() - ref.double()).norm() / ref.double().norm()).item()
+    assert torch.isfinite(got).all() and err <= 1e-2, err
+    offset = 0
+    for slot, start, n in zip(slots, starts, lens, strict=True):
+        alone = attention.attention_prefill_sdpa(q[offset:offset + n], kc, vc, [slot], [start], [n], 64 ** -0.5)
+        assert torch.equal(got[offset:offset + n], alone), (slot, start, n)
+        offset += n
+
+
 def test_the_backend_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     from netra import settings
 
@@ -73,6 +94,13 @@ def test_sdpa_prefill_on_cuda_at_the_model_shape() -> None:
     q, kc, vc = _case(16, 2, 256, fp8.E4M3, chunks, seed=7)
     q, kc, vc = q.cuda(), kc.cuda(), vc.cuda()
     args = (q, kc, vc, [1, 2], [3000, 0], [1024, 1024], 256 ** -0.5)
+    got = attention.attention_prefill_sdpa(*args)
+    ref = attention.attention_prefill_ref(*args)
+    err = ((got.double() - ref.double()).norm() / ref.double().norm()).item()
+    assert torch.isfinite(got).all() and err <= 1e-2, err
+    chunks = [(0, 1024)] * 8  # the 1K/1K benchmark's chunk: one batched SDPA call
+    q, kc, vc = _case(16, 2, 256, fp8.E4M3, chunks, seed=9)
+    args = (q.cuda(), kc.cuda(), vc.cuda(), [8, 3, 1, 2, 4, 7, 5, 6], [0] * 8, [1024] * 8, 256 ** -0.5)
     got = attention.attention_prefill_sdpa(*args)
     ref = attention.attention_prefill_ref(*args)
     err = ((got.double() - ref.double()).norm() / ref.double().norm()).item()
