@@ -166,6 +166,28 @@ def test_bf16_group_b_a(interp_entry) -> None:
             assert rel_l2(o, r) <= doc["numerics"]["rtol"]
 
 
+def test_bf16_group_ticket_sum_is_bitwise_the_second_pass(interp_entry) -> None:
+    """The contract's TICKET launch (each tile's last CTA sums the K split's partials) gives bitwise the two-launch
+    sum (`_split_sum_kernel`, the same additions in the same order), repeatably, and leaves the counters zero."""
+    from netra.ops._triton import load_source
+
+    entry, doc = interp_entry(D + "linear_group_bf16_decode.contract.json")
+    assert doc["launch"]["meta"]["TICKET"] == 1
+    g = torch.Generator().manual_seed(12)
+    ws = [Weight((torch.randn(32, 1024, generator=g) / 16).bfloat16()) for _ in range(2)]
+    for m in (1, 3, 16):
+        x = torch.randn(m, 1024, generator=g).bfloat16()
+        for od in (torch.bfloat16, torch.float32):
+            ticket = entry(with_meta(doc, TARGET_CTAS=16), x=x, weights=ws, out_dtype=od)  # split 8
+            again = entry(with_meta(doc, TARGET_CTAS=16), x=x, weights=ws, out_dtype=od)
+            two = entry(with_meta(doc, TARGET_CTAS=16, TICKET=0), x=x, weights=ws, out_dtype=od)
+            for a, b, c in zip(ticket, again, two, strict=True):
+                assert torch.equal(a, b) and torch.equal(a, c), (m, od)
+    mod = load_source(doc["kernel"]["source"])
+    assert torch.device("cpu") in mod._counters  # the ticket launches used them
+    assert not bool(mod._counters[torch.device("cpu")].any())
+
+
 def test_bf16_lm_head_entry(interp_entry) -> None:
     """The BF16 path as the lm_head contract launches it (FP32 logits), with and without the K split."""
     entry, doc = interp_entry(D + "linear_bf16_decode.contract.json")

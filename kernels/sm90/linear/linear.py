@@ -65,11 +65,12 @@ _stacks: dict[tuple[int, ...], tuple[list[Any], torch.Tensor, torch.Tensor | Non
 
 
 @triton.jit
-def _linear_kernel(x_ptr, w_ptr, out_ptr, part_ptr, M, N, K,
+def _linear_kernel(x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K,
                    KB_PER_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   SPLIT: tl.constexpr, OUT_F32: tl.constexpr):
-    """BF16 GEMM (lm_head, GDN b|a): acc[BLOCK_M, BLOCK_N] over one K range; split partials summed by
-    `_split_sum_kernel` in split order."""
+                   SPLIT: tl.constexpr, OUT_F32: tl.constexpr, TICKET: tl.constexpr = 0):
+    """BF16 GEMM (lm_head, GDN b|a): acc[BLOCK_M, BLOCK_N] over one K range; split partials summed in split order,
+    by `_split_sum_kernel` (a second launch) or, with ``TICKET``, by the tile's last CTA (`_fp8_gemm_kernel`'s
+    ticket sum: the same additions in the same order, one launch)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -97,6 +98,21 @@ def _linear_kernel(x_ptr, w_ptr, out_ptr, part_ptr, M, N, K,
     else:
         p = part_ptr + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :]
         tl.store(p, acc, mask=mask)
+        if TICKET:
+            tile = pid_m * tl.num_programs(0) + pid_n
+            tl.debug_barrier()
+            ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if ticket == SPLIT - 1:
+                tl.debug_barrier()
+                o_offs = offs_m[:, None] * N + offs_n[None, :]
+                tot = tl.load(part_ptr + o_offs, mask=mask, other=0.0, cache_modifier=".cg")
+                for s in tl.static_range(1, SPLIT):
+                    tot += tl.load(part_ptr + s * M * N + o_offs, mask=mask, other=0.0, cache_modifier=".cg")
+                if OUT_F32:
+                    tl.store(out_ptr + o_offs, tot, mask=mask)
+                else:
+                    tl.store(out_ptr + o_offs, tot.to(tl.bfloat16), mask=mask)
+                tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -336,10 +352,15 @@ def _launch(launch: dict[str, Any], x: torch.Tensor, w: torch.Tensor, out_dtype:
 
     gx, gy, gz = grid_size(launch["grid"], {"n": n, "m": m, "BLOCK_N": bn, "BLOCK_M": bm, "split": split})
     grid = (gx, gy, gz)
-    _linear_kernel[grid](x, w, out, part, m, n, k, KB_PER_SPLIT=kb_per_split, BLOCK_M=bm, BLOCK_N=bn,
-                         BLOCK_K=bk, SPLIT=split, OUT_F32=out_dtype == torch.float32,
+    # TICKET (launch meta): the split partials summed by each tile's last CTA instead of a second launch
+    ticket = split > 1 and bool(int(meta.get("TICKET", 0)))
+    if ticket and gx * gy > _COUNTERS:
+        raise ValueError(f"linear bf16: {gx * gy} split tiles exceed the {_COUNTERS} counters")
+    cnt = _tickets(x.device) if ticket else out
+    _linear_kernel[grid](x, w, out, part, cnt, m, n, k, KB_PER_SPLIT=kb_per_split, BLOCK_M=bm, BLOCK_N=bn,
+                         BLOCK_K=bk, SPLIT=split, OUT_F32=out_dtype == torch.float32, TICKET=int(ticket),
                          num_warps=launch["block"] // 32, num_stages=int(meta["num_stages"]))
-    if split > 1:
+    if split > 1 and not ticket:
         total = m * n
         _split_sum_kernel[(triton.cdiv(total, 1024),)](part, out, total, SPLIT=split, BLOCK=1024,
                                                        OUT_F32=out_dtype == torch.float32, num_warps=4)
