@@ -18,10 +18,9 @@ import torch
 
 from netra.engine.cache import StatePools
 from netra.engine.config import ModelConfig
-from netra.engine.overlap import to_device
 from netra.engine.weights import AttentionWeights, GDNWeights, ModelWeights
 from netra.ops import attention, conv, fp8, gdn, norm
-from netra.ops._common import acc_dtype
+from netra.ops._common import acc_dtype, to_device
 from netra.ops.linear import act_quant, linear, linear_group
 from netra.ops.moe import moe
 from netra.ops.rope import rope_cache

@@ -1,9 +1,8 @@
-"""Host/device overlap helpers of the scheduler: host lists to the device without a synchronisation, and
-the step clock (host time per step, device idle gap between steps).
+"""Host/device overlap of the scheduler: the step clock (host time per step, device idle gap between steps).
 
 A step's host work (admission, batch building, output processing) overlaps the device only while the
-device has queued work; `to_device` keeps batch building from synchronising (pinned staging buffer and
-an asynchronous copy), so the only synchronisation of a step is the one that reads its sampled tokens.
+device has queued work; `netra.ops._common.to_device` keeps batch building from synchronising (pinned staging
+buffer and an asynchronous copy), so the only synchronisation of a step is the one that reads its sampled tokens.
 `StepClock` times that wait and brackets each step's device work with CUDA events: the gap between one
 step's last event and the next step's first is the device's idle time between steps. On a CPU there is
 no separate device: the gap is the step's host time (the step less its forward and sampling).
@@ -16,13 +15,6 @@ from collections import deque
 from typing import Any
 
 import torch
-
-
-def to_device(v: list[int], device: torch.device) -> torch.Tensor:
-    """``v`` as an int64 tensor on ``device``; on CUDA through pinned memory, asynchronously (stream-ordered)."""
-    if device.type != "cuda":
-        return torch.tensor(v, dtype=torch.int64, device=device)
-    return torch.tensor(v, dtype=torch.int64, pin_memory=True).to(device, non_blocking=True)
 
 
 class StepClock:

@@ -28,8 +28,9 @@ from netra.engine.cache import PAD_SLOT, StatePools
 from netra.engine.grammar import Grammar
 from netra.engine.model import ForwardBatch, Model, prefill_batch
 from netra.engine.options import EngineOptions
-from netra.engine.overlap import StepClock, to_device
+from netra.engine.overlap import StepClock
 from netra.engine.sampler import SlotSampler, StepResult, StepVariant
+from netra.ops._common import to_device
 
 log = logging.getLogger("netra.engine")
 

@@ -78,13 +78,18 @@ def reset_decisions() -> None:
     _decisions.clear()
 
 
+def to_device(v: list[int], device: torch.device) -> torch.Tensor:
+    """``v`` as an int64 tensor on ``device``; on CUDA through pinned memory, asynchronously (stream-ordered: a
+    pageable copy would synchronise the stream before it starts)."""
+    if device.type != "cuda":
+        return torch.tensor(v, dtype=torch.int64, device=device)
+    return torch.tensor(v, dtype=torch.int64, pin_memory=True).to(device, non_blocking=True)
+
+
 @functools.lru_cache(maxsize=64)
 def device_ints(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """``values`` as an int64 tensor on ``device``, made once per (values, device) and shared (callers only read
-    it): a prefill forward's chunk offsets and slots reach the device once for all its layers, through pinned
-    memory and asynchronously (a pageable copy would synchronise the stream before it starts)."""
-    from netra.engine.overlap import to_device
-
+    """``values`` as an int64 tensor on ``device`` (`to_device`), made once per (values, device) and shared
+    (callers only read it): a prefill forward's chunk offsets and slots reach the device once for all its layers."""
     return to_device(list(values), device)
 
 
