@@ -99,20 +99,26 @@ def _linear_kernel(x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K,
         p = part_ptr + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :]
         tl.store(p, acc, mask=mask)
         if TICKET:
-            tile = pid_m * tl.num_programs(0) + pid_n
-            tl.debug_barrier()
-            ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            if ticket == SPLIT - 1:
-                tl.debug_barrier()
-                o_offs = offs_m[:, None] * N + offs_n[None, :]
-                tot = tl.load(part_ptr + o_offs, mask=mask, other=0.0, cache_modifier=".cg")
-                for s in tl.static_range(1, SPLIT):
-                    tot += tl.load(part_ptr + s * M * N + o_offs, mask=mask, other=0.0, cache_modifier=".cg")
-                if OUT_F32:
-                    tl.store(out_ptr + o_offs, tot, mask=mask)
-                else:
-                    tl.store(out_ptr + o_offs, tot.to(tl.bfloat16), mask=mask)
-                tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
+            _ticket_sum(part_ptr, out_ptr, cnt_ptr, pid_m * tl.num_programs(0) + pid_n,
+                        offs_m[:, None] * N + offs_n[None, :], mask, M, N, SPLIT, OUT_F32)
+
+
+@triton.jit
+def _ticket_sum(part_ptr, out_ptr, cnt_ptr, tile, o_offs, mask, M, N, SPLIT: tl.constexpr, OUT_F32: tl.constexpr):
+    """Fixed-order split-K in one launch (after this CTA stored its partial): take a ticket of the tile's counter;
+    the tile's last CTA, whichever it is, sums the partials in split order and resets the counter."""
+    tl.debug_barrier()
+    ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    if ticket == SPLIT - 1:
+        tl.debug_barrier()
+        tot = tl.load(part_ptr + o_offs, mask=mask, other=0.0, cache_modifier=".cg")
+        for s in tl.static_range(1, SPLIT):
+            tot += tl.load(part_ptr + s * M * N + o_offs, mask=mask, other=0.0, cache_modifier=".cg")
+        if OUT_F32:
+            tl.store(out_ptr + o_offs, tot, mask=mask)
+        else:
+            tl.store(out_ptr + o_offs, tot.to(tl.bfloat16), mask=mask)
+        tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -220,22 +226,10 @@ def _fp8_gemm_kernel(x_ptr, xq_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, part_ptr, cn
         else:
             tl.store(out_ptr + o_offs, acc.to(tl.bfloat16), mask=mask)
     else:
-        # fixed-order split-K in one launch: every CTA stores its partial, takes a ticket; the tile's last CTA
-        # sums the partials in split order (whichever CTA it is) and resets the ticket counter
-        tile = pid_m * tl.num_programs(0) + pid_n
+        # every CTA stores its partial, then the tile's last one sums them (`_ticket_sum`)
         tl.store(part_ptr + pid_k * M * N + o_offs, acc, mask=mask)
-        tl.debug_barrier()
-        ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if ticket == SPLIT - 1:
-            tl.debug_barrier()
-            tot = tl.load(part_ptr + o_offs, mask=mask, other=0.0, cache_modifier=".cg")
-            for s in tl.static_range(1, SPLIT):
-                tot += tl.load(part_ptr + s * M * N + o_offs, mask=mask, other=0.0, cache_modifier=".cg")
-            if OUT_F32:
-                tl.store(out_ptr + o_offs, tot, mask=mask)
-            else:
-                tl.store(out_ptr + o_offs, tot.to(tl.bfloat16), mask=mask)
-            tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
+        _ticket_sum(part_ptr, out_ptr, cnt_ptr, pid_m * tl.num_programs(0) + pid_n, o_offs, mask, M, N, SPLIT,
+                    OUT_F32)
 
 
 def _block_m(m: int) -> int:
