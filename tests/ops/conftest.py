@@ -100,11 +100,49 @@ def interp_source() -> Iterator[Callable[[str], Any]]:
 
 
 
+SM90_PRELUDE = """
+import importlib.util, json, re, subprocess, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+
+def load_module(path):
+    spec = importlib.util.spec_from_file_location(path.replace("/", "_").removesuffix(".py"), path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def compile_kernel(fn, types, consts, num_warps, num_stages=None, divisible=None, **options):
+    # Triton -> PTX -> cubin for sm_90a: arguments not in consts are typed by `types` (default i32); `divisible`
+    # (default: the pointers) get the 16-divisibility the JIT specializes at the engine's calls
+    sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in fn.arg_names}
+    div = [n for n in fn.arg_names if n.endswith("_ptr")] if divisible is None else divisible
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in div}
+    opts = {"num_warps": num_warps, **({"num_stages": num_stages} if num_stages is not None else {}), **options}
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+def ptxas_report(k):
+    # ptxas' resource report of the compiled PTX for sm_90a: registers and spilled bytes (stores + loads)
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(k.asm["ptx"])
+    rep = subprocess.run([triton.knobs.nvidia.ptxas.path, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"],
+                         capture_output=True, text=True).stderr
+    return {"registers": int(re.search(r"Used (\\d+) registers", rep).group(1)),
+            "spills": sum(int(x) for x in re.findall(r"(\\d+) bytes spill (?:stores|loads)", rep))}
+"""
+
+
 @pytest.fixture
 def compile_sm90(tmp_path: Any) -> Callable[[str], Any]:
     """``compile_sm90(script)``: run a Triton-for-sm90 compile script in a fresh process (an interpreted process
     cannot compile: this one turned the interpreter on before triton's import), from the repository root with its
-    own Triton cache; returns the JSON its last stdout line prints."""
+    own Triton cache; returns the JSON its last stdout line prints. The script runs after `SM90_PRELUDE`
+    (``load_module(path)``, ``compile_kernel(fn, types, consts, num_warps, ...)``, ``ptxas_report(kernel)``, json and
+    triton imported)."""
     import json
     import os
     import subprocess
@@ -115,7 +153,7 @@ def compile_sm90(tmp_path: Any) -> Callable[[str], Any]:
 
     def run(script: str) -> Any:
         path = Path(tmp_path) / "compile.py"
-        path.write_text(script)
+        path.write_text(SM90_PRELUDE + script)
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         env["TRITON_CACHE_DIR"] = str(Path(tmp_path) / "cache")
         proc = subprocess.run([sys.executable, str(path)], cwd=Path(__file__).resolve().parents[2],

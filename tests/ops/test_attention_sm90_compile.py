@@ -12,37 +12,18 @@ from typing import Any
 import pytest
 
 SCRIPT = textwrap.dedent("""
-    import importlib.util, json, re, subprocess, sys, tempfile
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    def load(rel):
-        spec = importlib.util.spec_from_file_location(rel.replace("/", "_")[:-3], rel)
-        mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod); return mod
-
     def contract(name):
         return json.load(open(f"kernels/sm90/attention/{name}.contract.json"))
 
-    PTXAS = triton.knobs.nvidia.ptxas.path
-    def compile_(fn, types, consts, free, **opts):
-        sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in fn.arg_names}
+    def compile_(fn, types, consts, free, num_warps, num_stages=None, **opts):
         # what the JIT specializes at real calls: 16-byte aligned pointers, strides divisible by 16
-        attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names
-                 if n not in consts and n not in free}
-        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
-                           target=GPUTarget("cuda", 90, 32), options=opts)
-        with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-            f.write(k.asm["ptx"])
-        rep = subprocess.run([PTXAS, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"], capture_output=True,
-                             text=True).stderr
-        spills = sum(int(x) for x in re.findall(r"(\\d+) bytes spill (?:stores|loads)", rep))
-        regs = int(re.search(r"Used (\\d+) registers", rep).group(1))
-        return {"shared": k.metadata.shared, "spills": spills, "registers": regs,
-                "cp_async": k.asm["ptx"].count("cp.async.cg"), "fma": len(re.findall(r"\\bfma\\.rn\\.f32", k.asm["ptx"]))}
+        k = compile_kernel(fn, types, consts, num_warps, num_stages,
+                           divisible=[n for n in fn.arg_names if n not in consts and n not in free], **opts)
+        return {"shared": k.metadata.shared, **ptxas_report(k), "cp_async": k.asm["ptx"].count("cp.async.cg"),
+                "fma": len(re.findall(r"\\bfma\\.rn\\.f32", k.asm["ptx"]))}
 
     out = {}
-    dk = load("kernels/sm90/attention/decode_fp8.py")
+    dk = load_module("kernels/sm90/attention/decode_fp8.py")
     launch = contract("attention_decode_gated_fp8_gqa16x2_d256")["launch"]
     m = launch["meta"]
     types = {"Q": "*bf16", "K": "*fp8e4nv", "V": "*fp8e4nv", "Slots": "*i64", "SeqLens": "*i64", "Gate": "*bf16",
@@ -58,7 +39,7 @@ SCRIPT = textwrap.dedent("""
                   "USE_PDL": pdl, "stride_gd": 1}
         out[f"merge pdl={pdl}"] = compile_(dk._decode_merge_kernel, types, consts, free, num_warps=m["merge_warps"],
                                            launch_pdl=pdl)
-    pk = load("kernels/sm90/attention/qk_norm_rope_store.py")
+    pk = load_module("kernels/sm90/attention/qk_norm_rope_store.py")
     plaunch = contract("qk_norm_rope_store_fp8")["launch"]
     ptypes = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "QW": "*bf16", "KW": "*bf16", "Pos": "*i64",
               "Table": "*fp32", "Slots": "*i64", "KC": "*fp8e4nv", "VC": "*fp8e4nv", "QOut": "*bf16",

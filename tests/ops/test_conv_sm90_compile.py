@@ -17,13 +17,7 @@ from typing import Any
 import pytest
 
 SCRIPT = textwrap.dedent("""
-    import importlib.util, json
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    spec = importlib.util.spec_from_file_location("conv1d_update", "kernels/sm90/conv/conv1d_update.py")
-    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+    mod = load_module("kernels/sm90/conv/conv1d_update.py")
     launch = json.load(open("kernels/sm90/conv/conv1d_update_c8192_w4.contract.json"))["launch"]
     fn = mod._conv1d_update_kernel
     types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "state_ptr": "*bf16", "slots_ptr": "*i64", "out_ptr": "*bf16"}
@@ -32,12 +26,8 @@ SCRIPT = textwrap.dedent("""
         # what the JIT specializes at the engine's call: unit channel / tap strides, 16-byte aligned pointers and
         # the other integers divisible by 16 (8192 channels, the qkv row stride, the pool's slot stride)
         consts = {"sx_c": 1, "sw_k": 1, "BC": launch["meta"]["BC"], "PAD": 0, "USE_PDL": pdl}
-        sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in fn.arg_names}
-        attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names
-                 if n not in consts and n != "sw_c"}
-        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
-                           target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": launch["block"] // 32, "num_stages": launch["meta"]["num_stages"]})
+        k = compile_kernel(fn, types, consts, launch["block"] // 32, launch["meta"]["num_stages"],
+                           divisible=[n for n in fn.arg_names if n not in consts and n != "sw_c"])
         out[f"pdl={pdl}"] = [ln.strip() for ln in k.asm["ptx"].splitlines()
                              if "ld.global" in ln or "st.global" in ln or "bar.sync" in ln]
     print(json.dumps(out))

@@ -2,8 +2,8 @@
 the engine launches (256 experts, top 8; issue 20).
 
 The interpreter runs `tl.histogram`, `tl.gather` and the cross-lane scans on whole arrays; this compiles each kernel
-in a fresh process (tests/conftest.py turns the interpreter on before triton is imported) and checks the PTX uses no
-local memory (no spills, no stack arrays)."""
+in a fresh process (tests/conftest.py turns the interpreter on before triton is imported) and checks that no local
+memory is used (no stack arrays in the PTX, no spills in ptxas' report)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,7 @@ from typing import Any
 import pytest
 
 SCRIPT = textwrap.dedent("""
-    import importlib.util, json
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    spec = importlib.util.spec_from_file_location("moe_prefill", "kernels/sm90/moe/moe_prefill.py")
-    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+    mod = load_module("kernels/sm90/moe/moe_prefill.py")
     bt, ep, sp = mod.ROUTE_TOKENS, 512, 16
     kernels = {
         "_topk_kernel": ({"logits_ptr": "*bf16", "ids_ptr": "*i32", "rw_ptr": "*fp32", "hist_ptr": "*i32"},
@@ -33,20 +27,15 @@ SCRIPT = textwrap.dedent("""
     }
     out = {}
     for name, (types, consts) in kernels.items():
-        fn = getattr(mod, name)
-        sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in fn.arg_names}
-        attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in fn.arg_names if n.endswith("_ptr")}
-        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
-                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-        out[name] = {"local": ".local" in k.asm["ptx"], "cubin_bytes": len(k.asm["cubin"]),
-                     "shared": k.metadata.shared}
+        k = compile_kernel(getattr(mod, name), types, consts, 4)
+        out[name] = {"local": ".local" in k.asm["ptx"], "shared": k.metadata.shared, **ptxas_report(k)}
     print(json.dumps(out))
 """)
 
 
 @pytest.mark.slow
-def test_route_align_kernels_compile_for_sm90_without_local_memory(compile_sm90: Any) -> None:
+def test_route_align_kernels_compile_for_sm90_without_spills(compile_sm90: Any) -> None:
     res = compile_sm90(SCRIPT)
     assert sorted(res) == ["_block_offsets_kernel", "_scatter_kernel", "_tile_table_kernel", "_topk_kernel"]
     for name, r in res.items():
-        assert not r["local"] and r["cubin_bytes"] > 0, (name, r)
+        assert not r["local"] and r["spills"] == 0, (name, r)
