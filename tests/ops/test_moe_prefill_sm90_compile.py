@@ -1,4 +1,4 @@
-"""The prefill MoE's routing and sort/align kernels compile for sm_90a (Triton -> PTX -> cubin, no GPU) at the shapes
+"""The prefill MoE's router (with x's quantization) and its routing and sort/align kernels compile for sm_90a (Triton -> PTX -> cubin, no GPU) at the shapes
 the engine launches (256 experts, top 8; issue 20).
 
 The interpreter runs `tl.histogram`, `tl.gather` and the cross-lane scans on whole arrays; this compiles each kernel
@@ -16,6 +16,8 @@ SCRIPT = textwrap.dedent("""
     mod = load_module("kernels/sm90/moe/moe_prefill.py")
     bt, ep, sp = mod.ROUTE_TOKENS, 512, 16
     kernels = {
+        "_router_kernel": ({"x_ptr": "*bf16", "wr_ptr": "*bf16", "wg_ptr": "*bf16", "out_ptr": "*bf16",
+                            "xq_ptr": "*fp8e4nv", "xs_ptr": "*fp32"}, {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}),
         "_topk_kernel": ({"logits_ptr": "*bf16", "ids_ptr": "*i32", "rw_ptr": "*fp32", "hist_ptr": "*i32"},
                          {"E": 256, "K": 8, "EP": ep, "SP": sp, "BT": bt, "RENORM": 1}),
         "_block_offsets_kernel": ({"hist_ptr": "*i32", "base_ptr": "*i32", "counts_ptr": "*i32"},
@@ -36,6 +38,7 @@ SCRIPT = textwrap.dedent("""
 @pytest.mark.slow
 def test_route_align_kernels_compile_for_sm90_without_spills(compile_sm90: Any) -> None:
     res = compile_sm90(SCRIPT)
-    assert sorted(res) == ["_block_offsets_kernel", "_scatter_kernel", "_tile_table_kernel", "_topk_kernel"]
+    assert sorted(res) == ["_block_offsets_kernel", "_router_kernel", "_scatter_kernel", "_tile_table_kernel",
+                           "_topk_kernel"]
     for name, r in res.items():
         assert not r["local"] and r["spills"] == 0, (name, r)

@@ -104,6 +104,23 @@ def test_ties_route_to_the_lowest_expert(prefill) -> None:
     assert rel_l2(got, wrong) > 10 * rel_l2(got, ref)
 
 
+def test_router_kernel_quantizes_x_as_the_oracle(prefill) -> None:
+    """The router kernel's first column block writes x's E4M3 form bitwise `fp8.quantize_per_token_group` (rows past
+    one 64-row block, a zero row, an outlier group), beside the logits of the plain BF16 GEMM."""
+    _, _, mod = prefill
+    w = weights(4)
+    x = chunk(70, 4, adversarial=True)
+    logits = torch.empty(70, E + 1, dtype=torch.bfloat16)
+    xq = torch.empty(70, H, dtype=torch.float8_e4m3fn)
+    xs = torch.empty(70, H // 128, dtype=torch.float32)
+    mod._router_kernel[(-(-(E + 1) // 64), 2)](x, w.router.data, w.shared_gate.data, logits, xq, xs, 70, E, H,
+                                               BLOCK_M=64, BLOCK_N=64, BLOCK_K=64)
+    q_ref, s_ref = fp8.quantize_per_token_group(x)
+    assert torch.equal(xq.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(xs, s_ref)
+    ref = (x.double() @ torch.cat([w.router.data, w.shared_gate.data]).double().t()).to(torch.bfloat16)
+    assert rel_l2(logits, ref) <= 1e-2
+
+
 def tile_table_ref(ids: torch.Tensor, experts: int, block_m: int, max_tiles: int) -> tuple[torch.Tensor, ...]:
     """The sort/align in plain PyTorch: a stable argsort of the routes' expert ids, and per tile of ``block_m`` sorted
     rows of one expert (in expert order) its expert (-1 past the last tile), first sorted row and row count."""

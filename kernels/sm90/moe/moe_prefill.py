@@ -16,7 +16,8 @@ Pipeline (eager only: prefill is never captured; no host synchronisation, no ``.
    ``MAXT = cdiv(T * (k + 1), BLOCK_M) + E + 1`` entries (an upper bound of sum_e cdiv(count_e, BLOCK_M)): per
    tile its expert (-1: empty), first sorted row and row count; `_scatter_kernel`: each route's sorted row, its
    rank among the earlier routes of its expert: bitwise the order of a stable argsort of the ``T * (k + 1)`` ids.
-3. `_quant_rows_kernel`: x per token in groups of 128 -> E4M3 + FP32 scales (IEEE divisions, netra/ops/fp8.py).
+3. x per token in groups of 128 -> E4M3 + FP32 scales (IEEE divisions, netra/ops/fp8.py), by the router kernel's
+   first column block (one launch less).
 4. `_gate_up_kernel`, grid (N_I / 128, MAXT): one (expert, BLOCK_M rows, 128 columns of gate and the same 128 of up)
    tile; gathers its rows' quantized x, accumulates E4M3 dots in FP32 per 128-wide K block scaled by
    token-group x weight-block scale, in K order; gate and up rounded to BF16, SiLU(gate) * up in FP32 rounded to
@@ -51,9 +52,10 @@ GROUP = 128
 
 
 @triton.jit
-def _router_kernel(x_ptr, wr_ptr, wg_ptr, out_ptr, T, E, H, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr):
-    """logits[t, n] = bf16(sum_k x[t, k] * w[n, k]) in FP32, w = router rows (n < E) and the shared gate (n == E)."""
+def _router_kernel(x_ptr, wr_ptr, wg_ptr, out_ptr, xq_ptr, xs_ptr, T, E, H, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """logits[t, n] = bf16(sum_k x[t, k] * w[n, k]) in FP32, w = router rows (n < E) and the shared gate (n == E);
+    the first column block's programs also quantize their rows of x per group of 128 (xq E4M3, xs FP32)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -69,6 +71,18 @@ def _router_kernel(x_ptr, wr_ptr, wg_ptr, out_ptr, T, E, H, BLOCK_M: tl.constexp
         acc += tl.dot(a, w, out_dtype=tl.float32)
     tl.store(out_ptr + offs_m[:, None] * (E + 1) + offs_n[None, :], acc.to(tl.bfloat16),
              mask=m_mask[:, None] & n_mask[None, :])
+    if pid_n == 0:  # x per token in groups of 128 -> E4M3 + FP32 scales, 16 rows x 128 at a time (a 64-row tile
+        # of FP32 would not fit beside the GEMM's registers: ptxas spilled 1.4 KB)
+        offs_g = tl.arange(0, 128)
+        for r0 in tl.static_range(0, BLOCK_M, 16):
+            rows = pid_m * BLOCK_M + r0 + tl.arange(0, 16)
+            r_mask = rows < T
+            for g0 in range(0, H, 128):
+                xg = tl.load(x_ptr + rows[:, None] * H + (g0 + offs_g)[None, :], mask=r_mask[:, None],
+                             other=0.0).to(tl.float32)
+                q, sg = _quant_groups(xg)
+                tl.store(xq_ptr + rows[:, None] * H + (g0 + offs_g)[None, :], q, mask=r_mask[:, None])
+                tl.store(xs_ptr + rows * (H // 128) + g0 // 128, sg, mask=r_mask)
 
 
 @triton.jit
@@ -87,20 +101,6 @@ def _tile(t_exp_ptr, t_row_ptr, t_cnt_ptr, pid_t, BLOCK_M: tl.constexpr):
     cnt = tl.load(t_cnt_ptr + pid_t)
     offs_m = tl.arange(0, BLOCK_M)
     return e, row0 + offs_m, offs_m < cnt
-
-
-@triton.jit
-def _quant_rows_kernel(x_ptr, xq_ptr, xs_ptr, K, NKB: tl.constexpr, KB_P2: tl.constexpr):
-    """One row: x [K] BF16 -> xq [K] E4M3 and xs [K / 128] FP32 (per group of 128, IEEE divisions)."""
-    row = tl.program_id(0)
-    g = tl.arange(0, KB_P2)
-    c = tl.arange(0, 128)
-    gmask = g < NKB
-    offs = row * K + g[:, None] * 128 + c[None, :]
-    x = tl.load(x_ptr + offs, mask=gmask[:, None], other=0.0).to(tl.float32)
-    q, sa = _quant_groups(x)
-    tl.store(xq_ptr + offs, q, mask=gmask[:, None])
-    tl.store(xs_ptr + row * NKB + g, sa, mask=gmask)
 
 
 @triton.jit
@@ -341,18 +341,17 @@ def moe_prefill(launch: dict[str, Any], *, x: torch.Tensor, weights: Any) -> tor
                          f"multiples of {GROUP} (and of BLOCK_N {bn}) with the shared expert as wide as the routed ones")
     dev = x.device
     x = x.contiguous()
-    # 1. router + shared-gate logits
+    # 1. router + shared-gate logits, and x quantized once per token (3.)
+    nkb = h // GROUP
     logits = torch.empty(t, e + 1, dtype=torch.bfloat16, device=dev)
+    xq = torch.empty(t, h, dtype=torch.float8_e4m3fn, device=dev)
+    xs = torch.empty(t, nkb, dtype=torch.float32, device=dev)
     _router_kernel[(triton.cdiv(e + 1, 64), triton.cdiv(t, 64))](
-        x, w.router.data, w.shared_gate.data, logits, t, e, h, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4)
+        x, w.router.data, w.shared_gate.data, logits, xq, xs, t, e, h, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64,
+        num_warps=4)
     # 2. top-k (the oracle's rule), the shared expert as route k, sort/align
     max_tiles = grid_size(launch["grid"], {"tokens": t, "experts": e, "top_k": k, **meta})[0]
     rw, order, tok, t_exp, t_row, t_cnt = route_align(logits, e, k, w.renormalize, bm, max_tiles)
-    # 3. x quantized once per token
-    nkb = h // GROUP
-    xq = torch.empty(t, h, dtype=torch.float8_e4m3fn, device=dev)
-    xs = torch.empty(t, nkb, dtype=torch.float32, device=dev)
-    _quant_rows_kernel[(t,)](x, xq, xs, h, NKB=nkb, KB_P2=triton.next_power_of_2(nkb), num_warps=4)
     # 4. gate_up + SiLU*up + re-quantization, per (128 columns, tile)
     hq = torch.empty(t * s, inter, dtype=torch.float8_e4m3fn, device=dev)
     hs = torch.empty(t * s, inter // GROUP, dtype=torch.float32, device=dev)
