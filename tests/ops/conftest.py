@@ -114,11 +114,20 @@ def load_module(path):
     return mod
 
 
-def compile_kernel(fn, types, consts, num_warps, num_stages=None, divisible=None, **options):
+def compile_kernel(fn, types, consts, num_warps, num_stages=None, divisible=None, values=None, **options):
     # Triton -> PTX -> cubin for sm_90a: arguments not in consts are typed by `types` (default i32); `divisible`
-    # (default: the pointers) get the 16-divisibility the JIT specializes at the engine's calls
+    # (default: the pointers) get the 16-divisibility the JIT specializes at the engine's calls. `values`: integer
+    # arguments at a call's values, specialized as the JIT does (1 becomes a constant, a multiple of 16 divisible):
+    # without them the address arithmetic cannot be vectorized and ptxas' registers and spills are not the call's
+    consts = dict(consts)
+    div = [n for n in fn.arg_names if n.endswith("_ptr")] if divisible is None else list(divisible)
+    for n, v in (values or {}).items():
+        if v == 1:
+            consts[n] = 1
+        elif v % 16 == 0:
+            div.append(n)
+    div = [n for n in div if n not in consts]
     sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in fn.arg_names}
-    div = [n for n in fn.arg_names if n.endswith("_ptr")] if divisible is None else divisible
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in div}
     opts = {"num_warps": num_warps, **({"num_stages": num_stages} if num_stages is not None else {}), **options}
     return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
