@@ -8,7 +8,7 @@ from typing import Any
 
 from netra import logs
 from netra.engine.config import PRESETS
-from netra.engine.options import MIXED_CHUNK, EngineOptions, OptionsError
+from netra.engine.options import MIXED_CHUNK, REASONING_PARSERS, EngineOptions, OptionsError
 
 _D = {f.name: f.default for f in fields(EngineOptions)}
 
@@ -77,6 +77,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="CUDA: serve at once, without compiling the prefill path and capturing every decode bucket "
                         "first (the first requests then wait for both)")
+    p.add_argument("--reasoning-parser", default=None, choices=[r for r in REASONING_PARSERS if r],
+                   help="SGLang's flag: requests with require_reasoning get their grammar only after </think>")
     logs.add_arguments(p)
     p.add_argument("--max-new-tokens-limit", type=int, default=None,
                    help="reject larger max_new_tokens (default: the context length)")

@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 MIXED_CHUNK = ("off", "split", "fused")
+# SGLang's spellings of the reasoning parsers the engine knows (None: no reasoning phase).
+REASONING_PARSERS = (None, "qwen3")
 DEFAULT_GRAPH_BS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 
 
@@ -51,6 +53,9 @@ class EngineOptions:
     # waits, step N+1 is launched from step N's tokens on the device before the host reads them, so the host's
     # output work overlaps the device. Off by default until its H200 A/B (netra/engine/scheduler.py).
     decode_overlap: bool = False
+    # SGLang's --reasoning-parser: with "qwen3", a request that says require_reasoning (its prompt opened a
+    # think block) has its grammar applied only after the model closes the block with </think>.
+    reasoning_parser: str | None = None
 
     def __post_init__(self) -> None:
         positive = ("max_running_requests", "context_length", "chunked_prefill_size", "stream_interval",
@@ -79,6 +84,9 @@ class EngineOptions:
             raise OptionsError(f"--mixed-chunk {self.mixed_chunk!r}: expected one of {', '.join(MIXED_CHUNK)}")
         if self.load_log_interval_s < 0:
             raise OptionsError(f"--load-log-interval {self.load_log_interval_s}: expected seconds >= 0")
+        if self.reasoning_parser not in REASONING_PARSERS:
+            raise OptionsError(f"--reasoning-parser {self.reasoning_parser!r}: expected one of "
+                               f"{', '.join(p for p in REASONING_PARSERS if p)}")
         if self.context_length < 2:
             raise OptionsError("--context-length must be at least 2")
 
