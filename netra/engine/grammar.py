@@ -86,9 +86,18 @@ def grammar_text(kind: str, source: str) -> str:
 
 
 class Grammar:
-    """One request's matcher: the next token mask, and each sampled token."""
+    """One request's matcher: the next token mask, and each sampled token.
 
-    def __init__(self, tokenizer: llguidance.LLTokenizer, kind: str, source: str) -> None:
+    With ``reasoning_end`` (the token ids of ``</think>``; SGLang's ``--reasoning-parser`` and a request's
+    ``require_reasoning``), the output first runs free: every token is allowed until the model has written
+    that sequence, and the grammar constrains only what follows it (the end sequence itself is not fed to
+    the grammar), as SGLang's `ReasonerGrammarObject` does."""
+
+    def __init__(self, tokenizer: llguidance.LLTokenizer, kind: str, source: str,
+                 reasoning_end: tuple[int, ...] = ()) -> None:
+        self._end = reasoning_end
+        self._matched = 0  # tokens of the end sequence matched so far (while reasoning)
+        self.reasoning = bool(reasoning_end)
         text = grammar_text(kind, source)
         error = llguidance.LLMatcher.validate_grammar(text, tokenizer)
         if error:
@@ -100,16 +109,32 @@ class Grammar:
 
     def fill_mask(self, bits: torch.Tensor, row: int) -> None:
         """Write the allowed next tokens into ``bits[row]`` (host int32, 32 tokens per word)."""
+        if self.reasoning:
+            bits[row].fill_(-1)  # every bit set: nothing is constrained inside the reasoning
+            return
         fill_next_token_bitmask(self._m, bits, row)
 
     def accept(self, token: int) -> bool:
         """Advance over a sampled token; False when the grammar cannot take it (an engine bug)."""
+        if self.reasoning:
+            self._advance_end(token)
+            return True
         return bool(self._m.consume_token(token))
+
+    def _advance_end(self, token: int) -> None:
+        # The end sequence is short (one token in Qwen3.5/3.6's vocabulary): restart the match on a miss.
+        end = self._end
+        if token == end[self._matched]:
+            self._matched += 1
+        else:
+            self._matched = 1 if token == end[0] else 0
+        if self._matched == len(end):
+            self.reasoning = False
 
     @property
     def done(self) -> bool:
         """Nothing but the end can follow (the output is complete)."""
-        return bool(self._m.is_stopped())
+        return not self.reasoning and bool(self._m.is_stopped())
 
     @property
     def error(self) -> str:

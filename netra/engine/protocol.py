@@ -66,6 +66,8 @@ class GenerateIn(BaseModel):
     top_logprobs_num: StrictInt = 0
     logprob_start_len: StrictInt = -1
     return_text_in_logprobs: StrictBool = False
+    # SGLang's: the prompt opened a reasoning block, so a grammar starts after it (--reasoning-parser).
+    require_reasoning: StrictBool = False
 
     def grammar(self) -> tuple[str, str] | None:
         """The one structured-output constraint, as (kind, text), or None."""

@@ -43,6 +43,8 @@ from netra.serve.localserver import tcp_listen_socket
 from netra.serve.metrics import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 
 log = logging.getLogger("netra.engine")
+# The reasoning parsers' end of a think block (qwen3: every parser EngineOptions knows).
+THINK_END = "</think>"
 
 # A /generate body carries one prompt of fewer than context_length tokens; the response layers in
 # front refuse bodies past 8 MiB. This bound keeps a direct client from making the engine parse
@@ -205,7 +207,8 @@ class Server:
             if rid in self.inflight:
                 raise RequestError(f"request id {rid!r} is already in flight")
             spec = req.grammar()
-            grammar = await asyncio.to_thread(self._grammar, *spec) if spec is not None else None
+            grammar = (await asyncio.to_thread(self._grammar, *spec, req.require_reasoning)
+                       if spec is not None else None)
         except (RequestError, GrammarError) as exc:
             return error_response(str(exc))
         if not self.sched.alive:
@@ -216,9 +219,11 @@ class Server:
                                      headers={"Cache-Control": "no-cache"})
         return await self._wait(pending, request)
 
-    def _grammar(self, kind: str, source: str) -> Grammar:
+    def _grammar(self, kind: str, source: str, require_reasoning: bool) -> Grammar:
         cfg = self.engine.config
-        return Grammar(grammar_tokenizer(self.tok, cfg.vocab_size, cfg.eos_token_id), kind, source)
+        # As SGLang: the request's flag takes effect only on a worker started with a reasoning parser.
+        end = tuple(self.tok.encode(THINK_END)) if require_reasoning and self.opt.reasoning_parser else ()
+        return Grammar(grammar_tokenizer(self.tok, cfg.vocab_size, cfg.eos_token_id), kind, source, end)
 
     async def health_generate(self) -> Response:
         if not self.sched.alive:

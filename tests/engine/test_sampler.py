@@ -152,3 +152,24 @@ def test_variant_is_plain_argmax_only_without_any_processing() -> None:
     assert s.variant([replace(greedy, return_logprob=True)], [1]) == StepVariant(True, False, True)
     s.admit(1, greedy, 0, _grammar("regex", "a+"))
     assert s.variant([greedy], [1]).processed
+
+
+def test_grammar_after_reasoning_allows_everything_until_the_close_tag() -> None:
+    """SGLang's --reasoning-parser semantics: with the end sequence given, the mask is all-allowed and
+    tokens are not fed to the grammar until the model wrote it; then the grammar constrains."""
+    end = tuple(b"</think>")  # the byte vocabulary spells it in 8 tokens
+    g = Grammar(grammar_tokenizer(ByteTokenizer(), V, (EOS,)), "regex", "[0-9]{2}", end)
+    bits = torch.zeros(1, (V + 31) // 32, dtype=torch.int32)
+    for tok in b"free text, </thin </ and digits 12 ":
+        g.fill_mask(bits, 0)
+        assert bool(sampling.unpack_bitmask_ref(bits, V).all())  # nothing is constrained in the reasoning
+        assert g.accept(tok) and not g.done
+    for tok in end:
+        assert g.accept(tok)
+    assert not g.reasoning
+    g.fill_mask(bits, 0)
+    allowed = sampling.unpack_bitmask_ref(bits, V)[0]
+    assert {int(t) for t in allowed.nonzero()} == set(b"0123456789")
+    assert g.accept(ord("4")) and g.accept(ord("2")) and g.done
+    plain = _grammar("regex", "[0-9]{2}")  # without the end sequence: constrained from the first token
+    assert not plain.accept(ord("f"))
