@@ -190,6 +190,8 @@ def _netra_engine_argv(profile: Profile, port: int, index: int) -> tuple[list[st
         argv += ["--mixed-chunk", e.mixed_chunk]
     if e.decode_overlap:
         argv.append("--decode-overlap")
+    if e.reasoning_parser is not None:
+        argv += ["--reasoning-parser", e.reasoning_parser]
     if e.model_path is not None:
         argv += ["--model-path", e.model_path]
     argv += ["--served-model-name", profile.serve.model_name, "--worker-id", str(index)]
@@ -212,6 +214,8 @@ def _netra_engine_argv(profile: Profile, port: int, index: int) -> tuple[list[st
         expect["mixed_chunk"] = e.mixed_chunk
     if e.decode_overlap:
         expect["decode_overlap"] = True
+    if e.reasoning_parser is not None:
+        expect["reasoning_parser"] = e.reasoning_parser
     return argv, expect
 
 
@@ -232,6 +236,10 @@ def _sglang_expect(profile: Profile, port: int) -> dict[str, Any]:
         expect["mamba_ssm_dtype"] = e.mamba_ssm_dtype
     if e.speculative is not None:
         expect["speculative_algorithm"] = e.speculative.algorithm
+    if e.reasoning_parser is not None:
+        expect["reasoning_parser"] = e.reasoning_parser
+    if e.tool_call_parser is not None:
+        expect["tool_call_parser"] = e.tool_call_parser
     for name in enabled(e.tactics):
         expect.update({dest: value for _, dest, value in DOMAINS[name].sglang_options})
     return expect

@@ -32,6 +32,12 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 Target = Literal["cpu", "sm90", "gfx950"]
 # Tactic domains of the SGLang plugin (the keys of netra.plugins.sglang.DOMAINS; a test keeps them equal).
 Domain = Literal["moe", "argmax"]
+# Parser names of SGLang 0.5.23 (sglang/srt/parser/reasoning_parser_names.py and
+# sglang/srt/function_call/parser_names.py) that fit the Qwen models Netra serves; tests/deploy/test_sglang.py
+# parses each with SGLang's own parser. The embedded engine knows the same reasoning parsers
+# (netra.engine.options.REASONING_PARSERS; a test keeps them equal).
+ReasoningParser = Literal["qwen3"]
+ToolCallParser = Literal["qwen3_coder", "qwen25"]
 # Which GPU vendor a target runs on (PCI vendor ids are in netra/deploy/topology.py).
 TARGET_VENDOR: dict[str, str | None] = {"cpu": None, "sm90": "nvidia", "gfx950": "amd"}
 
@@ -94,6 +100,14 @@ class Engine:
     tactic_min_maturity: Literal["experiment", "verified", "accepted"] | None = field(default=None, metadata=_meta(
         "lowest contract maturity dispatch selects in each worker (NETRA_TACTIC_MIN_MATURITY); null: the "
         "engine default, accepted"))
+    reasoning_parser: ReasoningParser | None = field(default=None, metadata=_meta(
+        "SGLang's --reasoning-parser, for both engines: the model thinks first (<think> ... </think>), and a "
+        "request with require_reasoning gets its grammar (structured output, tool calls) only after </think>; "
+        "null: no reasoning phase (grammars apply from the first token)"))
+    tool_call_parser: ToolCallParser | None = field(default=None, metadata=_meta(
+        "SGLang's --tool-call-parser (SGLang workers only): the tool-call format its own /v1 endpoints parse "
+        "(Netra's response layer parses tool calls itself from /generate); qwen3_coder: Qwen3-Coder XML "
+        "(Qwen3.5/3.6), qwen25: Hermes-style JSON in <tool_call> (Qwen2.5/Qwen3)"))
 
 
 @dataclass(frozen=True)
@@ -331,6 +345,10 @@ def _cross_checks(p: Profile) -> None:
     if e.kind == "sglang" and e.decode_overlap:
         raise ProfileError("engine.decode_overlap: an embedded-engine option (kind netra); SGLang workers take "
                            "their own scheduling flags")
+    if e.kind != "sglang" and e.tool_call_parser is not None:
+        raise ProfileError("engine.tool_call_parser: SGLang workers only (it configures SGLang's own /v1 "
+                           "endpoints); the embedded engine has no OpenAI layer, Netra's response layer parses "
+                           "tool calls (leave it null)")
     if e.tactics != "none":
         if e.kind != "sglang":
             raise ProfileError("engine.tactics: only SGLang workers load Netra's plugin; the embedded engine "

@@ -135,6 +135,17 @@ def options(profile: Any, *, host: str, port: int) -> list[Option]:
         # (Lark with embedded %json, used for tool calls) is read the same way by both engines.
         Option("--grammar-backend", "grammar_backend", "llguidance"),
     ]
+    # Qwen3.5/3.6 think first, then answer or call tools (Qwen3-Coder XML). With a reasoning parser SGLang
+    # wraps its grammar backend (ReasonerGrammarBackend): a /generate request carrying require_reasoning gets
+    # its grammar only after </think>, so structured output starts after the reasoning, not inside it. The
+    # tool-call parser configures SGLang's own /v1 endpoints (Netra's response layer parses /generate's
+    # tokens itself), so the worker's OpenAI API reads the model's format as Netra does.
+    reasoning = getattr(e, "reasoning_parser", None)
+    if reasoning is not None:
+        opts.append(Option("--reasoning-parser", "reasoning_parser", reasoning))
+    tool_calls = getattr(e, "tool_call_parser", None)
+    if tool_calls is not None:
+        opts.append(Option("--tool-call-parser", "tool_call_parser", tool_calls))
     revision = getattr(getattr(profile, "checkpoint", None), "revision", None)
     if revision:
         opts.append(Option("--revision", "revision", revision))

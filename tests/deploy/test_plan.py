@@ -147,3 +147,24 @@ def test_embedded_engine_scheduling_and_memory_options_reach_the_engine(tmp_path
         load_profile("dp8-h200-throughput128").replace("engine.mixed_chunk", "split")
     with pytest.raises(ProfileError, match=r"engine\.decode_overlap: an embedded-engine option"):
         load_profile("dp8-h200-throughput128").replace("engine.decode_overlap", True)
+
+
+def test_embedded_engine_reasoning_parser_reaches_the_engine(tmp_path: Path) -> None:
+    """A profile's reasoning_parser becomes `netra engine --reasoning-parser`, which the engine's own parser
+    accepts, and the launch expects it back at /server_info (EngineOptions.to_json)."""
+    import argparse
+
+    from netra.engine.cli import add_arguments, options_from_args
+
+    prof = load_profile("dp1-h200").replace("engine.reasoning_parser", "qwen3")
+    w = make_plan(prof, NUMA / "dual-socket-8x-h200", Overrides(run_dir=tmp_path)).workers[0]
+    argv = list(w.engine_argv)
+    assert argv[argv.index("--reasoning-parser") + 1] == "qwen3"
+    assert w.engine_expect["reasoning_parser"] == "qwen3"
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    opts = options_from_args(parser.parse_args(argv[2:]))
+    assert opts.reasoning_parser == "qwen3" and opts.to_json()["reasoning_parser"] == "qwen3"
+    # Without the key: no flag and nothing expected (the seeded presets leave it off).
+    plain = make_plan(load_profile("dp1-h200"), NUMA / "dual-socket-8x-h200", Overrides(run_dir=tmp_path)).workers[0]
+    assert "--reasoning-parser" not in plain.engine_argv and "reasoning_parser" not in plain.engine_expect

@@ -158,3 +158,23 @@ def test_bad_tactics_are_refused_naming_the_key(value: object, message: str) -> 
 def test_tactics_are_for_sglang_workers_only() -> None:
     with pytest.raises(ProfileError, match="only SGLang workers load Netra's plugin"):
         load_profile("dp1-h200").replace("engine.tactics", ["moe"])
+
+
+def test_parser_keys() -> None:
+    import typing
+
+    from netra.deploy.profile import ReasoningParser
+    from netra.engine.options import REASONING_PARSERS
+
+    # One list of reasoning parsers for both engines: what the profile accepts, `netra engine` accepts too.
+    assert set(typing.get_args(ReasoningParser)) == {r for r in REASONING_PARSERS if r}
+    for name in ("dp8-throughput128", "dp8-h200-throughput128"):
+        e = load_profile(name).engine
+        assert (e.reasoning_parser, e.tool_call_parser) == ("qwen3", "qwen3_coder")
+    # The seeded presets' plain template opens no think block (see the comment in dp1-h200.yaml).
+    assert all(load_profile(n).engine.reasoning_parser is None for n in ("local", "dp1-h200", "dp2-h200"))
+    assert load_profile("dp1-h200").replace("engine.reasoning_parser", "qwen3").engine.reasoning_parser == "qwen3"
+    with pytest.raises(ProfileError, match=r"engine\.tool_call_parser: SGLang workers only"):
+        load_profile("dp1-h200").replace("engine.tool_call_parser", "qwen3_coder")
+    with pytest.raises(ProfileError, match=r"engine\.reasoning_parser: 'qwen3-thinking' is not one of \['qwen3'\]"):
+        load_profile("local").replace("engine.reasoning_parser", "qwen3-thinking")

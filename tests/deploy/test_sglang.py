@@ -6,6 +6,7 @@ so the module costs one `import torch` + SGLang parser import, not one per test.
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,15 @@ import pytest
 
 from netra.deploy import sglang as sg
 from netra.deploy.plan import LOOPBACK, make_plan
-from netra.deploy.profile import Profile, list_profiles, load_profile, profile_from_dict
+from netra.deploy.profile import (
+    Profile,
+    ProfileError,
+    ReasoningParser,
+    ToolCallParser,
+    list_profiles,
+    load_profile,
+    profile_from_dict,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE_BY_TARGET = {"sm90": REPO / "numa/dual-socket-8x-h200", "gfx950": REPO / "numa/dual-socket-8x-mi350x"}
@@ -41,17 +50,27 @@ EAGLE = profile_from_dict({**_raw(speculative={"algorithm": "EAGLE3", "draft_mod
                            "checkpoint": {"revision": "0123abcd"}})
 
 
-def _with_backend(backend: str) -> Any:
-    """A profile-like object whose engine sets an attention backend (not in today's profile schema)."""
+def _with_engine(**changes: Any) -> Any:
+    """A profile-like object whose engine has `changes` (keys or values the profile schema refuses)."""
     from types import SimpleNamespace
 
     p = load_profile("dp8-h200-throughput128")
-    engine = SimpleNamespace(**{f: getattr(p.engine, f) for f in p.engine.__dataclass_fields__},
-                             attention_backend=backend)
+    engine = SimpleNamespace(**{**{f: getattr(p.engine, f) for f in p.engine.__dataclass_fields__}, **changes})
     return SimpleNamespace(name=p.name, target=p.target, engine=engine, serve=p.serve, checkpoint=p.checkpoint)
 
 
+def _with_backend(backend: str) -> Any:
+    """A profile-like object whose engine sets an attention backend (not in today's profile schema)."""
+    return _with_engine(attention_backend=backend)
+
+
 FA3, FA9 = _with_backend("fa3"), _with_backend("fa9")
+# Every parser name the profile schema accepts, each rendered on its own; and names SGLang does not know,
+# rendered past the schema (as a hand-written command or a later schema could), for SGLang's parser to refuse.
+PARSER_NAMES = [profile_from_dict(_raw(**{key: name})) for key, tp in
+                (("reasoning_parser", ReasoningParser), ("tool_call_parser", ToolCallParser))
+                for name in typing.get_args(tp)]
+BAD_REASONING, BAD_TOOLS = _with_engine(reasoning_parser="qwen9"), _with_engine(tool_call_parser="qwen3_xml")
 NO_GRAPHS = profile_from_dict(_raw(kv_cache_dtype="auto", incremental_streaming_output=False,
                                    enable_metrics=False))
 
@@ -75,7 +94,7 @@ BAD = {
 def parsed() -> None:
     """One child parses every command of this module; later calls hit the per-process cache."""
     argvs = _plan_argvs() + list(BAD.values())
-    for p in (EAGLE, NO_GRAPHS, FA3, FA9):
+    for p in (EAGLE, NO_GRAPHS, FA3, FA9, BAD_REASONING, BAD_TOOLS, *PARSER_NAMES):
         argvs.append(sg.render_argv(p, host=LOOPBACK, port=30000))
     for p in _sglang_profiles():
         argvs.append(sg.render_argv(p, host="127.0.0.1", port=30000))
@@ -120,6 +139,8 @@ def test_throughput128_contract_reaches_sglang(parsed: None, name: str) -> None:
     assert view.speculative_num_draft_tokens is None  # DFLASH spelling only: SGLang refuses both differing
     assert view.speculative_draft_window_size == 4096
     assert (view.host, view.port) == ("127.0.0.1", 30000)
+    # Qwen3.6's formats: grammars deferred past </think>, the worker's /v1 tool calls in Qwen3-Coder XML.
+    assert (view.reasoning_parser, view.tool_call_parser) == ("qwen3", "qwen3_coder")
     # SGLang's own graph resolution: full decode graphs at exactly the contract's buckets, covering
     # the whole scheduler range (1..max_running_requests).
     assert view.cuda_graph["decode"]["backend"] == "full"
@@ -270,3 +291,59 @@ def test_attention_backend_where_the_profile_sets_one(parsed: None) -> None:
     assert view.attention_backend == "fa3"
     with pytest.raises(sg.SGLangArgsError, match=r"--attention-backend: invalid choice: 'fa9'"):
         sg.check_profile(FA9, host=LOOPBACK, port=30000)
+
+
+def test_qwen36_profiles_set_both_parsers() -> None:
+    """Every SGLang profile serving Qwen3.6 sets the parsers of its formats (the parse is checked below)."""
+    qwen36 = [p for p in _sglang_profiles() if p.engine.model_path == "Qwen/Qwen3.6-35B-A3B-FP8"]
+    assert {"dp8-throughput128", "dp8-h200-throughput128"} <= {p.name for p in qwen36}
+    for p in qwen36:
+        assert (p.engine.reasoning_parser, p.engine.tool_call_parser) == ("qwen3", "qwen3_coder"), p.name
+
+
+def test_parsers_reach_sglang_fields_in_every_profile_that_sets_them(parsed: None) -> None:
+    setting = [p for p in _sglang_profiles() if p.engine.reasoning_parser or p.engine.tool_call_parser]
+    assert setting
+    for p in setting:
+        argv = sg.render_argv(p, host=LOOPBACK, port=30000)
+        view = sg.check_profile(p, host=LOOPBACK, port=30000)  # each Option landed on its own field
+        for flag, dest in (("--reasoning-parser", "reasoning_parser"), ("--tool-call-parser", "tool_call_parser")):
+            value = getattr(p.engine, dest)
+            if value is None:
+                assert flag not in argv
+                continue
+            assert argv[argv.index(flag) + 1] == value
+            assert view.fields[dest] == value, (p.name, dest)
+        # What the launch audits at /server_info is what SGLang parsed.
+        expect = make_plan(p, FIXTURE_BY_TARGET[p.target]).workers[0].engine_expect
+        assert (expect.get("reasoning_parser"), expect.get("tool_call_parser")) == (
+            p.engine.reasoning_parser, p.engine.tool_call_parser)
+
+
+@pytest.mark.parametrize("index", range(len(PARSER_NAMES)))
+def test_every_parser_name_the_schema_accepts_is_one_sglang_knows(parsed: None, index: int) -> None:
+    p = PARSER_NAMES[index]
+    view = sg.check_profile(p, host=LOOPBACK, port=30000)
+    assert (view.reasoning_parser, view.tool_call_parser) == (p.engine.reasoning_parser, p.engine.tool_call_parser)
+
+
+def test_profile_without_parsers_renders_neither_flag(parsed: None) -> None:
+    argv = sg.render_argv(NO_GRAPHS, host=LOOPBACK, port=30000)
+    assert "--reasoning-parser" not in argv and "--tool-call-parser" not in argv
+    view = sg.check_argv(argv)
+    assert (view.reasoning_parser, view.tool_call_parser) == (None, None)
+
+
+@pytest.mark.parametrize(("key", "value"), [("reasoning_parser", "qwen9"), ("reasoning_parser", "deepseek-r1"),
+                                            ("tool_call_parser", "qwen3_xml"), ("tool_call_parser", "hermes")])
+def test_unknown_parser_name_is_refused_naming_the_key(key: str, value: str) -> None:
+    # deepseek-r1 and hermes are SGLang parsers, but not of the models these profiles serve.
+    with pytest.raises(ProfileError, match=rf"engine\.{key}: '{value}' is not one of"):
+        load_profile("dp8-h200-throughput128").replace(f"engine.{key}", value)
+
+
+@pytest.mark.parametrize(("bad", "flag", "value"), [(BAD_REASONING, "--reasoning-parser", "qwen9"),
+                                                    (BAD_TOOLS, "--tool-call-parser", "qwen3_xml")])
+def test_sglang_refuses_a_parser_name_it_does_not_know(parsed: None, bad: Any, flag: str, value: str) -> None:
+    with pytest.raises(sg.SGLangArgsError, match=rf"{flag}: invalid choice: '{value}'"):
+        sg.check_profile(bad, host=LOOPBACK, port=30000)
