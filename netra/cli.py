@@ -31,6 +31,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "bench": ("netra.bench.cli", "measure kernels, the engine, the wire or a serving deployment"),
     "explain": ("netra.dispatch_cli", "show dispatch decisions (tactic or fallback, and why)"),
     "kernels": ("netra.build", "build kernel code objects and verify them against kernels/lock.json"),
+    "checkpoint": ("netra.checkpoint.cli", "synthesize a checkpoint: Qwen3.6-FP8 layout, seeded weights, real vocabulary"),
 }
 
 

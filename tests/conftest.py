@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -58,3 +59,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def qwen36_checkpoint() -> Path:
+    """A synthesized checkpoint in Qwen3.6-35B-A3B-FP8's layout: the tiny preset's shapes, seeded FP8
+    weights (seed 0), the real vocabulary (248,320 rows), tokenizer files, generation config and chat
+    template (netra/checkpoint/synth.py). Made once per machine under $NETRA_CACHE_DIR/checkpoints,
+    keyed by its inputs, and shared by every test: treat it as read-only."""
+    from netra.checkpoint.synth import cached_checkpoint
+
+    return cached_checkpoint("tiny", 0)

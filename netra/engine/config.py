@@ -7,6 +7,7 @@ Nothing here imports torch: the CLI reads presets at registration time.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -96,8 +97,11 @@ class ModelConfig:
     def conv_dim(self) -> int:
         return 2 * self.linear_key_dim + self.linear_value_dim
 
-    def to_hf(self) -> dict[str, Any]:
-        """A ``config.json`` in the checkpoint's nested layout (text config under ``text_config``)."""
+    def to_hf(self, modules_to_not_convert: Sequence[str] = ()) -> dict[str, Any]:
+        """A ``config.json`` in the checkpoint's nested layout (text config under ``text_config``).
+
+        ``modules_to_not_convert``: the modules an FP8 checkpoint keeps in BF16 (its
+        ``quantization_config`` lists them so that loaders leave them unquantized)."""
         text = asdict(self)
         text.pop("fp8_weights")
         text["eos_token_id"] = list(self.eos_token_id) if len(self.eos_token_id) > 1 else self.eos_token_id[0]
@@ -110,7 +114,8 @@ class ModelConfig:
                                "tie_word_embeddings": self.tie_word_embeddings}
         if self.fp8_weights:
             out["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                          "weight_block_size": [128, 128]}
+                                          "weight_block_size": [128, 128],
+                                          "modules_to_not_convert": list(modules_to_not_convert)}
         return out
 
     @classmethod

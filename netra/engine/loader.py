@@ -86,13 +86,24 @@ def state_dict(cfg: ModelConfig, w: ModelWeights) -> dict[str, torch.Tensor]:
     return out
 
 
+def unquantized_modules(sd: dict[str, torch.Tensor]) -> list[str]:
+    """The modules of a state dict whose matrix is not FP8: a 2-D ``.weight`` without a
+    ``.weight_scale_inv`` (embeddings, ``lm_head``, router, shared-expert gate, GDN ``b``/``a``);
+    norms, convolutions and per-expert tensors of an FP8 checkpoint are not modules a quantizer replaces."""
+    return [name[:-len(".weight")] for name, t in sd.items()
+            if name.endswith(".weight") and t.dim() == 2 and t.dtype != fp8.E4M3
+            and name + "_scale_inv" not in sd]
+
+
 def save_checkpoint(cfg: ModelConfig, w: ModelWeights, path: Path, shard_bytes: int = 2 << 30) -> None:
-    """Write ``config.json`` and ``model-0000N-of-0000M.safetensors`` shards plus the index."""
+    """Write ``config.json`` and ``model-0000N-of-0000M.safetensors`` shards plus the index (an FP8
+    config lists the BF16 modules in ``quantization_config.modules_to_not_convert``)."""
     from safetensors.torch import save_file
 
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(cfg.to_hf(), indent=2) + "\n")
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict(cfg, w).items()}
+    sd = state_dict(cfg, w)
+    (path / "config.json").write_text(json.dumps(cfg.to_hf(unquantized_modules(sd)), indent=2) + "\n")
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in sd.items()}
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for name, t in tensors.items():
