@@ -22,6 +22,7 @@ from netra.ops._common import route
 from netra.ops.argmax import argmax as argmax_op
 
 _M32 = 0xFFFFFFFF
+_BELOW_ONE = 1.0 - 2.0 ** -24  # the largest FP32 below 1
 
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -45,7 +46,12 @@ def uniform_noise_ref(seeds: torch.Tensor, steps: torch.Tensor, token_ids: torch
     h = _mix32(h ^ (steps[:, None] & _M32))
     h = _mix32(h ^ hi)
     h = _mix32(h ^ lo)
-    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    # (h >> 8) + 0.5 is exact in FP32 except at the top: 2^24 - 0.5 rounds to 2^24, which would make u
+    # exactly 1 and the Gumbel noise +inf, so that token would win whatever its logit (a grammar-masked
+    # or biased-away token included: -inf + inf is NaN, which argmax picks). One hash in 2^24 per token:
+    # with a 248k vocabulary, about one sampled step in 70. The clamp moves only that value.
+    u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    return u.clamp(max=_BELOW_ONE)
 
 
 def sample_ref(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,

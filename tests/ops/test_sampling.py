@@ -55,3 +55,15 @@ def test_top_p_and_min_p_restrict_support() -> None:
                                        torch.arange(1000).repeat(3, 1))
     assert bool(((noise > 0) & (noise < 1)).all())
     assert abs(float(noise.mean()) - 0.5) < 0.03
+
+
+def test_noise_never_reaches_one_and_a_masked_token_is_never_sampled() -> None:
+    """The hash of (seed 0, step 0, token 45124) is the largest 24-bit value: its uniform once rounded to
+    exactly 1 in FP32 (Gumbel noise +inf), and that token won over any logit, -inf included."""
+    ids = torch.arange(248320)[None]
+    noise = sampling.uniform_noise_ref(torch.tensor([0]), torch.tensor([0]), ids)
+    assert float(noise.max()) == 1.0 - 2.0 ** -24 and float(noise[0, 45124]) == 1.0 - 2.0 ** -24
+    logits = torch.zeros(1, 248320)
+    logits[0, 45124] = float("-inf")
+    assert int(_run(logits, 1.0, seeds=[0])[0]) != 45124
+
