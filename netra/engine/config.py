@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -147,13 +147,28 @@ class ModelConfig:
 
     @classmethod
     def from_dir(cls, path: Path) -> ModelConfig:
+        """A checkpoint directory's config. The stop ids are the union of ``config.json``'s
+        ``eos_token_id`` and ``generation_config.json``'s (config's first, then the others, each once):
+        Qwen3.5/3.6's text config names only ``<|endoftext|>``, while a chat turn ends with
+        ``<|im_end|>``, which only the generation config names; SGLang and transformers stop on both."""
         cfg = path / "config.json"
         if not cfg.is_file():
             raise ConfigError(f"{path}: no config.json")
         try:
-            return cls.from_hf(json.loads(cfg.read_text()))
+            out = cls.from_hf(json.loads(cfg.read_text()))
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{cfg}: invalid JSON ({exc})") from exc
+        gen = path / "generation_config.json"
+        if not gen.is_file():
+            return out
+        try:
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+        except (json.JSONDecodeError, AttributeError) as exc:
+            raise ConfigError(f"{gen}: not a JSON object ({exc})") from exc
+        extra = eos if isinstance(eos, list) else [] if eos is None else [eos]
+        if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in extra):
+            raise ConfigError(f"{gen}: eos_token_id {eos!r}: expected a token id or a list of them")
+        return replace(out, eos_token_id=tuple(dict.fromkeys([*out.eos_token_id, *extra])))
 
 
 # The byte tokenizer's layout (tiny): 256 byte tokens, then the specials (netra/engine/tokenizer.py).
