@@ -1,23 +1,31 @@
-"""Tool calls in the Qwen3 (Hermes) format: the prompt, the grammar that enforces a call, the parser.
+"""Tool calls: the parser per format behind one interface, the prompt and grammar of the JSON form.
 
-A Qwen3 chat template lists the tools in the system turn and the model answers a call with
+Two formats, chosen by what the chat template teaches (`parser_for`):
 
-    <tool_call>
-    {"name": "get_weather", "arguments": {"city": "Paris"}}
-    </tool_call>
+- Qwen3's (Hermes) JSON form, for Qwen3 templates and for the plain template of the seeded presets
+  (which has no tool syntax of its own, so `tools_preamble` writes Qwen3's instructions into it)::
 
-possibly several blocks in a row. `ToolCallParser` turns the output text (whole or streamed) into
-content text and OpenAI ``tool_calls``; text that only might start a block is held back until it is
-known. `required_grammar` is the Lark grammar (llguidance's dialect, the worker contract's ``ebnf``)
-that makes ``tool_choice`` ``required`` or a named function binding: the output is one or more such
-blocks whose JSON follows the tool's parameter schema. The plain chat template of the seeded presets
-has no tool syntax of its own, so `tools_preamble` writes Qwen3's instructions into it.
+      <tool_call>
+      {"name": "get_weather", "arguments": {"city": "Paris"}}
+      </tool_call>
+
+- the Qwen3-Coder XML form that Qwen3.5/3.6 templates teach (``<function=NAME>`` and
+  ``<parameter=NAME>`` elements inside the block; `netra.serve.tools_xml`).
+
+Either way, possibly several blocks in a row. A `ToolParser` turns the output text (whole or
+streamed, in any chunking) into content text and OpenAI ``tool_calls`` deltas; text that only might
+start a block is held back until it is known. Its `ToolParser.grammar` is the Lark grammar
+(llguidance's dialect, the worker contract's ``ebnf``) that makes ``tool_choice`` ``required`` or a
+named function binding: the output is one or more blocks of the format whose arguments follow the
+tool's parameter schema. `ToolCallParser` and `required_grammar` are the JSON form's parts.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,22 +53,44 @@ def call_text(name: str, arguments: Any) -> str:
     return f'{OPEN}\n{json.dumps({"name": name, "arguments": args}, ensure_ascii=False)}\n{CLOSE}'
 
 
-def required_grammar(tools: list[dict[str, Any]], only: str | None, parallel: bool) -> str:
+def tag_grammar(tag: str, added_tokens: Collection[str] = ()) -> str:
+    """A block tag in a Lark grammar (llguidance). llguidance reads every added token of a vocabulary
+    as a special token, which a quoted string never matches: where the tag is one (Qwen3's and
+    Qwen3.5/3.6's ``<tool_call>`` and ``</tool_call>``, though not special in Hugging Face's sense),
+    the token the model was trained to write is allowed as well as the text."""
+    text = json.dumps(tag, ensure_ascii=False)
+    return f"({tag} | {text})" if tag in added_tokens else text
+
+
+def required_grammar(tools: list[dict[str, Any]], only: str | None, parallel: bool,
+                     added_tokens: Collection[str] = ()) -> str:
     """Lark grammar: one block (or several, with ``parallel``) calling ``only`` or any of ``tools``,
-    the arguments following each function's ``parameters`` schema."""
+    the arguments following each function's ``parameters`` schema. ``added_tokens``: the strings of
+    the vocabulary's added tokens (`tag_grammar`); the default suits a byte-level vocabulary."""
     options = []
+    defs: dict[str, dict[str, Any]] = {}  # "#/$defs/..." points at the root: the parameters' go there
     for t in tools:
         fn = t["function"]
         if only is not None and fn["name"] != only:
             continue
         params = fn.get("parameters") or {"type": "object"}
+        for key in ("$defs", "definitions"):
+            for name, sub in (params.get(key) or {}).items():
+                if defs.setdefault(key, {}).setdefault(name, sub) != sub:
+                    raise ValueError(f"tools define {key}/{name} differently")
         options.append({"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
                         "required": ["name", "arguments"], "additionalProperties": False})
-    schema: dict[str, Any] = options[0] if len(options) == 1 else {"anyOf": options}
+    if not options:
+        raise ValueError(f"no tool named {only!r}" if only is not None else "no tools")
+    schema: dict[str, Any] = {**options[0], **defs} if len(options) == 1 else {"anyOf": options, **defs}
     schema["x-guidance"] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
     repeat = ' ("\\n" call)*' if parallel else ""
+    if not added_tokens:  # the text this function always gave
+        return (f"start: call{repeat}\n"
+                f'call: "{OPEN}\\n" %json {json.dumps(schema)} "\\n{CLOSE}"\n')
     return (f"start: call{repeat}\n"
-            f'call: "{OPEN}\\n" %json {json.dumps(schema)} "\\n{CLOSE}"\n')
+            f'call: {tag_grammar(OPEN, added_tokens)} "\\n" %json {json.dumps(schema)} "\\n" '
+            f"{tag_grammar(CLOSE, added_tokens)}\n")
 
 
 @dataclass
@@ -94,13 +124,37 @@ def _parse_block(text: str) -> tuple[str, str] | None:
     return obj["name"], json.dumps(args, ensure_ascii=False)
 
 
+class HeldSpace:
+    """Content text once a call was made: whitespace between and after calls is the format's, not content.
+
+    Trailing whitespace is held until it is known what follows it: more text (then it is content,
+    emitted with that text) or another call or the end of the output (then it is dropped). Holding
+    the trailing whitespace of every piece, not only of whitespace-only pieces, keeps the content the
+    same however the text was chunked. Before the first call, text passes through as it is."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self._held = ""
+
+    def add(self, text: str) -> str:
+        if not self.active:
+            return text
+        text = self._held + text
+        shown = text.rstrip()
+        self._held = text[len(shown):]
+        return shown
+
+    def drop(self) -> None:
+        self._held = ""
+
+
 class ToolCallParser:
-    """Feed output text as it arrives; get back content text and completed tool calls."""
+    """The JSON form: feed output text as it arrives; get back content text and completed tool calls."""
 
     def __init__(self) -> None:
         self.calls: list[ToolCall] = []
         self._buf = ""
-        self._ws = ""
+        self._text = HeldSpace()
         self._inside = False
 
     def push(self, text: str) -> tuple[str, list[ToolCall]]:
@@ -112,11 +166,11 @@ class ToolCallParser:
                 i = self._buf.find(OPEN)
                 if i < 0:
                     keep = _partial_suffix(self._buf, OPEN)
-                    content.append(self._keep(self._buf[:len(self._buf) - keep]))
+                    content.append(self._text.add(self._buf[:len(self._buf) - keep]))
                     self._buf = self._buf[len(self._buf) - keep:]
                     break
-                content.append(self._keep(self._buf[:i]))
-                self._ws = ""
+                content.append(self._text.add(self._buf[:i]))
+                self._text.drop()
                 self._buf = self._buf[i + len(OPEN):]
                 self._inside = True
             j = self._buf.find(CLOSE)
@@ -130,25 +184,78 @@ class ToolCallParser:
                 continue
             call = ToolCall(len(self.calls), *parsed)
             self.calls.append(call)
+            self._text.active = True
             new.append(call)
         return "".join(content), new
-
-    def _keep(self, text: str) -> str:
-        # Whitespace between and after calls is the format's, not content: held until text follows
-        # it (then it is content), dropped when another call or the end follows.
-        if not self.calls:
-            return text
-        if not text.strip():
-            self._ws += text
-            return ""
-        out, self._ws = self._ws + text, ""
-        return out
 
     def flush(self) -> str:
         """At the end of the output: an unfinished block is content, as the model wrote it."""
         rest = (OPEN if self._inside else "") + self._buf
         self._buf, self._inside = "", False
-        return self._keep(rest)
+        out = self._text.add(rest)
+        self._text.drop()
+        return out
+
+
+class ToolParser(ABC):
+    """One response's tool-call parser (one per choice), for the format the chat template teaches.
+
+    `push` takes output text as it arrives, in any chunking (down to one character), and returns the
+    content text that is safe to show now and the new ``tool_calls`` deltas of an OpenAI chat chunk;
+    `flush` ends the output. Each call's deltas are, in order: one header
+    ``{"index": i, "id": ..., "type": "function", "function": {"name": ..., "arguments": A}}`` when
+    its function name is known, then ``{"index": i, "function": {"arguments": A}}`` as more of its
+    arguments are known; the ``A`` of one call concatenate to its final ``arguments`` JSON text. One
+    `push`/`flush` returns at most one delta per call (a header carries the arguments known so far).
+    `calls` holds the completed calls. Pushing the whole text at once and flushing gives the same
+    content and calls as any chunking."""
+
+    calls: list[ToolCall]
+
+    @abstractmethod
+    def push(self, text: str) -> tuple[str, list[dict[str, Any]]]: ...
+
+    @abstractmethod
+    def flush(self) -> tuple[str, list[dict[str, Any]]]: ...
+
+    @abstractmethod
+    def grammar(self, tools: list[dict[str, Any]], only: str | None, parallel: bool,
+                added_tokens: Collection[str] = ()) -> str:
+        """The Lark grammar (llguidance) for ``tool_choice`` ``required`` (``only`` None) or a named
+        function (``only``): one call, or one or more with ``parallel``, in this parser's format.
+        ``added_tokens``: the strings of the vocabulary's added tokens, so that a block tag that is
+        one is allowed as its token (`tag_grammar`); leave it empty for a byte-level vocabulary."""
+
+
+class JsonToolParser(ToolParser):
+    """The Qwen3 JSON form behind the `ToolParser` interface: each call's header delta comes when its
+    block closes, with the whole arguments text (the block is parsed whole)."""
+
+    def __init__(self) -> None:
+        self._p = ToolCallParser()
+        self.calls = self._p.calls  # the same list: the inner parser appends to it
+
+    def push(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+        content, new = self._p.push(text)
+        return content, [c.body(with_index=True) for c in new]
+
+    def flush(self) -> tuple[str, list[dict[str, Any]]]:
+        return self._p.flush(), []
+
+    def grammar(self, tools: list[dict[str, Any]], only: str | None, parallel: bool,
+                added_tokens: Collection[str] = ()) -> str:
+        return required_grammar(tools, only, parallel, added_tokens)
+
+
+def parser_for(template_source: str | None, tools: list[dict[str, Any]]) -> ToolParser:
+    """The parser for the format the chat template teaches: the Qwen3-Coder XML form when its source
+    mentions ``<function=`` (Qwen3.5/3.6, Qwen3-Coder), else Qwen3's JSON form (also for the plain
+    template, None, which gets `tools_preamble`). ``tools`` (OpenAI dicts) type the XML form's values."""
+    if template_source is not None and "<function=" in template_source:
+        from netra.serve.tools_xml import XmlToolParser
+
+        return XmlToolParser(tools)
+    return JsonToolParser()
 
 
 def _partial_suffix(text: str, tag: str) -> int:
