@@ -8,7 +8,8 @@ The directory holds what the released checkpoint's text side holds:
   (vocabulary of 248,320 rows, ``eos_token_id`` 248044 ``<|endoftext|>``), the FP8 block-scaled
   ``quantization_config`` with the BF16 modules in ``modules_to_not_convert``;
 * ``model-0000N-of-0000M.safetensors`` + index: ``netra.engine.loader.save_checkpoint`` of
-  ``netra.engine.weights.seeded_weights`` (per-expert tensors, E4M3 with 128x128 ``weight_scale_inv``);
+  ``netra.engine.weights.seeded_weights`` (per-expert tensors, E4M3 with 128x128 ``weight_scale_inv``,
+  block magnitudes spread so that the scales differ from block to block);
 * ``generation_config.json``: the stop ids ``[<|im_end|>, <|endoftext|>]`` and the sampling defaults;
 * ``tokenizer.json`` (`netra.checkpoint.tokenizer`), ``tokenizer_config.json`` and
   ``chat_template.jinja`` (Netra's fixture ``models/qwen3_6/chat_template.jinja``).
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -43,6 +45,10 @@ GENERATION_CONFIG: dict[str, Any] = {
     "temperature": 1.0, "top_k": 20, "top_p": 0.95,
 }
 TEMPLATE = ("models", "qwen3_6", "chat_template.jinja")
+# Block magnitudes of the FP8 projections spread over [1/2, 2] (seeded_weights' block_spread): a
+# released checkpoint's block scales differ from block to block, and so do these, so a scale applied
+# to the wrong block is visible in the logits (tests/engine/test_hf_parity.py).
+BLOCK_SPREAD = math.log(2.0)
 
 
 def synth_config(preset_name: str) -> ModelConfig:
@@ -85,7 +91,7 @@ def synthesize(out: Path, preset_name: str = "tiny", seed: int = 0) -> Path:
     tokenizer_json = qwen36_tokenizer_json()
     added = added_tokens()
     out.mkdir(parents=True, exist_ok=True)
-    save_checkpoint(cfg, seeded_weights(cfg, seed, "cpu"), out)
+    save_checkpoint(cfg, seeded_weights(cfg, seed, "cpu", BLOCK_SPREAD), out)
     (out / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2) + "\n")
     shutil.copyfile(tokenizer_json, out / "tokenizer.json")
     (out / "tokenizer_config.json").write_text(

@@ -79,8 +79,8 @@ def _seed_of(seed: int, name: str) -> int:
 
 
 class _Init:
-    def __init__(self, seed: int, device: torch.device) -> None:
-        self.seed, self.device = seed, device
+    def __init__(self, seed: int, device: torch.device, block_spread: float = 0.0) -> None:
+        self.seed, self.device, self.block_spread = seed, device, block_spread
 
     def randn(self, name: str, shape: tuple[int, ...], std: float) -> torch.Tensor:
         g = torch.Generator(device=self.device)
@@ -96,15 +96,25 @@ class _Init:
              std: float | None = None) -> Weight:
         w = self.randn(name, (*lead, out_f, in_f), std if std is not None else in_f ** -0.5)
         if quantize:
+            if self.block_spread:
+                # each 128x128 block at its own magnitude, so the block scales differ as a real
+                # checkpoint's do and a misplaced scale changes the model
+                nb, kb = -(-out_f // fp8.BLOCK), -(-in_f // fp8.BLOCK)
+                f = self.uniform(name + "/blocks", (*lead, nb, kb), -self.block_spread, self.block_spread).exp()
+                w = w * fp8.expand_block_scale(f, out_f, in_f)
             q, s = fp8.block_quantize_weight(w)
             return Weight(q, s)
         return Weight(w.to(BF16))
 
 
-def seeded_weights(cfg: ModelConfig, seed: int, device: torch.device | str = "cpu") -> ModelWeights:
-    """Random weights at the config's shapes; deterministic in (seed, tensor name, device type)."""
+def seeded_weights(cfg: ModelConfig, seed: int, device: torch.device | str = "cpu",
+                   block_spread: float = 0.0) -> ModelWeights:
+    """Random weights at the config's shapes; deterministic in (seed, tensor name, device type).
+
+    ``block_spread`` > 0 scales each 128x128 block of an FP8 projection by ``exp(U(-spread, spread))``
+    before quantization (0: every block drawn alike, so their scales nearly agree)."""
     dev = torch.device(device)
-    init = _Init(seed, dev)
+    init = _Init(seed, dev, block_spread)
     q8 = cfg.fp8_weights
     h = cfg.hidden_size
     layers = []

@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 
 from netra import cli
-from netra.checkpoint.synth import GENERATION_CONFIG, VOCAB_ROWS, synth_config
+from netra.checkpoint.synth import BLOCK_SPREAD, GENERATION_CONFIG, VOCAB_ROWS, synth_config
 from netra.engine.loader import load_checkpoint, state_dict
 from netra.engine.weights import seeded_weights
 from netra.ops import fp8
@@ -60,9 +60,12 @@ def test_modules_to_not_convert_are_exactly_the_bf16_matrices(qwen36_checkpoint:
 def test_loader_reads_back_the_seeded_weights(qwen36_checkpoint: Path) -> None:
     cfg, weights = load_checkpoint(qwen36_checkpoint)
     assert cfg.vocab_size == 248320 and cfg.fp8_weights
-    want = state_dict(synth_config("tiny"), seeded_weights(synth_config("tiny"), 0))
+    want = state_dict(synth_config("tiny"), seeded_weights(synth_config("tiny"), 0, "cpu", BLOCK_SPREAD))
     got = state_dict(cfg, weights)
     assert set(got) == set(want)
+    scales = torch.cat([t.flatten() for n, t in got.items() if n.startswith("model.language_model.layers.0.mlp.experts.")
+                        and n.endswith("_scale_inv")])
+    assert len(scales) == 24 and float(scales.max() / scales.min()) > 2  # the blocks' scales differ
     for name, t in want.items():
         a, b = got[name], t
         if a.dtype == fp8.E4M3:
