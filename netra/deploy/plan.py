@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from netra import settings
-from netra.deploy.profile import Profile, ProfileError, _to_plain, canonical_json
+from netra.deploy.profile import Profile, ProfileError, _to_plain, canonical_json, netra_model_dir
 from netra.deploy.topology import Placement, PlacementError, Topology, format_cpulist, place, read_topology
 from netra.plugins.sglang import DOMAINS, enabled
 
@@ -192,8 +192,9 @@ def _netra_engine_argv(profile: Profile, port: int, index: int) -> tuple[list[st
         argv.append("--decode-overlap")
     if e.reasoning_parser is not None:
         argv += ["--reasoning-parser", e.reasoning_parser]
-    if e.model_path is not None:
-        argv += ["--model-path", e.model_path]
+    model_dir = netra_model_dir(e)
+    if model_dir is not None:
+        argv += ["--model-path", str(model_dir)]
     argv += ["--served-model-name", profile.serve.model_name, "--worker-id", str(index)]
     if e.enable_metrics:
         argv.append("--enable-metrics")

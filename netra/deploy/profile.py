@@ -68,7 +68,8 @@ class Engine:
     preset: str | None = field(default=None, metadata=_meta(
         "embedded-engine model preset (tiny, qwen36-35b-a3b); null for sglang", pattern=r"^[a-z0-9][a-z0-9-]*$"))
     model_path: str | None = field(default=None, metadata=_meta(
-        "checkpoint: local folder or Hugging Face repo id (sglang: required; netra: null = seeded weights)"))
+        "checkpoint: local folder or Hugging Face repo id (sglang: required); netra: a local folder (relative: "
+        "under the run directory, $NETRA_RUN_DIR), null = seeded weights"))
     device: Literal["cpu", "cuda"] = field(default="cuda", metadata=_meta("embedded-engine device"))
     max_running_requests: int = field(default=128, metadata=_meta("running requests per worker", ge=1, le=4096))
     context_length: int = field(default=65536, metadata=_meta("max tokens per request", ge=16, le=1 << 21))
@@ -372,6 +373,21 @@ def _cross_checks(p: Profile) -> None:
         raise ProfileError("ports: engine_base and serve_base must differ")
     # Graph-bucket coverage is a launch refusal (netra/deploy/verify.py), not a parse error, so that
     # `netra plan` can still show such a profile and say why it will not start.
+
+
+def netra_model_dir(e: Engine) -> Path | None:
+    """The embedded engine's checkpoint folder: ``engine.model_path`` itself when absolute, under the run
+    directory (``$NETRA_RUN_DIR``) when relative, so that a committed profile can name a folder that
+    `netra checkpoint synth` writes there without knowing the machine's paths; None for seeded weights
+    and for SGLang workers (whose model_path may be a Hugging Face repo id)."""
+    if e.kind != "netra" or not e.model_path:
+        return None
+    path = Path(e.model_path).expanduser()
+    if path.is_absolute():
+        return path
+    from netra import settings
+
+    return Path(settings.get("NETRA_RUN_DIR")) / path
 
 
 def profile_from_dict(raw: Any, source: str = "<dict>") -> Profile:

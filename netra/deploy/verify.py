@@ -18,7 +18,7 @@ from typing import Any
 
 from netra import settings
 from netra.build import object_path
-from netra.deploy.profile import PROFILE_DIR, Profile, load_profile
+from netra.deploy.profile import PROFILE_DIR, Profile, load_profile, netra_model_dir
 from netra.resources import DATA_ROOT
 
 PROFILE_LOCK = PROFILE_DIR / "lock.json"
@@ -179,8 +179,14 @@ def check_images(profile: Profile, v: Verification, *, strict: bool) -> None:
 
 
 def check_checkpoint(profile: Profile, v: Verification, *, strict: bool) -> None:
+    local = netra_model_dir(profile.engine)
+    if local is not None and not (local / "config.json").is_file():
+        v.problems.append(f"engine.model_path {local}: no checkpoint there (no config.json); write one with "
+                          f"`netra checkpoint synth --preset {profile.engine.preset} --out {local}`, or name "
+                          "another with --set engine.model_path=DIR")
+        return
     want = profile.checkpoint.config_sha256
-    path = profile.engine.model_path
+    path = str(local) if local is not None else profile.engine.model_path
     if want is None or path is None:
         if strict and profile.engine.model_path is not None and want is None:
             v.warnings.append(f"checkpoint {path}: no checkpoint.config_sha256 in the profile, identity unpinned")

@@ -18,7 +18,8 @@ from netra.deploy.profile import (
 )
 from netra.deploy.verify import PROFILE_LOCK, read_profile_lock
 
-EXPECTED = {"dp8-throughput128", "dp8-h200-throughput128", "dp1-h200", "dp2-h200", "local", "local-compose"}
+EXPECTED = {"dp8-throughput128", "dp8-h200-throughput128", "dp1-h200", "dp2-h200", "local", "local-compose",
+            "local-qwen36"}
 BUCKETS = [1, 2, 4, 8, 16, 32, 64, 80, 96, 112, 128]
 
 
@@ -178,3 +179,20 @@ def test_parser_keys() -> None:
         load_profile("dp1-h200").replace("engine.tool_call_parser", "qwen3_coder")
     with pytest.raises(ProfileError, match=r"engine\.reasoning_parser: 'qwen3-thinking' is not one of \['qwen3'\]"):
         load_profile("local").replace("engine.reasoning_parser", "qwen3-thinking")
+
+
+def test_an_embedded_engine_model_path_is_a_folder_under_the_run_dir_unless_absolute(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import dataclasses
+
+    from netra.deploy.plan import make_plan
+    from netra.deploy.profile import netra_model_dir
+
+    monkeypatch.setenv("NETRA_RUN_DIR", str(tmp_path))
+    p = load_profile("local-qwen36")
+    assert netra_model_dir(p.engine) == tmp_path / "checkpoints" / "qwen36-tiny"
+    argv = list(make_plan(p, None, {}).workers[0].engine_argv)
+    assert argv[argv.index("--model-path") + 1] == str(tmp_path / "checkpoints" / "qwen36-tiny")
+    assert netra_model_dir(dataclasses.replace(p.engine, model_path="/x/y")) == Path("/x/y")
+    assert netra_model_dir(load_profile("local").engine) is None
+    assert netra_model_dir(load_profile("dp8-throughput128").engine) is None  # an SGLang repo id stays as is
