@@ -68,7 +68,8 @@ SETTINGS: dict[str, Setting] = {
         Setting("NETRA_IMAGE_LOCK", Path, REPO_ROOT / "images" / "lock.json",
                 "the image lock that `netra images build` writes and launches check"),
         Setting("NETRA_CACHE_DIR", Path, Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "netra",
-                "reusable build inputs (the image wheelhouse)"),
+                "reusable derived files: the image wheelhouse, the converted Qwen3.6 tokenizer and synthesized "
+                "checkpoints (netra/checkpoint/)"),
         Setting("NETRA_REQUIRE_DOCKER", bool, False, "tests marked docker fail instead of skipping without an engine (CI)"),
         Setting("NETRA_GIT_SHA", str, "", "the commit a record names when the tree has no usable git (a device copy: "
                 "its .git is not the tree's); empty: `git rev-parse HEAD` of the source tree"),
