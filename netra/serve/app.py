@@ -95,6 +95,10 @@ class ServeState:
             self._context = value if isinstance(value, int) and value > 0 else 0
         return self._context or None
 
+    def sampling_defaults(self, text: ModelText) -> dict[str, float | int]:
+        """The sampling values a request leaves out (``--sampling-defaults``): the checkpoint's or none."""
+        return text.sampling_defaults if self.config.sampling_defaults == "model" else {}
+
     def model_name_now(self) -> str:
         return self._name or "unknown"
 

@@ -8,7 +8,7 @@ import resource
 from typing import Any
 
 from netra import logs
-from netra.serve.config import ENGINES, ServeConfig
+from netra.serve.config import ENGINES, SAMPLING_DEFAULTS, ServeConfig
 
 _D = ServeConfig()
 
@@ -48,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="require this key (Authorization: Bearer KEY) on every request but /health and /metrics")
     p.add_argument("--api-key-env", default=None, metavar="NAME",
                    help="as --api-key, the key read from this environment variable (kept out of the command line)")
+    p.add_argument("--sampling-defaults", choices=SAMPLING_DEFAULTS, default=_D.sampling_defaults,
+                   help="sampling values a request leaves out: the checkpoint's generation_config.json (model, "
+                        "as SGLang) or OpenAI's neutral ones (openai)")
     logs.add_arguments(p)
 
 
@@ -65,7 +68,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                        max_inflight=args.max_inflight, max_waiting=args.max_waiting,
                        queue_timeout=args.queue_timeout, probe_interval=args.probe_interval,
                        probe_timeout=args.probe_timeout, probe_misses=args.probe_misses,
-                       stall_timeout=args.stall_timeout)
+                       stall_timeout=args.stall_timeout, sampling_defaults=args.sampling_defaults)
 
 
 def raise_fd_limit() -> None:

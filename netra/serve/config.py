@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 ENGINES = ("embedded", "sglang")
+# Where a request's unset sampling values come from: the checkpoint's generation_config.json (SGLang's
+# default, --sampling-defaults model) or the neutral OpenAI values (temperature 1, no top-k/p cut).
+SAMPLING_DEFAULTS = ("model", "openai")
 
 
 @dataclass(frozen=True)
@@ -42,12 +45,15 @@ class ServeConfig:
     worker_id: str = "0"
     # Every request but /health and /metrics must carry it (Authorization: Bearer KEY); None: open.
     api_key: str | None = field(default=None, repr=False)
+    sampling_defaults: str = "model"
 
     def __post_init__(self) -> None:
         if not self.upstream.startswith(("http://", "https://")):
             raise ValueError(f"--upstream {self.upstream!r}: expected an http:// URL")
         if self.stream_interval < 1:
             raise ValueError(f"--stream-interval {self.stream_interval}: expected an integer >= 1")
+        if self.sampling_defaults not in SAMPLING_DEFAULTS:
+            raise ValueError(f"--sampling-defaults {self.sampling_defaults!r}: expected one of {SAMPLING_DEFAULTS}")
         if self.engine not in ENGINES:
             raise ValueError(f"--engine {self.engine!r}: expected one of {ENGINES}")
         if not self.upstream_timeout > 0:

@@ -6,7 +6,10 @@ Its tokenizer is a byte-level BPE written as a Hugging Face `tokenizer.json` (on
 byte, so multi-byte UTF-8 characters span tokens) with a ChatML chat template.
 
 The "model": output token i is byte (offset + i) of a fixed multilingual text, where the offset
-derives from the prompt (and the seed when sampling), so a greedy request is reproducible.
+derives from the prompt (and the seed when sampling), so a greedy request is reproducible. With
+`FakeConfig.script` it answers every request with those token ids instead (in any vocabulary: a real
+model's output, e.g. reasoning, ``</think>``, a tool call and ``<|im_end|>``), stopping at the first
+of `FakeConfig.eos_ids`, as a worker serving a real checkpoint would.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 FAKE_CONTEXT = 4096
 TOP_KEYS = {"input_ids", "text", "sampling_params", "stream", "rid", "return_logprob", "top_logprobs_num",
-            "logprob_start_len", "return_text_in_logprobs"}
+            "logprob_start_len", "return_text_in_logprobs", "require_reasoning"}
 SAMPLING_KEYS = {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "ignore_eos", "stop_token_ids",
                  "skip_special_tokens", "sampling_seed", "no_stop_trim", "frequency_penalty", "presence_penalty",
                  "repetition_penalty", "min_new_tokens", "logit_bias", "json_schema", "regex", "ebnf"}
@@ -86,6 +89,10 @@ class FakeConfig:
     # While set, every endpoint waits before answering (a stopped or wedged worker; clear to resume).
     hung: bool = False
     context_length: int | None = None  # reported in /model_info when set
+    # The scripted model: every request's output is these token ids (up to max_new_tokens), ending at
+    # the first of eos_ids (counted, not returned, as a matched stop) unless ignore_eos.
+    script: list[int] | None = None
+    eos_ids: tuple[int, ...] = (EOS,)
 
 
 @dataclass
@@ -137,12 +144,21 @@ def prompt_token_ids(body: dict[str, Any]) -> list[int]:
 
 
 def reference_output(prompt: list[int], sp: dict[str, Any], eos_after: int | None = None,
+                     script: list[int] | None = None, eos_ids: tuple[int, ...] = (EOS,),
                      ) -> tuple[list[int], dict[str, Any]]:
     """The whole output of one request (the matched stop token last, when one matched) and its finish."""
+    limit = int(sp.get("max_new_tokens", 128))
+    if script is not None:
+        stops = set(sp.get("stop_token_ids") or []) | (set() if sp.get("ignore_eos") else set(eos_ids))
+        for i, t in enumerate(script[:limit]):
+            if t in stops:
+                return [*script[:i], t], {"type": "stop", "matched": t}
+        if len(script) < limit:
+            raise ValueError("a script must end with a stop token or be cut by max_new_tokens")
+        return script[:limit], {"type": "length", "length": limit}
     offset = sum((i + 1) * t for i, t in enumerate(prompt))
     if float(sp.get("temperature", 1.0)) > 0:
         offset += 7919 * int(sp.get("sampling_seed", 0))
-    limit = int(sp.get("max_new_tokens", 128))
     stop_ids = set(sp.get("stop_token_ids") or [])
     ignore_eos = bool(sp.get("ignore_eos", False))
     out: list[int] = []
@@ -193,7 +209,7 @@ def create_fake_worker(config: FakeConfig | None = None, tokenizer_dir: Path | N
         rid = str(body.get("rid") or uuid.uuid4().hex)
         sp = body.get("sampling_params", {})
         prompt = prompt_token_ids(body)
-        out, finish = reference_output(prompt, sp, cfg.eos_after)
+        out, finish = reference_output(prompt, sp, cfg.eos_after, cfg.script, cfg.eos_ids)
         keep = bool(sp.get("no_stop_trim", False))
         t0 = time.monotonic()
         if not body.get("stream", False):

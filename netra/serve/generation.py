@@ -9,6 +9,7 @@ from typing import Any
 
 from netra.serve.errors import OpenAIError
 from netra.serve.metrics import Metrics
+from netra.serve.reasoning import ReasoningCounter
 from netra.serve.stream import IncrementalDetokenizer, StopMatcher, TokenTracker, UpstreamProtocolError
 from netra.serve.tokenizer import TextTokenizer
 from netra.serve.upstream import Upstream, UpstreamStream
@@ -31,17 +32,23 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    reasoning_tokens: int | None = None  # None: the prompt opened no think block
 
     def add(self, other: Usage, count_prompt: bool) -> None:
         if count_prompt:
             self.prompt_tokens += other.prompt_tokens
             self.cached_tokens += other.cached_tokens
         self.completion_tokens += other.completion_tokens
+        if other.reasoning_tokens is not None:
+            self.reasoning_tokens = (self.reasoning_tokens or 0) + other.reasoning_tokens
 
     def body(self) -> dict[str, Any]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+        out: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                               "total_tokens": self.prompt_tokens + self.completion_tokens,
+                               "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+        if self.reasoning_tokens is not None:
+            out["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
+        return out
 
 
 def _finish(finish: dict[str, Any]) -> tuple[str, int | str | None]:
@@ -75,6 +82,7 @@ class Choice:
     first_token_at: float | None = None
     timed: bool = True  # TTFT and inter-token times mean something only for streamed requests
     finalized: bool = False  # its upstream request was completed or aborted
+    reasoning: ReasoningCounter | None = None  # counts the think block's tokens, when the prompt opened one
 
     def __post_init__(self) -> None:
         skip = self.skip_special_tokens
@@ -117,6 +125,9 @@ class Choice:
             raise OpenAIError(502, f"worker broke the stream contract: {exc}") from exc
         self._tokens_arrived(len(p.new_ids))
         self._meta(p.meta, p.completion_tokens)
+        if self.reasoning is not None:
+            self.reasoning.push(p.new_ids)
+            self.usage.reasoning_tokens = self.reasoning.tokens
         self._take_logprobs(p.meta)
         text = self._stopper.push(self._detok.push(p.new_ids))
         if self._stopper.matched is not None:

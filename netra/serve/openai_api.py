@@ -15,19 +15,15 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from netra.serve import requestlog
+from netra.serve.chat_output import ChatOutput
 from netra.serve.errors import OpenAIError
 from netra.serve.generation import Choice, Delta, Usage
 from netra.serve.logprobs import TokenText, chat_logprobs, completion_logprobs
+from netra.serve.messages import normalize, template_kwargs
 from netra.serve.prompts import check_ids, encode_checked
 from netra.serve.protocol import ChatCompletionRequest, CompletionRequest, StreamOptions
-from netra.serve.tools import (
-    ToolCall,
-    ToolCallParser,
-    call_text,
-    required_grammar,
-    tool_dicts,
-    tools_preamble,
-)
+from netra.serve.reasoning import THINK_CLOSE, TOOL_OPEN, ReasoningCounter, opens_reasoning
+from netra.serve.tools import parser_for
 
 if TYPE_CHECKING:
     from netra.serve.app import ServeState
@@ -360,7 +356,7 @@ async def completions(state: ServeState, request: Request, req: CompletionReques
         else:
             check_ids(len(prompt), context, req.max_tokens, "prompt")
             token_prompts.append(prompt)
-    params = req.sampling_params(req.max_tokens)
+    params = req.sampling_params(req.max_tokens, state.sampling_defaults(model_text))
     choices = ep.name_choices([ep.choice(p * req.n + j, prompt, _seeded(params, j), req.stream, req, model_text)
                                for p, prompt in enumerate(token_prompts) for j in range(req.n)])
     if req.logprobs is not None:
@@ -411,25 +407,6 @@ async def completions(state: ServeState, request: Request, req: CompletionReques
     return await ep.whole(request, choices, req.n, render)
 
 
-def _messages(req: ChatCompletionRequest, plain: bool) -> list[dict[str, Any]]:
-    """The messages for the chat template; a plain template (no tool syntax of its own) gets Qwen3's
-    tool instructions in its system turn and tool calls written out as the model writes them."""
-    messages = []
-    for m in req.messages:
-        d = {**m.model_dump(exclude_none=True), "content": m.text()}
-        if plain and m.role == "assistant" and d.get("tool_calls"):
-            calls = [call_text(c["function"]["name"], c["function"].get("arguments", {})) for c in d.pop("tool_calls")]
-            d["content"] = "\n".join(filter(None, [d["content"], *calls]))
-        messages.append(d)
-    if plain and req.tools_active():
-        preamble = tools_preamble(tool_dicts(req.tools or []))
-        if messages and messages[0]["role"] in ("system", "developer"):
-            messages[0] = {**messages[0], "content": messages[0]["content"] + "\n\n" + preamble}
-        else:
-            messages.insert(0, {"role": "system", "content": preamble})
-    return messages
-
-
 async def chat_completions(state: ServeState, request: Request, req: ChatCompletionRequest) -> Response:
     check_choices(state, 1, req.n)
     req.refuse_unsupported()
@@ -440,29 +417,39 @@ async def chat_completions(state: ServeState, request: Request, req: ChatComplet
     model_text = await state.model_text()
     context = await state.context_length()
     template = model_text.chat_template
-    tools = tool_dicts(req.tools or []) if req.tools_active() else None
-    messages = _messages(req, plain=template.source is None)
-    prompt_text = template.render(messages, req.add_generation_prompt, req.chat_template_kwargs, tools=tools)
+    plain = template.source is None
+    tools = req.prompt_tools()
+    messages = normalize(req, plain, tools)
+    prompt_text = template.render(messages, req.add_generation_prompt, template_kwargs(req), tools=tools)
     prompt_ids = await encode_checked(model_text, prompt_text, context, req.max_new_tokens(), "messages")
     if not prompt_ids:
         raise OpenAIError(400, "the chat template rendered an empty prompt", param="messages")
     max_new = req.max_new_tokens()
     if max_new is None and context is not None:  # SGLang's and vLLM's default: the rest of the context
         max_new = context - len(prompt_ids)
-    params = req.sampling_params(max_new)
-    if req.tool_choice == "required" or req.named_tool() is not None:
-        params["ebnf"] = required_grammar(tool_dicts(req.tools or []), req.named_tool(), req.parallel_tool_calls)
+    params = req.sampling_params(max_new, state.sampling_defaults(model_text))
+    # The prompt opened a think block (Qwen3.5/3.6 with thinking on): the output starts with reasoning,
+    # and a constraint applies only after it (the worker's --reasoning-parser, told by require_reasoning).
+    reasoning = not plain and opens_reasoning(prompt_text)
+    if tools is not None and (req.tool_choice == "required" or req.named_tool() is not None):
+        params["ebnf"] = parser_for(template.source, tools).grammar(tools, req.named_tool(), req.parallel_tool_calls,
+                                                                   added_tokens=model_text.added_tokens)
     choices = ep.name_choices([ep.choice(j, prompt_ids, _seeded(params, j), req.stream, req, model_text)
                                for j in range(req.n)])
-    if req.logprobs:
-        for c in choices:
+    for c in choices:
+        if req.logprobs:
             _logprob_fields(c.body, req.top_logprobs)
+        if reasoning:
+            c.body["require_reasoning"] = True
+            tok = model_text.tokenizer
+            c.reasoning = ReasoningCounter(tok.encode(THINK_CLOSE), tok.encode(TOOL_OPEN))
     names = TokenText(model_text.tokenizer)
-    parsers = {j: ToolCallParser() for j in range(req.n)} if tools is not None else {}
+    outputs = {j: ChatOutput(reasoning and req.separate_reasoning,
+                             parser_for(template.source, tools) if tools is not None else None)
+               for j in range(req.n)}
 
     def finish_reason(index: int, reason: str | None) -> str | None:
-        p = parsers.get(index)
-        return "tool_calls" if reason == "stop" and p is not None and p.calls else reason
+        return "tool_calls" if reason == "stop" and outputs[index].calls else reason
 
     if req.stream:
         started: set[int] = set()
@@ -472,16 +459,16 @@ async def chat_completions(state: ServeState, request: Request, req: ChatComplet
             if d.index not in started:  # the role rides on each choice's first event
                 started.add(d.index)
                 delta["role"] = "assistant"
-            text, calls = d.text, list[ToolCall]()
-            parser = parsers.get(d.index)
-            if parser is not None:
-                text, calls = parser.push(d.text)
-                if d.finish_reason is not None:
-                    text += parser.flush()
-            if text or "role" in delta:
-                delta["content"] = text
-            if calls:
-                delta["tool_calls"] = [c.body(with_index=True) for c in calls]
+            out = outputs[d.index]
+            piece = out.push(d.text)
+            if d.finish_reason is not None:
+                piece.extend(out.flush())
+            if piece.reasoning:
+                delta["reasoning_content"] = piece.reasoning
+            if piece.content or "role" in delta:
+                delta["content"] = piece.content
+            if piece.tool_deltas:
+                delta["tool_calls"] = piece.tool_deltas
             if not delta and d.finish_reason is None and not d.logprobs:
                 return None
             choice: dict[str, Any] = {"index": d.index, "delta": delta, "logprobs": None,
@@ -498,14 +485,16 @@ async def chat_completions(state: ServeState, request: Request, req: ChatComplet
     def render(results: list[tuple[str, Delta]], usage: Usage) -> dict[str, Any]:
         out = []
         for text, d in results:
-            message: dict[str, Any] = {"role": "assistant", "content": text}
-            parser = parsers.get(d.index)
-            if parser is not None:
-                content, calls = parser.push(text)
-                content += parser.flush()
-                if calls:
-                    message["tool_calls"] = [c.body() for c in calls]
-                message["content"] = content if content.strip() or not calls else None
+            output = outputs[d.index]
+            piece = output.push(text)
+            piece.extend(output.flush())
+            calls = output.calls
+            message: dict[str, Any] = {"role": "assistant",
+                                       "content": piece.content if piece.content.strip() or not calls else None}
+            if output.splitter is not None:
+                message["reasoning_content"] = piece.reasoning or None
+            if calls:
+                message["tool_calls"] = [c.body() for c in calls]
             c: dict[str, Any] = {"index": d.index, "message": message,
                                  "logprobs": chat_logprobs(d.logprobs, names) if req.logprobs else None,
                                  "finish_reason": finish_reason(d.index, d.finish_reason)}

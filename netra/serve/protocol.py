@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -147,18 +148,21 @@ class _Sampling(_Lenient):
             return "ebnf", self.ebnf
         return None
 
-    def sampling_params(self, max_new_tokens: int | None) -> dict[str, Any]:
-        """The worker contract's `sampling_params` for this request (SGLang 0.5.23's names)."""
+    def sampling_params(self, max_new_tokens: int | None,
+                        defaults: Mapping[str, float | int] | None = None) -> dict[str, Any]:
+        """The worker contract's `sampling_params` for this request (SGLang 0.5.23's names); a value the
+        request leaves out comes from ``defaults`` (the checkpoint's generation_config.json), as in
+        SGLang's OpenAI layer, else the neutral one."""
         params: dict[str, Any] = {}
+        d = defaults or {}
         if max_new_tokens is not None:
             params["max_new_tokens"] = max_new_tokens
-        params["temperature"] = 1.0 if self.temperature is None else self.temperature
-        if self.top_p is not None:
-            params["top_p"] = self.top_p
-        if self.top_k is not None:
-            params["top_k"] = self.top_k
-        if self.min_p is not None:
-            params["min_p"] = self.min_p
+        params["temperature"] = self.temperature if self.temperature is not None else d.get("temperature", 1.0)
+        for name in ("top_p", "top_k", "min_p"):
+            value = getattr(self, name)
+            value = value if value is not None else d.get(name)
+            if value is not None:
+                params[name] = value
         if self.ignore_eos:
             params["ignore_eos"] = True
         if self.stop_token_ids:
@@ -171,8 +175,9 @@ class _Sampling(_Lenient):
         for name in ("frequency_penalty", "presence_penalty"):
             if getattr(self, name):
                 params[name] = getattr(self, name)
-        if self.repetition_penalty not in (None, 1.0):
-            params["repetition_penalty"] = self.repetition_penalty
+        repetition = self.repetition_penalty if self.repetition_penalty is not None else d.get("repetition_penalty")
+        if repetition not in (None, 1.0):
+            params["repetition_penalty"] = repetition
         if self.min_tokens:
             params["min_new_tokens"] = self.min_tokens
         if self.logit_bias:
@@ -284,6 +289,8 @@ class ChatCompletionRequest(_Sampling):
     # SGLang's extension: extra variables for the chat template (e.g. enable_thinking).
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    # SGLang's extension: False returns the reasoning inline in content (no reasoning_content).
+    separate_reasoning: bool = True
 
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -313,6 +320,15 @@ class ChatCompletionRequest(_Sampling):
 
     def named_tool(self) -> str | None:
         return self.tool_choice.function.name if isinstance(self.tool_choice, NamedToolChoice) else None
+
+    def prompt_tools(self) -> list[dict[str, Any]] | None:
+        """The tools the prompt lists: none for ``tool_choice: none``, only the named one for a named
+        choice, else all (as the OpenAI dicts a chat template expects)."""
+        if not self.tools_active():
+            return None
+        named = self.named_tool()
+        return [t.model_dump(exclude_none=True, by_alias=True) for t in self.tools or []
+                if named is None or t.function.name == named]
 
     def tools_active(self) -> bool:
         """Whether tools go into the prompt and tool calls are parsed out of the output."""

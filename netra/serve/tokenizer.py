@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -48,6 +48,9 @@ class HFTokenizer:
         # The longest token's spelling bounds the characters one token decodes to (byte-level
         # spellings use one character per byte; SentencePiece ones one per character).
         self.max_token_chars = max((len(t) for t in self._tok.get_vocab(with_added_tokens=True)), default=1)
+        # The added tokens' spellings: llguidance reads each as a special token, which a quoted string in a
+        # grammar never matches (a forced tool call's <tool_call> must name the token: netra/serve/tools.py).
+        self.added_tokens = frozenset(t.content for t in self._tok.get_added_tokens_decoder().values())
 
     def token_bytes(self, tid: int) -> bytes | None:
         """A byte-level BPE token's exact bytes (a token may hold part of a UTF-8 character), or None
@@ -102,14 +105,17 @@ class ChatTemplate:
             # The plain template: no special tokens, so any byte-level tokenizer encodes it.
             text = "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in messages)
             return text + ("assistant:" if add_generation_prompt else "")
-        from jinja2.exceptions import TemplateError
-
         try:
             return str(self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                              bos_token=self._bos, eos_token=self._eos, tools=tools,
                                              **(extra or {})))
-        except TemplateError as exc:
-            raise OpenAIError(400, f"chat template refused the messages: {exc}", param="messages") from exc
+        except Exception as exc:  # whatever the template raises is about these messages: a 400, never a 500
+            raise OpenAIError(400, f"the chat template could not render the messages: {type(exc).__name__}: {exc}",
+                              param="messages") from exc
+
+
+# generation_config.json's sampling keys that become a request's defaults (SGLang's --sampling-defaults model).
+SAMPLING_DEFAULT_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
 
 
 @dataclass
@@ -118,6 +124,22 @@ class ModelText:
     chat_template: ChatTemplate
     source: str  # where the tokenizer came from, for logs and /v1/models
     max_token_chars: int = 1  # characters one token decodes to, at most (bounds a prompt's length)
+    # The checkpoint's generation_config.json sampling values (SAMPLING_DEFAULT_KEYS present there).
+    sampling_defaults: dict[str, float | int] = field(default_factory=dict)
+    added_tokens: frozenset[str] = frozenset()  # the vocabulary's added tokens (special to llguidance)
+
+
+def sampling_defaults(directory: Path) -> dict[str, float | int]:
+    """generation_config.json's sampling values, as SGLang's OpenAI layer reads them ({} when absent)."""
+    path = directory / "generation_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise OpenAIError(503, f"the worker's generation_config.json is not JSON: {exc}") from exc
+    return {k: raw[k] for k in SAMPLING_DEFAULT_KEYS
+            if isinstance(raw.get(k), int | float) and not isinstance(raw.get(k), bool)}
 
 
 def _chat_template_source(directory: Path, config: dict[str, Any]) -> str | None:
@@ -143,7 +165,7 @@ def load_from_directory(directory: Path) -> ModelText:
     source = _chat_template_source(base, config)
     template = ChatTemplate(source, _token_str(config.get("bos_token")), _token_str(config.get("eos_token")))
     tok = HFTokenizer(tok_file)
-    return ModelText(tok, template, str(tok_file), tok.max_token_chars)
+    return ModelText(tok, template, str(tok_file), tok.max_token_chars, sampling_defaults(base), tok.added_tokens)
 
 
 def _hub_snapshot(repo_id: str) -> Path | None:
@@ -154,7 +176,8 @@ def _hub_snapshot(repo_id: str) -> Path | None:
         return None
     try:
         return Path(snapshot_download(repo_id, local_files_only=True,
-                                      allow_patterns=["tokenizer*", "chat_template*", "special_tokens_map.json"]))
+                                      allow_patterns=["tokenizer*", "chat_template*", "special_tokens_map.json",
+                                                      "generation_config.json"]))
     except Exception:  # not cached, or not a hub id: the caller reports what it looked for
         return None
 

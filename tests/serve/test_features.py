@@ -96,7 +96,8 @@ def test_sglang_names_pass_through_and_validate_in_the_pinned_wheel(stack: Stack
     c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=4, tools=tools,
                               tool_choice="required")
     tool_body = stack.fake.requests[-1]
-    assert tool_body["sampling_params"]["ebnf"] == required_grammar(tools, None, True)
+    added = stack.serve._text.added_tokens if stack.serve._text is not None else ()
+    assert tool_body["sampling_params"]["ebnf"] == required_grammar(tools, None, True, added)
     bodies = tmp_path / "bodies.json"
     bodies.write_text(json.dumps([chat_body, regex_body, tool_body]))
     # Every key is a field of SGLang 0.5.23's GenerateReqInput (read from the wheel's source), and
@@ -120,9 +121,9 @@ def test_unknown_keys_are_ignored_with_a_warning_and_unsupported_ones_refused(
     c = client(stack)
     with caplog.at_level(logging.WARNING, logger="netra.serve"):
         r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=2,
-                                      extra_body={"separate_reasoning": True, "my_knob": 1})
+                                      extra_body={"stream_reasoning": True, "my_knob": 1})
     assert r.choices[0].finish_reason == "length"
-    assert any("my_knob" in rec.getMessage() and "separate_reasoning" in rec.getMessage() for rec in caplog.records)
+    assert any("my_knob" in rec.getMessage() and "stream_reasoning" in rec.getMessage() for rec in caplog.records)
     for key, value in (("suffix", "x"), ("functions", []), ("structural_tag", {})):
         with pytest.raises(openai.BadRequestError) as e:
             c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], extra_body={key: value})

@@ -3,6 +3,8 @@ under every chunking of the output (a stream may cut a tag anywhere)."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from netra.serve.reasoning import ReasoningCounter, ReasoningSplitter, opens_reasoning
@@ -12,7 +14,7 @@ def _split(text: str, cuts: list[int]) -> tuple[str, str]:
     s = ReasoningSplitter()
     reasoning, content = [], []
     bounds = [0, *cuts, len(text)]
-    for a, b in zip(bounds, bounds[1:], strict=False):
+    for a, b in itertools.pairwise(bounds):
         r, c = s.push(text[a:b])
         reasoning.append(r)
         content.append(c)
