@@ -15,6 +15,7 @@ package; code objects to ``build/`` of the checkout, or ``$XDG_CACHE_HOME/netra/
 
 from __future__ import annotations
 
+import hashlib
 import os
 from importlib import resources
 from pathlib import Path
@@ -83,3 +84,12 @@ def default_build_dir() -> Path:
 
 
 DATA_ROOT = data_root()
+
+
+def sha256_file(path: Path) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -28,12 +28,13 @@ and this converter's version. The result is never committed: it is derived from 
 from __future__ import annotations
 
 import base64
-import hashlib
 import os
 import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from netra.resources import sha256_file
 
 # Bumped whenever the conversion's output changes, so a cached file from an older converter is not reused.
 CONVERTER_VERSION = 1
@@ -145,14 +146,6 @@ def convert(path: Path, regex: str, added: list[tuple[int, str, bool]]) -> Any:
         if n != 1 or tok.token_to_id(content) != tid:
             raise TokenizerSourceError(f"added token {content!r} got id {tok.token_to_id(content)}, expected {tid}")
     return tok
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def cache_root() -> Path:

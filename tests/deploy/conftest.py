@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,20 +77,22 @@ def netra(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
                           timeout=timeout, cwd=REPO_ROOT)
 
 
-@pytest.fixture(scope="module")
-def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
+@contextmanager
+def launched(profile: str, tmp_path_factory: pytest.TempPathFactory, *extra: str) -> Iterator[Local]:
+    """`netra launch --profile PROFILE --detach` on ports and a run dir of its own; stopped at the end, and
+    checked for leftover processes."""
     # Ports are checked free, then bound by the launch a moment later; on a busy machine another
     # process can take one in between ("address already in use"): only that is retried, on new ports.
     for attempt in range(3):
-        run_dir = tmp_path_factory.mktemp("local")
+        run_dir = tmp_path_factory.mktemp(profile)
         front = free_port()
-        out = netra("launch", "--profile", "local", "--front-port", str(front), "--port-base", str(free_block(4)),
-                    "--run-dir", str(run_dir), "--detach")
+        out = netra("launch", "--profile", profile, *extra, "--front-port", str(front), "--port-base",
+                    str(free_block(4)), "--run-dir", str(run_dir), "--detach")
         if out.returncode == 0 or "address already in use" not in out.stdout + out.stderr or attempt == 2:
             break
     try:
         assert out.returncode == 0, out.stdout + out.stderr
-        assert f"serving local on http://127.0.0.1:{front}/v1" in out.stdout
+        assert f"serving {profile} on http://127.0.0.1:{front}/v1" in out.stdout
         yield Local(run_dir, f"http://127.0.0.1:{front}")
     finally:
         rec = read_record(run_dir) if (run_dir / "launch.json").exists() else None
@@ -102,3 +105,9 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
                 pids.append((final["front"]["process"]["pid"], final["front"]["process"]["ticks"]))
             assert not [pid for pid, ticks in pids if is_alive(pid, ticks)]
             assert final["state"] == "stopped"
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
+    with launched("local", tmp_path_factory) as served:
+        yield served

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from netra.deploy.record import is_alive, read_record
-from tests.deploy.conftest import Local, free_block, free_port, needs_nginx, netra
+from tests.deploy.conftest import Local, free_port, launched, needs_nginx, netra
 
 pytestmark = [needs_nginx, pytest.mark.timeout(420)]
 MODEL = "netra-qwen36-tiny"
@@ -19,26 +18,8 @@ IM_END = 248046
 
 @pytest.fixture(scope="module")
 def served(qwen36_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
-    for attempt in range(3):  # a port taken between the check and the bind is retried on new ports
-        run_dir = tmp_path_factory.mktemp("local-qwen36")
-        front = free_port()
-        out = netra("launch", "--profile", "local-qwen36", "--set", f"engine.model_path={qwen36_checkpoint}",
-                    "--front-port", str(front), "--port-base", str(free_block(4)), "--run-dir", str(run_dir),
-                    "--detach")
-        if out.returncode == 0 or "address already in use" not in out.stdout + out.stderr or attempt == 2:
-            break
-    try:
-        assert out.returncode == 0, out.stdout + out.stderr
-        assert f"serving local-qwen36 on http://127.0.0.1:{front}/v1" in out.stdout
-        yield Local(run_dir, f"http://127.0.0.1:{front}")
-    finally:
-        rec = read_record(run_dir) if (run_dir / "launch.json").exists() else None
-        stop = netra("stop", "--run-dir", str(run_dir), timeout=120)
-        assert stop.returncode == 0, stop.stdout + stop.stderr
-        if rec is not None:
-            final = read_record(run_dir)
-            pids = [(p["pid"], p["ticks"]) for w in final["workers"] for p in (w["engine"], w["serve"])]
-            assert not [pid for pid, ticks in pids if is_alive(pid, ticks)]
+    with launched("local-qwen36", tmp_path_factory, "--set", f"engine.model_path={qwen36_checkpoint}") as local:
+        yield local
 
 
 def test_chat_with_the_real_vocabulary(served: Local, qwen36_checkpoint: Path) -> None:
