@@ -1,0 +1,1 @@
+"""Speculative decoding: drafting, verification, acceptance and commit of drafted blocks."""
