@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from netra.engine.scheduler import SamplingParams
+from netra.engine.request import SamplingParams
 
 
 def penalized(logits: list[float], history: list[int], p: SamplingParams, eos: int) -> list[float]:

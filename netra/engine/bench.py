@@ -94,7 +94,7 @@ def in_process(args: argparse.Namespace) -> dict[str, Any]:
 
     from netra.engine.engine import build_engine
     from netra.engine.options import EngineOptions
-    from netra.engine.scheduler import Request, SamplingParams
+    from netra.engine.request import Request, SamplingParams
 
     torch.set_num_threads(args.torch_threads)
     out: dict[str, Any] = {}

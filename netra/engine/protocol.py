@@ -20,8 +20,8 @@ from pydantic import (
     ValidationError,
 )
 
+from netra.engine.request import SamplingParams
 from netra.engine.sampler import TOP_LOGPROBS_MAX
-from netra.engine.scheduler import SamplingParams
 
 
 class RequestError(ValueError):

@@ -26,7 +26,7 @@ from netra.ops import sampling
 
 if TYPE_CHECKING:
     from netra.engine.grammar import Grammar
-    from netra.engine.scheduler import SamplingParams
+    from netra.engine.request import SamplingParams
 
 TOP_LOGPROBS_MAX = 20  # OpenAI's limit for top_logprobs; a step computes this many when any row asks
 

@@ -34,8 +34,8 @@ from netra.engine.grammar import Grammar, GrammarError, grammar_tokenizer
 from netra.engine.metrics import EngineMetrics
 from netra.engine.options import EngineOptions
 from netra.engine.protocol import RequestError, check_request, parse_generate, parse_json
-from netra.engine.scheduler import Output, SamplingParams
-from netra.engine.scheduler import Request as EngineRequest
+from netra.engine.request import Output, SamplingParams
+from netra.engine.request import Request as EngineRequest
 from netra.engine.tokenizer import IncrementalDecoder
 from netra.serve.errors import OpenAIError, error_body
 from netra.serve.intake import read_body

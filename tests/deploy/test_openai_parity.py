@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from netra.bench import datasets
 from netra.engine.engine import Engine, build_engine
 from netra.engine.options import EngineOptions
-from netra.engine.scheduler import Output, Request, SamplingParams
+from netra.engine.request import Output, Request, SamplingParams
 from netra.engine.tokenizer import BYTE_SPECIALS, ByteTokenizer
 from netra.ops import sampling
 from netra.serve.tokenizer import ChatTemplate

@@ -14,7 +14,7 @@ from netra.engine.config import preset
 from netra.engine.engine import build_engine
 from netra.engine.model import Model, prefill_batch
 from netra.engine.options import EngineOptions
-from netra.engine.scheduler import Output, Request, SamplingParams
+from netra.engine.request import Output, Request, SamplingParams
 from netra.engine.weights import seeded_weights, weights_to
 
 pytestmark = pytest.mark.gpu

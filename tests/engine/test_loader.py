@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from netra.engine.engine import build_engine
 from netra.engine.loader import CheckpointError, load_checkpoint, save_checkpoint
 from netra.engine.options import EngineOptions
-from netra.engine.scheduler import Output, Request, SamplingParams
+from netra.engine.request import Output, Request, SamplingParams
 from netra.engine.weights import seeded_weights
 
 

@@ -10,7 +10,7 @@ from netra.engine.config import preset
 from netra.engine.engine import build_engine
 from netra.engine.memory import plan_pools, slot_bytes
 from netra.engine.options import EngineOptions, OptionsError
-from netra.engine.scheduler import Output, Request, SamplingParams
+from netra.engine.request import Output, Request, SamplingParams
 
 CPU = torch.device("cpu")
 

@@ -8,7 +8,7 @@ import pytest
 
 from netra.engine.engine import Engine, build_engine
 from netra.engine.options import EngineOptions, OptionsError
-from netra.engine.scheduler import Output, Request, SamplingParams
+from netra.engine.request import Output, Request, SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=30, temperature=0.0, ignore_eos=True)
 HOT = SamplingParams(max_new_tokens=30, temperature=1.0, top_p=0.9, ignore_eos=True)

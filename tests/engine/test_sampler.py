@@ -11,8 +11,8 @@ import torch
 
 from netra.engine.cache import PAD_SLOT
 from netra.engine.grammar import Grammar, GrammarError, grammar_tokenizer
+from netra.engine.request import SamplingParams
 from netra.engine.sampler import TOP_LOGPROBS_MAX, SlotSampler, StepVariant
-from netra.engine.scheduler import SamplingParams
 from netra.engine.tokenizer import ByteTokenizer
 from netra.ops import sampling
 from tests.reference import penalized

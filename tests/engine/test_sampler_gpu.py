@@ -15,8 +15,8 @@ import torch
 
 from netra.engine.cache import PAD_SLOT
 from netra.engine.grammar import Grammar, grammar_tokenizer
+from netra.engine.request import Output, Request, SamplingParams
 from netra.engine.sampler import SlotSampler, StepVariant
-from netra.engine.scheduler import Output, Request, SamplingParams
 from netra.engine.tokenizer import ByteTokenizer
 
 pytestmark = pytest.mark.gpu
@@ -121,7 +121,7 @@ def test_engine_with_decode_graphs_matches_eager_on_penalised_and_constrained_re
             e.scheduler.submit(Request(str(i), prompts[i], p2, sink, seed=100 + i, grammar=g))
         e.scheduler.run_until_idle()
         runs.append([got[str(i)] for i in range(4)])
-        graphs = max(graphs, len(e.scheduler._graphs))
+        graphs = max(graphs, len(e.scheduler.runner.graphs))
     assert runs[0] == runs[1]
     json.loads(bytes(runs[0][2]).decode())  # the constrained row is valid JSON
     print(f"engine graphs vs eager: {sum(map(len, runs[0]))} tokens equal, {graphs} decode graphs captured, "

@@ -10,7 +10,7 @@ import torch
 from netra.engine.engine import Engine, build_engine
 from netra.engine.memory import slot_bytes
 from netra.engine.options import EngineOptions
-from netra.engine.scheduler import Output, Request, SamplingParams
+from netra.engine.request import Output, Request, SamplingParams
 
 pytestmark = pytest.mark.gpu
 

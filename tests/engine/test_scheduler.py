@@ -8,7 +8,7 @@ import torch
 from netra.engine.cache import PAD_SLOT
 from netra.engine.engine import Engine, build_engine
 from netra.engine.options import EngineOptions, OptionsError
-from netra.engine.scheduler import Output, Request, SamplingParams
+from netra.engine.request import Output, Request, SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
 
@@ -232,7 +232,7 @@ def test_warm_up_moves_no_request_state_and_changes_no_output() -> None:
         return forward(fb)
 
     e_warm.model.forward = spy  # type: ignore[method-assign]
-    e_warm.scheduler.warm_up()
+    e_warm.scheduler.runner.warm_up()
     e_warm.model.forward = forward  # type: ignore[method-assign]
     assert seen and all(len(set(slots)) == len(slots) for slots, _, _ in seen), seen
     assert any(nd > 0 for _, nd, _ in seen) and all(t <= 40 for _, _, t in seen), seen
@@ -252,13 +252,13 @@ def test_warm_up_borrows_a_slot_per_prompt_and_gives_them_back() -> None:
     is warmed as several prompts on distinct borrowed slots; with no slot free, one prompt on the pad slot."""
     e = _engine(chunked_prefill_size=64, context_length=24)
     slots = [e.pools.alloc() for _ in range(3)]
-    shapes = e.scheduler._warm_shapes(64, 23, slots)
+    shapes = e.scheduler.runner.warm_shapes(64, 23, slots)
     wide = shapes[0][0]
     assert [c[0] for c in wide] == slots and [len(c[1]) for c in wide] == [23, 23, 18]
     for chunks, decode in shapes:
         assert len({c[0] for c in chunks}) == len(chunks) and sum(len(c[1]) for c in chunks) + len(decode) <= 64
     assert sorted({len(d) for _, d in shapes}) == [0, 1, 4]  # never more decode rows than max_running_requests (4)
-    assert e.scheduler._warm_shapes(64, 23, []) == [([(PAD_SLOT, [0] * 23, 0, True)], [])]
+    assert e.scheduler.runner.warm_shapes(64, 23, []) == [([(PAD_SLOT, [0] * 23, 0, True)], [])]
 
 
 def test_health_waits_for_the_warm_up_only_where_one_runs() -> None:
