@@ -32,4 +32,6 @@ OPS: dict[str, str] = {
     "gdn_prefill": "netra.ops.gdn",
     "gdn_decode": "netra.ops.gdn",
     "gdn_decode_fused": "netra.ops.gdn",
+    "gdn_verify": "netra.ops.gdn",
+    "gdn_commit": "netra.ops.gdn",
 }

@@ -24,14 +24,18 @@ reference instead. Against the reference (FP32): fla rounds the L2-normalised q/
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from netra import settings
+from netra.ops import conv
 from netra.ops._common import bind, device_ints, route
 from netra.ops._triton import launch_tactic
+
+log = logging.getLogger("netra.ops.gdn")
 
 L2_EPS = 1e-6
 # fla-core's chunked prefill against the FP32 reference (atol, rtol) on outputs and final states.
@@ -281,4 +285,201 @@ def gdn_decode_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch
     return gdn_decode_fused_ref(q, k, v, a, b, a_log, dt_bias, state_pool, slots)
 
 
+# ---- speculative decoding: verify a block of T tokens per request without writing state, then commit the accepted
+# prefix by replaying it through the decode token step (docs/kernels.md, "GDN verify and commit").
+
+ConvStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+GDNStep = Callable[..., torch.Tensor]
+
+
+def gdn_split_heads(qkv_dim: int, v_heads: int, k_dim: int, v_dim: int) -> int:
+    """The key head count of a conv row of ``qkv_dim = 2·Hk·dk + Hv·dv`` channels (q | k | v)."""
+    hk, rem = divmod(qkv_dim - v_heads * v_dim, 2 * k_dim)
+    if rem or hk <= 0 or v_heads % hk:
+        raise ValueError(f"conv rows of {qkv_dim} channels do not split into q | k | v with {v_heads} value heads "
+                         f"of {v_dim} and key heads of {k_dim} (2·Hk·dk + Hv·dv, Hv a multiple of Hk)")
+    return hk
+
+
+def _qkv_views(y: torch.Tensor, hk: int, dk: int, hv: int, dv: int
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v of conv output rows ``y [n, C]``, as the engine's decode step makes them (strided views)."""
+    n, kd = y.shape[0], hk * dk
+    return y[:, :kd].reshape(n, hk, dk), y[:, kd:2 * kd].reshape(n, hk, dk), y[:, 2 * kd:].reshape(n, hv, dv)
+
+
+def gdn_verify_ref(qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, conv_weight: torch.Tensor,
+                   a_log: torch.Tensor, dt_bias: torch.Tensor, conv_pool: torch.Tensor, ssm_pool: torch.Tensor,
+                   slots: torch.Tensor, tokens: int, *, conv_step: ConvStep | None = None,
+                   gdn_step: GDNStep | None = None) -> torch.Tensor:
+    """`gdn_verify` as ``tokens`` decode steps (``conv_step`` then ``gdn_step``, by default the dispatching decode
+    ops `netra.ops.conv.causal_conv1d_update` and `gdn_decode_fused`) on a copy of the slots' conv windows and
+    states: request r is row r + 1 of the copy (a pad row stays on the copy's pad row 0), so no real row lands on
+    the pad index and the real pools are only read. Bitwise T decode steps by construction, whatever the decode
+    ops dispatch to."""
+    conv_step = conv.causal_conv1d_update if conv_step is None else conv_step
+    gdn_step = gdn_decode_fused if gdn_step is None else gdn_step
+    bsz = slots.shape[0]
+    hv, dk, dv = ssm_pool.shape[1:]
+    hk = gdn_split_heads(qkv.shape[1], hv, dk, dv)
+    if qkv.shape[0] != bsz * tokens:
+        raise ValueError(f"gdn_verify: {qkv.shape[0]} qkv rows, expected batch {bsz} x {tokens} tokens")
+    live = slots != PAD_SLOT
+    rows = torch.where(live, torch.arange(1, bsz + 1, device=slots.device), PAD_SLOT)
+    conv_tmp = torch.zeros((bsz + 1, *conv_pool.shape[1:]), dtype=conv_pool.dtype, device=conv_pool.device)
+    ssm_tmp = torch.zeros((bsz + 1, *ssm_pool.shape[1:]), dtype=ssm_pool.dtype, device=ssm_pool.device)
+    conv_tmp[1:] = conv_pool.index_select(0, slots)
+    ssm_tmp[1:] = ssm_pool.index_select(0, slots)
+    xs, as_, bs_ = qkv.unflatten(0, (bsz, tokens)), a.unflatten(0, (bsz, tokens)), b.unflatten(0, (bsz, tokens))
+    outs = []
+    for j in range(tokens):
+        q, k, v = _qkv_views(conv_step(xs[:, j], conv_weight, conv_tmp, rows), hk, dk, hv, dv)
+        outs.append(gdn_step(q, k, v, as_[:, j], bs_[:, j], a_log, dt_bias, ssm_tmp, rows))
+    return torch.stack(outs, dim=1).flatten(0, 1)
+
+
+def gdn_commit_ref(qkv_stash: torch.Tensor, a_stash: torch.Tensor, b_stash: torch.Tensor,
+                   conv_weights: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, conv_pool: torch.Tensor,
+                   ssm_pool: torch.Tensor, slots: torch.Tensor, count: torch.Tensor, tokens: int, *,
+                   conv_step: ConvStep | None = None, gdn_step: GDNStep | None = None) -> None:
+    """`gdn_commit` as decode steps: for every layer and j < tokens, ``conv_step`` then ``gdn_step`` (by default the
+    dispatching decode ops) on the real pools, with the rows of requests whose ``count <= j`` redirected to the pad
+    slot (they touch nothing). No host read of ``count``."""
+    conv_step = conv.causal_conv1d_update if conv_step is None else conv_step
+    gdn_step = gdn_decode_fused if gdn_step is None else gdn_step
+    n_layers, bsz = qkv_stash.shape[0], slots.shape[0]
+    hv, dk, dv = ssm_pool.shape[2:]
+    hk = gdn_split_heads(qkv_stash.shape[2], hv, dk, dv)
+    if qkv_stash.shape[1] != bsz * tokens:
+        raise ValueError(f"gdn_commit: {qkv_stash.shape[1]} stashed rows, expected batch {bsz} x {tokens} tokens")
+    step_slots = [torch.where(count > j, slots, PAD_SLOT) for j in range(tokens)]
+    for li in range(n_layers):
+        xs = qkv_stash[li].unflatten(0, (bsz, tokens))
+        as_, bs_ = a_stash[li].unflatten(0, (bsz, tokens)), b_stash[li].unflatten(0, (bsz, tokens))
+        for j in range(tokens):
+            y = conv_step(xs[:, j], conv_weights[li], conv_pool[li], step_slots[j])
+            q, k, v = _qkv_views(y, hk, dk, hv, dv)
+            gdn_step(q, k, v, as_[:, j], bs_[:, j], a_log[li], dt_bias[li], ssm_pool[li], step_slots[j])
+
+
+CONV_UPDATE_SOURCE = "kernels/sm90/conv/conv1d_update.py"
+GDN_DECODE_SOURCE = "kernels/sm90/gdn/gdn_decode.py"
+_pairing: dict[tuple[Any, ...], str | None] = {}
+_pairing_logged: set[tuple[str, str]] = set()
+
+
+def _decode_pairing(fused: Any, x_row: torch.Tensor, conv_weight: torch.Tensor, conv_state: torch.Tensor,
+                    a_row: torch.Tensor, b_row: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor,
+                    ssm_state: torch.Tensor, slots: torch.Tensor) -> str | None:
+    """Why the fused verify/commit tactic ``fused`` (a decision) is NOT bitwise the decode step the reference
+    would take at this call, or None when it is. The fused kernels repeat the decode tactics' arithmetic (the conv
+    tactic's per-channel sum, the GDN tactic's one-pass [dk, BV] tile, its reductions in its layout), so they
+    stand in for the decode ops only where dispatch sends those to exactly these tactics: the Triton conv update,
+    and the one-pass GDN decode kernel at the fused contract's BV and warps. Elsewhere (a decode op on its
+    PyTorch reference, another tile) the op runs its reference: the decode ops looped."""
+    contract = fused.contract
+    hv, dk, dv = ssm_state.shape[1:]
+    key = (contract.name, x_row.dtype, conv_weight.dtype, conv_state.dtype, a_row.dtype, b_row.dtype,
+           a_log.dtype, dt_bias.dtype, ssm_state.dtype, x_row.device, tuple(x_row.shape), hv, dk, dv)
+    if key in _pairing:
+        return _pairing[key]
+    bsz = x_row.shape[0]
+    hk = gdn_split_heads(x_row.shape[1], hv, dk, dv)
+    conv_hit = route("causal_conv1d_update", {"x": x_row, "w": conv_weight, "state": conv_state, "slots": slots},
+                     {"batch": bsz, "channels": x_row.shape[1], "width": conv_weight.shape[1]})
+    y = torch.empty(x_row.shape, dtype=x_row.dtype, device=x_row.device)
+    q, k, v = _qkv_views(y, hk, dk, hv, dv)
+    gdn_hit = route("gdn_decode_fused", {"q": q, "k": k, "v": v, "a": a_row, "b": b_row, "a_log": a_log,
+                                         "dt_bias": dt_bias, "state": ssm_state, "slots": slots},
+                    {"batch": bsz, "k_heads": hk, "v_heads": hv, "k_dim": dk, "v_dim": dv})
+    why: str | None = None
+    if conv_hit is None or conv_hit[1].contract is None:
+        why = "the decode conv step runs its reference here"
+    elif conv_hit[1].contract.kernel["source"] != CONV_UPDATE_SOURCE:
+        why = f"the decode conv step is {conv_hit[1].contract.name}, not the Triton conv update"
+    elif gdn_hit is None or gdn_hit[1].contract is None:
+        why = "the GDN decode step runs its reference here"
+    else:
+        dec = gdn_hit[1].contract
+        meta, mine = dec.launch.get("meta", {}), contract.launch["meta"]
+        if dec.kernel["source"] != GDN_DECODE_SOURCE or meta.get("BK", 0) or meta.get("RELOAD", 0):
+            why = f"the GDN decode step is {dec.name}, not the one-pass Triton tile"
+        elif (meta.get("BV"), dec.launch["block"]) != (mine["BV"], contract.launch["block"]):
+            why = (f"the GDN decode step is {dec.name} (BV {meta.get('BV')}, {dec.launch['block']} threads), "
+                   f"not this contract's tile (BV {mine['BV']}, {contract.launch['block']} threads)")
+    _pairing[key] = why
+    if why is not None and (contract.name, why) not in _pairing_logged:
+        _pairing_logged.add((contract.name, why))
+        log.info("netra %s: fallback to the decode-step reference (%s is bitwise only against its decode "
+                 "tactics: %s)", contract.op, contract.name, why)
+    return why
+
+
+def _replay_dims(bsz: int, tokens: int, hk: int, hv: int, dk: int, dv: int, channels: int, width: int
+                 ) -> dict[str, int]:
+    return {"batch": bsz, "block_tokens": tokens, "k_heads": hk, "v_heads": hv, "k_dim": dk, "v_dim": dv,
+            "channels": channels, "width": width}
+
+
+def gdn_verify(qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, conv_weight: torch.Tensor, a_log: torch.Tensor,
+               dt_bias: torch.Tensor, conv_pool: torch.Tensor, ssm_pool: torch.Tensor, slots: torch.Tensor,
+               tokens: int) -> torch.Tensor:
+    """The GDN outputs of a speculative block, writing no state.
+
+    ``qkv [B·T, C]`` (pre-conv rows, in_proj output; rows grouped per request: row ``r·T + j`` is token j of request
+    r), ``a, b [B·T, Hv]`` (raw projections), ``conv_weight [C, K]``, ``a_log, dt_bias [Hv]``, ``conv_pool [slots,
+    C, K-1]``, ``ssm_pool [slots, Hv, dk, dv]`` (fp32 or bf16), ``slots [B]`` int64, ``tokens`` = T (host int);
+    ``C = 2·Hk·dk + Hv·dv`` (q | k | v). Returns ``o [B·T, Hv, dv]`` in qkv's dtype: the outputs of T sequential
+    decode steps (conv update + `gdn_decode_fused`) from each slot's committed conv window and state; both pools
+    are only read. Pad rows (slot 0) give zeros. Tactic: contracts ``gdn_verify_*`` (kernels/sm90/gdn/
+    gdn_replay.py), used only where bitwise the decode steps (`_decode_pairing`); fallback `gdn_verify_ref`."""
+    bsz = slots.shape[0]
+    hv, dk, dv = ssm_pool.shape[1:]
+    hk = gdn_split_heads(qkv.shape[1], hv, dk, dv)
+    hit = route("gdn_verify", {"qkv": qkv, "a": a, "b": b, "w": conv_weight, "a_log": a_log, "dt_bias": dt_bias,
+                               "conv_state": conv_pool, "state": ssm_pool, "slots": slots},
+                _replay_dims(bsz, tokens, hk, hv, dk, dv, qkv.shape[1], conv_weight.shape[1]))
+    if hit is not None and _decode_pairing(hit[1], qkv.unflatten(0, (bsz, tokens))[:, 0], conv_weight, conv_pool,
+                                           a[::tokens], b[::tokens], a_log, dt_bias, ssm_pool, slots) is None:
+        out: torch.Tensor = hit[0](hit[1], qkv=qkv, a=a, b=b, conv_weight=conv_weight, a_log=a_log,
+                                   dt_bias=dt_bias, conv_pool=conv_pool, ssm_pool=ssm_pool, slots=slots,
+                                   tokens=tokens)
+        return out
+    return gdn_verify_ref(qkv, a, b, conv_weight, a_log, dt_bias, conv_pool, ssm_pool, slots, tokens)
+
+
+def gdn_commit(qkv_stash: torch.Tensor, a_stash: torch.Tensor, b_stash: torch.Tensor, conv_weights: torch.Tensor,
+               a_log: torch.Tensor, dt_bias: torch.Tensor, conv_pool: torch.Tensor, ssm_pool: torch.Tensor,
+               slots: torch.Tensor, count: torch.Tensor, tokens: int) -> None:
+    """Commit the accepted prefix of a verified block in every GDN layer: replays tokens ``0..count[r]-1`` of
+    request r through the decode token step (conv update, then `gdn_decode_fused`) on the real pools, so the
+    committed conv windows and states are bitwise ``count[r]`` decode steps.
+
+    ``qkv_stash [L, B·T, C]``, ``a_stash, b_stash [L, B·T, Hv]`` (`gdn_verify`'s inputs of each layer, stacked),
+    ``conv_weights [L, C, K]``, ``a_log, dt_bias [L, Hv]``, ``conv_pool [L, slots, C, K-1]``, ``ssm_pool [L, slots,
+    Hv, dk, dv]`` (the engine's whole pools), ``slots [B]`` int64, ``count [B]`` int32/int64 on the device (0..T;
+    0 and pad rows commit nothing), ``tokens`` = T. No host read of ``count``: graph-capturable. The stash is
+    consumed: the Triton tactic overwrites rows ``j < count[r]`` of ``qkv_stash`` with their post-conv values (the
+    reference leaves it). Tactic: contracts ``gdn_commit_*`` (kernels/sm90/gdn/gdn_replay.py), used only where
+    bitwise the decode steps (`_decode_pairing`); fallback `gdn_commit_ref`."""
+    n_layers, bsz = qkv_stash.shape[0], slots.shape[0]
+    hv, dk, dv = ssm_pool.shape[2:]
+    hk = gdn_split_heads(qkv_stash.shape[2], hv, dk, dv)
+    dims = _replay_dims(bsz, tokens, hk, hv, dk, dv, qkv_stash.shape[2], conv_weights.shape[2])
+    hit = route("gdn_commit", {"qkv": qkv_stash, "a": a_stash, "b": b_stash, "w": conv_weights, "a_log": a_log,
+                               "dt_bias": dt_bias, "conv_state": conv_pool, "state": ssm_pool, "slots": slots,
+                               "count": count}, {"layers": n_layers, **dims})
+    if hit is not None and _decode_pairing(hit[1], qkv_stash[0].unflatten(0, (bsz, tokens))[:, 0], conv_weights[0],
+                                           conv_pool[0], a_stash[0, ::tokens], b_stash[0, ::tokens], a_log[0],
+                                           dt_bias[0], ssm_pool[0], slots) is None:
+        hit[0](hit[1], qkv_stash=qkv_stash, a_stash=a_stash, b_stash=b_stash, conv_weights=conv_weights,
+               a_log=a_log, dt_bias=dt_bias, conv_pool=conv_pool, ssm_pool=ssm_pool, slots=slots, count=count,
+               tokens=tokens)
+        return
+    gdn_commit_ref(qkv_stash, a_stash, b_stash, conv_weights, a_log, dt_bias, conv_pool, ssm_pool, slots, count,
+                   tokens)
+
+
 bind("gdn_decode_fused", launch_tactic)
+bind("gdn_verify", launch_tactic)
+bind("gdn_commit", launch_tactic)
