@@ -8,6 +8,17 @@ mixed batch (``decode_rows`` decode rows first, then prefill chunks): row-wise o
 token, the mixers (attention, convolution, delta rule) run their decode op on the decode rows and
 their prefill op on the chunks, so a decode row's arithmetic is the decode path's. The decode path reads only tensors of fixed shape per bucket (plus ``max_len``, the reference's
 attention span), so a captured graph can replay it from persistent buffers.
+
+Speculative verify (``spec_tokens`` = T > 0 on a decode batch): the rows are B blocks of T tokens, row
+(r, i) a decode row of request r at position committed + i, so attention, norms, MoE and projections run
+the decode path row by row (the K/V store of every row runs before attention reads it, so row i sees the
+block's rows before it). Only the GDN layers differ: each block's T token steps run the decode ops
+(convolution update, fused delta rule) on a copy of the request's window and state, so no pool moves; the
+layers' pre-convolution rows and gating inputs are kept (`ForwardOut.gdn_stash`) for `Model.commit_gdn`,
+which replays a block's accepted prefix through the same decode ops on the real pools.
+
+Hidden-state capture (`Model.run` with ``capture``): the output of decoder layer i (the residual stream after
+layer i's MoE, Hugging Face's ``hidden_states[i + 1]``) of every token row, for a drafter.
 """
 
 from __future__ import annotations
@@ -43,6 +54,19 @@ class ForwardBatch:
     # Mixed batch (decode False): the first ``decode_rows`` tokens are decode rows described by
     # ``slots`` / ``seq_lens`` / ``max_len``; the prefill chunks (``seq_*``, ``q_lens``) follow them.
     decode_rows: int = 0
+    # Speculative verify (decode True): the rows are ``len // spec_tokens`` blocks of ``spec_tokens`` rows, one
+    # block per request (``slots``, ``seq_lens``, ``positions`` per row); 0: an ordinary batch.
+    spec_tokens: int = 0
+
+
+@dataclass
+class ForwardOut:
+    logits: torch.Tensor  # [len(logits_rows), vocab] FP32
+    # capture: the outputs of the captured decoder layers, concatenated per token row [T, layers x hidden]
+    features: torch.Tensor | None = None
+    # spec_tokens > 0: every GDN layer's (pool order) pre-convolution rows [L, T, conv_dim] and gating inputs
+    # a, b [L, T, Hv] (what `Model.commit_gdn` replays)
+    gdn_stash: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 class Model:
@@ -61,6 +85,7 @@ class Model:
             # rounding decisions and drift from the oracle; tactics are unaffected (own kernels).
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
+        self._gdn_stack: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         if device.type == "cpu":
             # Every op runs its reference on a CPU: dequantize each projection once into the
             # accumulator dtype instead of on every call (same numbers, far fewer ops per step).
@@ -85,8 +110,16 @@ class Model:
 
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Logits ``[len(logits_rows), vocab]`` FP32 for the requested rows; updates the pools."""
+        return self.run(fb).logits
+
+    def run(self, fb: ForwardBatch, capture: tuple[int, ...] = ()) -> ForwardOut:
+        """`forward`, with the outputs of the decoder layers ``capture`` (HF's ``hidden_states[i + 1]``) and,
+        in a verify batch, the GDN layers' inputs."""
         cfg = self.cfg
         eps = cfg.rms_norm_eps
+        out = ForwardOut(logits=torch.empty(0))
+        saved: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        taken: dict[int, torch.Tensor] = {}
         h = self.w.embed.index_select(0, fb.input_ids)
         residual = h
         xa = norm.rmsnorm_quant(h, self.w.layers[0].input_layernorm, eps, self.in_quant[0])
@@ -96,11 +129,19 @@ class Model:
             if isinstance(layer.mixer, AttentionWeights):
                 h = self._attention(xa, layer.mixer, fb, self.pools.attn_index[i])
             else:
-                h = self._gdn(xa, layer.mixer, fb, self.pools.gdn_index[i], self.out_quant[i])
+                h = self._gdn(xa, layer.mixer, fb, self.pools.gdn_index[i], self.out_quant[i], saved)
             x, residual = norm.add_rmsnorm(h, residual, layer.post_attention_layernorm, eps)
             h = moe(x, layer.moe)
+            if i in capture:  # the residual add the next norm makes (add_rmsnorm's rounding: one op)
+                taken[i] = h + residual if h.dtype == residual.dtype else (h.float() + residual.float()).to(residual.dtype)
         x, _ = norm.add_rmsnorm(h, residual, self.w.norm, eps)
-        return linear(x.index_select(0, fb.logits_rows), self.w.lm_head, torch.float32)
+        if saved:
+            qkv, a, b = (torch.stack(t) for t in zip(*saved, strict=True))
+            out.gdn_stash = (qkv, a, b)
+        if capture:
+            out.features = torch.cat([taken[i] for i in capture], dim=-1)
+        out.logits = linear(x.index_select(0, fb.logits_rows), self.w.lm_head, torch.float32)
+        return out
 
     def _attention(self, x: torch.Tensor | fp8.GroupQuantized, w: AttentionWeights, fb: ForwardBatch, li: int
                    ) -> torch.Tensor:
@@ -131,7 +172,7 @@ class Model:
         return linear(o.reshape(t, hq * d), w.o_proj)
 
     def _gdn(self, x: torch.Tensor | fp8.GroupQuantized, w: GDNWeights, fb: ForwardBatch, li: int,
-             out_quant: str) -> torch.Tensor:
+             out_quant: str, saved: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         cfg = self.cfg
         t = x.shape[0]
         hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
@@ -141,6 +182,12 @@ class Model:
         b, a = linear_group(x, [w.in_proj_b, w.in_proj_a])
         conv_pool, ssm_pool = self.pools.conv[li], self.pools.ssm[li]
         nd = fb.decode_rows
+        if fb.spec_tokens:  # the block's T decode steps from a copy of the state; the inputs kept for the commit
+            saved.append((qkv, a, b))
+            o = gdn.gdn_verify(qkv, a, b, w.conv1d, w.a_log, w.dt_bias, conv_pool, ssm_pool,
+                               fb.slots[::fb.spec_tokens], fb.spec_tokens)
+            rows = norm.gated_rmsnorm_quant(o, z, w.norm, cfg.rms_norm_eps, out_quant)
+            return linear(rows.reshape(t, hv * dv), w.out_proj)
         if fb.decode:
             qkv = conv.causal_conv1d_update(qkv, w.conv1d, conv_pool, fb.slots)
         elif nd:
@@ -162,6 +209,25 @@ class Model:
                                                     ssm_pool, fb.slots), o])
         rows = norm.gated_rmsnorm_quant(o, z, w.norm, cfg.rms_norm_eps, out_quant)
         return linear(rows.reshape(t, hv * dv), w.out_proj)
+
+    def commit_gdn(self, stash: tuple[torch.Tensor, torch.Tensor, torch.Tensor], slots: torch.Tensor,
+                   counts: torch.Tensor, steps: int) -> None:
+        """Advance the GDN pools of the blocks' requests (``slots [B]``) by the first ``counts [B]`` rows of a
+        verify batch of ``steps`` rows per block (`ForwardOut.gdn_stash`), through the decode token step on the
+        real pools (`gdn.gdn_commit`): the state equals that of ``counts`` decode steps. Fixed shapes, no host
+        synchronisation."""
+        conv_w, a_log, dt_bias = self._gdn_params()
+        gdn.gdn_commit(*stash, conv_w, a_log, dt_bias, self.pools.conv, self.pools.ssm, slots, counts, steps)
+
+    def _gdn_params(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every GDN layer's conv weight, A_log and dt_bias, stacked in pool order (made once)."""
+        if self._gdn_stack is None:
+            ws = [self.w.layers[i].mixer for i in self.cfg.gdn_layers]
+            assert all(isinstance(w, GDNWeights) for w in ws)
+            self._gdn_stack = tuple(torch.stack([getattr(w, name) for w in ws])  # type: ignore[assignment]
+                                    for name in ("conv1d", "a_log", "dt_bias"))
+        assert self._gdn_stack is not None
+        return self._gdn_stack
 
 
 def prefill_batch(device: torch.device, chunks: list[tuple[int, list[int], int, bool]],

@@ -247,3 +247,33 @@ def test_fp8_checkpoint_with_the_real_vocabulary_matches_transformers(qwen36_che
         want = ref_w.detach()
         cols = linear(torch.eye(w.in_features, dtype=torch.bfloat16), w).float().t()
         assert torch.allclose(cols, want, rtol=2 ** -8, atol=1e-6 * float(want.abs().max())), name
+
+
+def test_captured_layer_outputs_are_hf_hidden_states_shifted_by_one() -> None:
+    """`Model.run(capture=...)` gives the output of decoder layer i, Hugging Face's ``hidden_states[i + 1]`` (the
+    drafter's convention): layer i's capture is nearest to hidden_states[i + 1] of every index, within BF16 noise
+    (HF's last entry is final-normed, so the last layer is checked otherwise: its capture through the final norm
+    and lm_head is the forward's logits, bitwise)."""
+    from netra.ops import norm
+
+    cfg = replace(preset("tiny"), fp8_weights=False)
+    weights = seeded_weights(cfg, 0)
+    prompt = [(i * 37 + 11) % 256 for i in range(40)]
+    dev = torch.device("cpu")
+    ours = Model(cfg, weights, StatePools(cfg, 2, 256, dev, "bfloat16"), dev)
+    layers = tuple(range(cfg.num_hidden_layers))
+    fb = prefill_batch(dev, [(1, prompt, 0, True)])
+    fb.logits_rows = torch.arange(len(prompt))
+    out = ours.run(fb, capture=layers)
+    assert out.features is not None
+    feats = out.features.double().view(len(prompt), len(layers), cfg.hidden_size)
+    with torch.no_grad():
+        hs = _reference(cfg, state_dict(cfg, weights))(input_ids=torch.tensor([prompt]), use_cache=False,
+                                                       output_hidden_states=True).hidden_states
+    for i in layers[:-1]:  # HF's last hidden state is the final-normed one, not the last layer's output
+        dist = [float((feats[:, i] - h[0].double()).norm() / h[0].double().norm()) for h in hs[:-1]]
+        assert min(range(len(dist)), key=dist.__getitem__) == i + 1, (i, dist)
+        assert dist[i + 1] < 0.05, (i, dist)
+    last, _ = norm.add_rmsnorm(out.features[:, -cfg.hidden_size:], torch.zeros_like(out.features[:, :cfg.hidden_size]),
+                               weights.norm, cfg.rms_norm_eps)
+    assert torch.equal(linear(last, weights.lm_head, torch.float32), out.logits)
