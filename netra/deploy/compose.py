@@ -310,8 +310,8 @@ def verification_problems(profile: Any, plan: Any, base: Any | None = None) -> l
         except (sg.SGLangArgsError, sg.SGLangUnavailable) as exc:
             return [*problems, str(exc)]
         for w, view in zip(plan.workers, views, strict=True):
-            problems += [f"worker {w.index}: {p}" for p in sg.compare_fields(
-                view, sg.expected_fields(profile, host="127.0.0.1", port=w.engine_port))]
+            problems += [f"worker {w.index}: {p}" for p in sg.check_view(
+                profile, view, host="127.0.0.1", port=w.engine_port)]
     return problems
 
 

@@ -235,8 +235,18 @@ def _sglang_expect(profile: Profile, port: int) -> dict[str, Any]:
         expect["cuda_graph_bs_decode"] = list(e.cuda_graph_bs)
     if e.mamba_ssm_dtype is not None:
         expect["mamba_ssm_dtype"] = e.mamba_ssm_dtype
-    if e.speculative is not None:
-        expect["speculative_algorithm"] = e.speculative.algorithm
+    spec = e.speculative
+    if spec is not None:
+        # The drafter the worker runs, as locked (and, for DFLASH, the verify block its worker reads; the
+        # EAGLE family's handler may rewrite num_draft_tokens, so it is audited for DFLASH only).
+        expect["speculative_algorithm"] = spec.algorithm
+        expect["speculative_draft_model_path"] = spec.draft_model_path
+        if spec.draft_revision:
+            expect["speculative_draft_model_revision"] = spec.draft_revision
+        if spec.algorithm == "DFLASH":
+            expect["speculative_num_draft_tokens"] = spec.num_draft_tokens
+        if spec.draft_window_size is not None:
+            expect["speculative_draft_window_size"] = spec.draft_window_size
     if e.reasoning_parser is not None:
         expect["reasoning_parser"] = e.reasoning_parser
     if e.tool_call_parser is not None:

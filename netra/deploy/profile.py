@@ -60,6 +60,14 @@ class Speculative:
     num_steps: int | None = field(default=None, metadata=_meta("draft steps (EAGLE family)", ge=1, le=64))
     eagle_topk: int | None = field(default=None, metadata=_meta("draft top-k per step (EAGLE family)", ge=1))
     draft_window_size: int | None = field(default=None, metadata=_meta("draft attention window (tokens)", ge=1))
+    # The drafter's identity, as checkpoint.* is the target's: the profile lock covers both keys, and the launch
+    # refuses a local drafter folder that is missing or whose config.json hashes otherwise (netra/deploy/verify.py).
+    draft_revision: str | None = field(default=None, metadata=_meta(
+        "drafter's Hugging Face revision (commit), SGLang's --speculative-draft-model-revision; null: SGLang's "
+        "default (main)"))
+    draft_config_sha256: str | None = field(default=None, metadata=_meta(
+        "sha256 of the drafter's config.json; a launch whose drafter folder is missing or differs is refused",
+        pattern=r"^[0-9a-f]{64}$"))
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,13 @@ class ServerArgsView:
     # SGLang's own resolution of the CUDA/HIP graph options ({"decode": {...}, "prefill": {...}}):
     # which backend captures graphs and at which batch sizes, as the server would.
     cuda_graph: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    # Option as spelled on the command line -> the ServerArgs field SGLang's parser writes it to (argparse's
+    # dest): what `check_view` holds each rendered option's intended field against.
+    dests: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # For DFLASH: the speculative fields after SGLang's own DFLASH handler ran on the record
+    # (speculative_num_draft_tokens, speculative_num_steps, speculative_eagle_topk); empty otherwise, or
+    # {"unresolved": why} where running it here would have read the drafter's config from the hub.
+    speculative: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     def decode_graph_sizes(self) -> list[int]:
         """Decode batch sizes SGLang would capture (empty when decode graphs are disabled)."""
@@ -182,15 +189,18 @@ def options(profile: Any, *, host: str, port: int) -> list[Option]:
         opts.append(Option("--speculative-algorithm", "speculative_algorithm", spec.algorithm))
         opts.append(Option("--speculative-draft-model-path", "speculative_draft_model_path",
                            spec.draft_model_path))
-        if spec.algorithm == "DFLASH":
-            # 0.5.23: for DFLASH the block size is the verify window; it is the same quantity as
-            # --speculative-num-draft-tokens and SGLang refuses the two when they differ, so only the
-            # DFLASH spelling is rendered.
-            opts.append(Option("--speculative-dflash-block-size", "speculative_dflash_block_size",
-                               spec.num_draft_tokens))
-        else:
-            opts.append(Option("--speculative-num-draft-tokens", "speculative_num_draft_tokens",
-                               spec.num_draft_tokens))
+        if spec.draft_revision:
+            opts.append(Option("--speculative-draft-model-revision", "speculative_draft_model_revision",
+                               spec.draft_revision))
+        # One spelling for every algorithm, DFLASH included. In 0.5.23 --speculative-dflash-block-size is an
+        # alias (arg_groups/fields/spec.py: "Alias of --speculative-num-draft-tokens for DFLASH"): SGLang's
+        # DFLASH handler (arg_groups/speculative_hook.py `_handle_dflash`, reached through
+        # SpeculativeAlgorithm.handle_server_args) copies it into speculative_num_draft_tokens and refuses the
+        # two when both are set and differ; the DFLASH worker and verify input read only
+        # speculative_num_draft_tokens (speculative/dflash_worker_v2.py, dflash_info_v2.py). Left unset, the
+        # handler reads the drafter's config.json for its block size (a Hugging Face download on a hub id);
+        # set, the block is the profile's, and check_profile runs that handler to show it resolves to it.
+        opts.append(Option("--speculative-num-draft-tokens", "speculative_num_draft_tokens", spec.num_draft_tokens))
         if spec.num_steps is not None:
             opts.append(Option("--speculative-num-steps", "speculative_num_steps", spec.num_steps))
         if spec.eagle_topk is not None:
@@ -198,6 +208,14 @@ def options(profile: Any, *, host: str, port: int) -> list[Option]:
         if spec.draft_window_size is not None:
             opts.append(Option("--speculative-draft-window-size", "speculative_draft_window_size",
                                spec.draft_window_size))
+        # Hybrid GDN targets (Qwen3.5/3.6) need no further option in 0.5.23. Its flag for the recurrent state
+        # under speculation is --mamba-radix-cache-strategy (there is no --mamba-scheduler-strategy; the exact-
+        # spelling check refuses it), and it governs only the mamba radix cache: with the radix cache off
+        # (disable_radix_cache, as the throughput profiles run) the resolution declares nothing
+        # (arg_groups/overrides.py `_mamba_radix_cache_resolution`) and extra_buffer is off whatever the flag
+        # (model_override_base.py `mamba_extra_buffer_of`); with it on, `auto` resolves extra_buffer for
+        # Qwen3_5Moe* under the default overlap schedule. The DFLASH worker commits the target's mamba state
+        # after each verify itself (dflash_worker_v2.py `_update_target_mamba_state_after_verify`).
     return opts
 
 
@@ -269,7 +287,8 @@ def parse_many(argvs: Iterable[Sequence[str]]) -> list[ServerArgsView | str]:
                 _CACHE[key] = str(res["error"])
             else:
                 _CACHE[key] = ServerArgsView(argv=key, fields=res["fields"], sglang_version=version,
-                                             cuda_graph=res["cuda_graph"])
+                                             cuda_graph=res["cuda_graph"], dests=res["dests"],
+                                             speculative=res["speculative"])
     return [_CACHE[k] for k in keys]
 
 
@@ -286,12 +305,37 @@ def check_argvs(argvs: Iterable[Sequence[str]]) -> list[ServerArgsView]:
 
 
 def check_profile(profile: Any, *, host: str = "127.0.0.1", port: int = 30000) -> ServerArgsView:
-    """Render, parse, and check that every rendered option set exactly the field it was meant for."""
+    """Render, parse, and check that every rendered option set exactly the field it was meant for (see
+    `check_view`)."""
     view = check_argv(render_argv(profile, host=host, port=port))
-    problems = compare_fields(view, expected_fields(profile, host=host, port=port))
+    problems = check_view(profile, view, host=host, port=port)
     if problems:
         raise SGLangArgsError(f"profile {profile.name!r}: " + "; ".join(problems))
     return view
+
+
+def check_view(profile: Any, view: ServerArgsView, *, host: str, port: int) -> list[str]:
+    """Every way the parsed command misses the profile, each naming the option or field:
+    - each rendered option is the one SGLang's parser writes to the field Netra meant (its argparse dest:
+      an alias or a renamed option would land elsewhere) ...
+    - ... and that field holds the rendered value (`compare_fields`);
+    - for DFLASH, SGLang's own DFLASH handler resolves the verify block to the profile's
+      ``engine.speculative.num_draft_tokens`` (the value its DFLASH worker reads)."""
+    opts = options(profile, host=host, port=port)
+    problems = []
+    for opt in opts:
+        dest = view.dests.get(opt.flag)
+        if dest != opt.dest:
+            problems.append(f"{opt.flag}: SGLang writes it to {dest!r}, Netra rendered it for {opt.dest!r}")
+    problems += compare_fields(view, {opt.dest: opt.expected() for opt in opts})
+    spec = profile.engine.speculative
+    if spec is not None and spec.algorithm == "DFLASH":
+        resolved = view.speculative.get("speculative_num_draft_tokens")
+        if resolved != spec.num_draft_tokens:
+            why = view.speculative.get("unresolved")
+            problems.append(f"speculative_num_draft_tokens: SGLang's DFLASH handler resolves {resolved!r}, the "
+                            f"profile sets {spec.num_draft_tokens}" + (f" ({why})" if why else ""))
+    return problems
 
 
 def compare_fields(view: ServerArgsView, expected: Mapping[str, Any]) -> list[str]:
@@ -377,17 +421,19 @@ def import_shims() -> list[str]:
     return shims
 
 
-def _parse_one(sa: Any, argv: list[str], known_flags: frozenset[str]) -> dict[str, Any]:
+def _parse_one(sa: Any, argv: list[str], flag_dests: Mapping[str, str]) -> dict[str, Any]:
     if tuple(argv[: len(LAUNCH_PREFIX)]) != LAUNCH_PREFIX:
         return {"error": f"not an SGLang launch command (must start with {' '.join(LAUNCH_PREFIX)!r})"}
     args = argv[len(LAUNCH_PREFIX):]
     # argparse accepts any unambiguous prefix of an option; a rendered command must use the exact
     # spelling, or a renamed option in a later SGLang would still "parse" by accident.
+    dests: dict[str, str] = {}
     for tok in args:
         if tok.startswith("--"):
             flag = tok.split("=", 1)[0]
-            if flag not in known_flags:
+            if flag not in flag_dests:
                 return {"error": f"option {flag}: not an exact SGLang {SGLANG_VERSION} option"}
+            dests[flag] = flag_dests[flag]
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
@@ -410,7 +456,46 @@ def _parse_one(sa: Any, argv: list[str], known_flags: frozenset[str]) -> dict[st
         graph = _resolve_cuda_graph(record, sa)
     except Exception as exc:  # SGLang's graph resolution refusing the options is a finding, not a crash
         return {"error": f"cuda graph options: {type(exc).__name__}: {exc}"}
-    return {"fields": json.loads(json.dumps(fields, default=repr)), "cuda_graph": graph}
+    speculative: dict[str, Any] = {}
+    if algo is not None and str(algo).upper() == "DFLASH":
+        try:
+            speculative = _resolve_dflash(sa, args)
+        except Exception as exc:  # SGLang's DFLASH handler refusing the options (e.g. both spellings differ)
+            return {"error": f"DFLASH options: {type(exc).__name__}: {exc}"}
+    return {"fields": json.loads(json.dumps(fields, default=repr)), "cuda_graph": graph, "dests": dests,
+            "speculative": speculative}
+
+
+_DFLASH_RESOLVED = ("speculative_num_draft_tokens", "speculative_num_steps", "speculative_eagle_topk")
+
+
+def _resolve_dflash(sa: Any, args: list[str]) -> dict[str, Any]:
+    """Run SGLang's own DFLASH handler (``SpeculativeAlgorithm.handle_server_args``, i.e.
+    `_handle_dflash`) on a fresh record of the command and return the speculative fields it resolves.
+
+    It is one stage of `ServerArgs.resolve_once`; on a command with an explicit block (either spelling) it
+    reads no checkpoint. Two things stand in for what the server's earlier stages do on a GPU host: the
+    device, which SGLang's platform resolves to ``cuda`` there (NVIDIA and ROCm alike; profiles say
+    ``engine.device: cuda``), and the bookkeeping attributes `_resolve_cuda_graph` also sets. Where the
+    handler would read the drafter's config (no block given, or a trtllm_mha draft backend) it is not run.
+    """
+    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    record = sa.prepare_server_args(args)
+    if record.speculative_num_draft_tokens is None and record.speculative_dflash_block_size is None:
+        return {"unresolved": "no block size given: SGLang would read it from the drafter's config.json"}
+    backends = (record.speculative_draft_attention_backend, record.attention_backend,
+                record.decode_attention_backend, record.prefill_attention_backend)
+    if "trtllm_mha" in backends:
+        return {"unresolved": "a trtllm_mha draft backend: SGLang would read the drafter's config.json"}
+    if record.device is None:
+        record.device = "cuda"
+    record._raw_input = {f.name: getattr(record, f.name) for f in sa.record_fields(type(record))}
+    record._resolved_overrides = []
+    SpeculativeAlgorithm.from_string(record.speculative_algorithm).handle_server_args(record)
+    view = resolving_view(record)
+    return {name: sa._plain(getattr(view, name)) for name in _DFLASH_RESOLVED}
 
 
 def _resolve_cuda_graph(record: Any, sa: Any) -> dict[str, Any]:
@@ -448,8 +533,8 @@ def _child_reply(request: dict[str, Any]) -> dict[str, Any]:
         raise SGLangUnavailable(f"sglang {version} is installed; Netra renders for {SGLANG_VERSION}")
     parser = argparse.ArgumentParser()
     sa.ServerArgs.add_cli_args(parser)
-    known = frozenset(s for action in parser._actions for s in action.option_strings)
-    results = [_parse_one(sa, list(argv), known) for argv in request["argvs"]]
+    flag_dests = {s: action.dest for action in parser._actions for s in action.option_strings}
+    results = [_parse_one(sa, list(argv), flag_dests) for argv in request["argvs"]]
     return {"sglang_version": version, "shims": shims, "results": results}
 
 

@@ -1,5 +1,6 @@
 """Verification before anything starts: the profile lock, graph-bucket coverage, kernel code objects,
-the SGLang plugin's tactic domains, images and checkpoint identity. Each problem is one line naming
+the SGLang plugin's tactic domains, images, checkpoint identity and the speculative drafter's identity
+(`check_drafter`). Each problem is one line naming
 its cause; any problem refuses the launch (`LaunchRefused`). Warnings are printed and recorded but
 do not stop a non-strict launch.
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,9 +43,13 @@ class Verification:
     # Code objects verified for this target: {"path", "sha256", "family", "name"} (the audit looks
     # for them in each worker's memory map).
     code_objects: list[dict[str, str]] = field(default_factory=list)
+    # The speculative drafter as verified: {"path", "local", "config_sha256", "pinned_sha256", "revision"}
+    # (config_sha256 null where it could not be read here: a Hugging Face repo id); None without speculation.
+    drafter: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"problems": self.problems, "warnings": self.warnings, "code_objects": self.code_objects}
+        return {"problems": self.problems, "warnings": self.warnings, "code_objects": self.code_objects,
+                "drafter": self.drafter}
 
     def raise_if_refused(self) -> None:
         if self.problems:
@@ -200,6 +206,73 @@ def check_checkpoint(profile: Profile, v: Verification, *, strict: bool) -> None
         v.problems.append(f"checkpoint {config}: sha256 {got[:16]}..., the profile pins {want[:16]}...")
 
 
+# A Hugging Face repo id (``name`` or ``owner/name``), as SGLang's loaders take one for a path that is not
+# a folder here. Anything else that is not a folder (an absolute path, ``./x``, ``a/b/c``) names a missing one.
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+def drafter_dir(path: str) -> Path | None:
+    """The drafter's local folder, or None where ``path`` is a Hugging Face repo id SGLang would download.
+
+    SGLang reads a draft model path as a folder when one exists there and as a repo id otherwise; a path
+    that cannot be a repo id (absolute, ``./``/``../``/``~``, more than one ``/``) is a folder even when
+    it is missing, and then the launch is refused here rather than by SGLang after the target has loaded.
+    """
+    local = Path(path).expanduser()
+    if path.startswith(("/", "./", "../", "~")) or local.exists():
+        return local
+    if _REPO_ID.fullmatch(path) and ".." not in path and "--" not in path:
+        return None
+    return local
+
+
+def check_drafter(profile: Profile, v: Verification, *, strict: bool) -> None:
+    """The speculative drafter is the one the profile pins (``engine.speculative.draft_config_sha256``).
+
+    A local drafter folder must exist with a config.json whose sha256 is the pinned one; either failure
+    refuses the launch, naming the drafter and both hashes. A drafter named by Hugging Face repo id cannot
+    be read here (strict production nodes have no network), so it is treated as the target checkpoint is
+    (`check_checkpoint`): a warning, in strict mode, that its identity is unpinned or checked only where
+    the worker downloads it.
+    """
+    spec = profile.engine.speculative
+    if spec is None or spec.algorithm == "NGRAM":  # NGRAM drafts from the prompt: no drafter checkpoint
+        return
+    want, path = spec.draft_config_sha256, spec.draft_model_path
+    local = drafter_dir(path)
+    v.drafter = {"path": path, "local": local is not None, "config_sha256": None, "pinned_sha256": want,
+                 "revision": spec.draft_revision}
+    if local is None:
+        if not strict:
+            return
+        if want is None:
+            v.warnings.append(f"drafter {path}: no engine.speculative.draft_config_sha256 in the profile, identity "
+                              "unpinned")
+        else:
+            rev = spec.draft_revision or "main (no engine.speculative.draft_revision)"
+            v.warnings.append(f"drafter {path}: a Hugging Face repo id, not a local folder; its config.json sha256 "
+                              f"(pinned {want[:16]}...) is not checked before launch, SGLang downloads revision "
+                              f"{rev}")
+        return
+    config = local / "config.json"
+    if not config.is_file():
+        what = "no such folder" if not local.is_dir() else "no config.json"
+        v.problems.append(f"drafter {local} (engine.speculative.draft_model_path): no checkpoint there ({what}); "
+                          f"the profile pins config.json sha256 {want or 'none'} (put the drafter there, or name "
+                          "another with --set engine.speculative.draft_model_path=DIR)")
+        return
+    got = sha256_file(config)
+    v.drafter["config_sha256"] = got
+    if want is None:
+        if strict:
+            v.warnings.append(f"drafter {config}: sha256 {got}, not pinned (engine.speculative.draft_config_sha256),"
+                              " identity unpinned")
+    elif got != want:
+        v.problems.append(f"drafter {config}: config.json sha256 {got}, the profile pins {want} "
+                          f"(engine.speculative.draft_config_sha256): not the locked drafter (restore it, or "
+                          f"review the new one, pin its hash and `netra plan --relock --profile {profile.name}`)")
+
+
 def verify(profile: Profile, *, base: Profile | None = None, strict: bool | None = None,
            profile_lock: Path = PROFILE_LOCK, kernel_lock: Path = KERNEL_LOCK,
            build_dir: Path | None = None) -> Verification:
@@ -216,4 +289,20 @@ def verify(profile: Profile, *, base: Profile | None = None, strict: bool | None
     check_tactics(profile, v)
     check_images(profile, v, strict=s)
     check_checkpoint(profile, v, strict=s)
+    check_drafter(profile, v, strict=s)
+    if base is not None:
+        check_drafter_overrides(base, profile, v)
     return v
+
+
+def check_drafter_overrides(base: Profile, profile: Profile, v: Verification) -> None:
+    """The drafter's pinned identity is part of the profile lock: `--set` may point the launch at another
+    folder (whose config.json must still hash as pinned) or turn speculation off, never re-pin it."""
+    was, now = base.engine.speculative, profile.engine.speculative
+    if was is None or now is None:
+        return
+    for key in ("draft_config_sha256", "draft_revision"):
+        if getattr(was, key) != getattr(now, key):
+            v.problems.append(f"engine.speculative.{key}: --set changes the locked drafter identity "
+                              f"({getattr(was, key)} -> {getattr(now, key)}); pin it in the profile and "
+                              f"`netra plan --relock --profile {base.name}`")

@@ -87,13 +87,24 @@ BAD = {
     "algo": [("DFLOSH" if t == "DFLASH" else t) for t in _good()],
     "prefix": ["python3", "-m", "sglang.bench_serving", "--model-path", "x"],
     "dropped": [t for t in _good() if t != "--disable-radix-cache"],
+    # 0.5.23 has no --mamba-scheduler-strategy (its hybrid-GDN flag is --mamba-radix-cache-strategy).
+    "mamba": [*_good(), "--mamba-scheduler-strategy", "extra_buffer"],
+    # Both DFLASH spellings of the verify block, differing: SGLang's DFLASH handler refuses the pair.
+    "blocks": [*_good(), "--speculative-dflash-block-size", "16"],
 }
+# What SGLang accepts around the rendered DFLASH command: the 0.5.23 hybrid-GDN spelling, the DFLASH block
+# alias agreeing with --speculative-num-draft-tokens, and the alias alone (as Netra rendered it before).
+MAMBA_RADIX = [*_good(), "--mamba-radix-cache-strategy", "extra_buffer"]
+BOTH_BLOCKS = [*_good(), "--speculative-dflash-block-size", "12"]
+ALIAS_ONLY = [("--speculative-dflash-block-size" if t == "--speculative-num-draft-tokens" else t) for t in _good()]
+PINNED_DRAFTER = load_profile("dp8-h200-throughput128").replace("engine.speculative.draft_revision", "a1b2c3d4e5")
 
 
 @pytest.fixture(scope="module")
 def parsed() -> None:
     """One child parses every command of this module; later calls hit the per-process cache."""
-    argvs = _plan_argvs() + list(BAD.values())
+    argvs = _plan_argvs() + list(BAD.values()) + [MAMBA_RADIX, BOTH_BLOCKS, ALIAS_ONLY]
+    argvs.append(sg.render_argv(PINNED_DRAFTER, host=LOOPBACK, port=30000))
     for p in (EAGLE, NO_GRAPHS, FA3, FA9, BAD_REASONING, BAD_TOOLS, *PARSER_NAMES):
         argvs.append(sg.render_argv(p, host=LOOPBACK, port=30000))
     for p in _sglang_profiles():
@@ -135,9 +146,13 @@ def test_throughput128_contract_reaches_sglang(parsed: None, name: str) -> None:
     assert view.enable_metrics is True
     assert (view.tp_size, view.dp_size) == (1, 1)
     assert view.speculative_algorithm == "DFLASH"
-    assert view.speculative_dflash_block_size == 12
-    assert view.speculative_num_draft_tokens is None  # DFLASH spelling only: SGLang refuses both differing
+    assert view.speculative_draft_model_path == "z-lab/Qwen3.6-35B-A3B-DFlash"
+    assert view.speculative_num_draft_tokens == 12  # the field SGLang's DFLASH worker reads
+    assert view.speculative_dflash_block_size is None  # its DFLASH-only alias, not rendered
     assert view.speculative_draft_window_size == 4096
+    # SGLang's own DFLASH handler on this command: block 12 (no drafter config read), one step, top-1.
+    assert view.speculative == {"speculative_num_draft_tokens": 12, "speculative_num_steps": 1,
+                                "speculative_eagle_topk": 1}
     assert (view.host, view.port) == ("127.0.0.1", 30000)
     # Qwen3.6's formats: grammars deferred past </think>, the worker's /v1 tool calls in Qwen3-Coder XML.
     assert (view.reasoning_parser, view.tool_call_parser) == ("qwen3", "qwen3_coder")
@@ -173,6 +188,56 @@ def test_bad_command_is_refused_naming_the_option(parsed: None, case: str, named
     assert named in str(info.value)
 
 
+def test_dflash_worker_argv_every_speculative_option_on_its_field(parsed: None) -> None:
+    p = load_profile("dp8-h200-throughput128")
+    w0 = make_plan(p, FIXTURE_BY_TARGET["sm90"]).workers[0]
+    argv = list(w0.engine_argv)
+    i = argv.index("--speculative-algorithm")
+    assert argv[i:] == ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path",
+                        "z-lab/Qwen3.6-35B-A3B-DFlash", "--speculative-num-draft-tokens", "12",
+                        "--speculative-draft-window-size", "4096"]
+    assert "--speculative-dflash-block-size" not in argv and not any("mamba-scheduler" in t for t in argv)
+    view = sg.check_argv(argv)
+    assert sg.check_view(p, view, host=LOOPBACK, port=w0.engine_port) == []
+    spec_opts = [o for o in sg.options(p, host=LOOPBACK, port=w0.engine_port) if o.flag.startswith("--speculative")]
+    assert len(spec_opts) == 4
+    for opt in spec_opts:  # SGLang's parser writes each to the field Netra meant, with the rendered value
+        assert view.dests[opt.flag] == opt.dest and view.fields[opt.dest] == opt.expected(), opt
+    # The drafter revision, where the profile pins one, is SGLang's --speculative-draft-model-revision.
+    pinned = sg.check_profile(PINNED_DRAFTER, host=LOOPBACK, port=30000)
+    assert pinned.speculative_draft_model_revision == "a1b2c3d4e5"
+    assert pinned.dests["--speculative-draft-model-revision"] == "speculative_draft_model_revision"
+
+
+def test_sglang_dflash_block_spellings(parsed: None) -> None:
+    # --speculative-dflash-block-size is SGLang's DFLASH alias of --speculative-num-draft-tokens: its DFLASH
+    # handler refuses the two when they differ, accepts them agreeing, and copies the alias alone across.
+    with pytest.raises(sg.SGLangArgsError, match="For DFLASH they must match") as info:
+        sg.check_argv(BAD["blocks"])
+    assert "speculative_num_draft_tokens=12" in str(info.value) and "speculative_dflash_block_size=16" in str(info.value)
+    assert sg.check_argv(BOTH_BLOCKS).speculative["speculative_num_draft_tokens"] == 12
+    alias = sg.check_argv(ALIAS_ONLY)
+    assert (alias.speculative_num_draft_tokens, alias.speculative_dflash_block_size) == (None, 12)
+    assert alias.speculative["speculative_num_draft_tokens"] == 12
+    # Netra renders --speculative-num-draft-tokens; a command carrying the alias instead misses that field,
+    # and check_view names the option and the field.
+    problems = sg.check_view(load_profile("dp8-h200-throughput128"), alias, host=LOOPBACK, port=30000)
+    assert problems == [
+        "--speculative-num-draft-tokens: SGLang writes it to None, Netra rendered it for 'speculative_num_draft_tokens'",
+        "speculative_num_draft_tokens: rendered 12 but SGLang parsed None"]
+
+
+def test_hybrid_gdn_flag_is_the_0_5_23_spelling(parsed: None) -> None:
+    # The issue's --mamba-scheduler-strategy is not a 0.5.23 option; --mamba-radix-cache-strategy is, and
+    # with the radix cache off (as rendered) it has nothing to govern, so the profile does not render it.
+    with pytest.raises(sg.SGLangArgsError, match=r"option --mamba-scheduler-strategy: not an exact SGLang 0\.5\.23"):
+        sg.check_argv(BAD["mamba"])
+    view = sg.check_argv(MAMBA_RADIX)
+    assert view.dests["--mamba-radix-cache-strategy"] == "mamba_radix_cache_strategy"
+    assert (view.mamba_radix_cache_strategy, view.disable_radix_cache) == ("extra_buffer", True)
+    assert "--mamba-radix-cache-strategy" not in _good()
+
+
 def test_one_bad_command_in_a_batch_names_only_that_one(parsed: None) -> None:
     results = sg.parse_many([_good(), BAD["choice"], _good()])
     assert isinstance(results[0], sg.ServerArgsView) and isinstance(results[2], sg.ServerArgsView)
@@ -193,6 +258,7 @@ def test_eagle_family_uses_num_draft_tokens(parsed: None) -> None:
     argv = sg.render_argv(EAGLE, host=LOOPBACK, port=30000)
     assert "--speculative-dflash-block-size" not in argv
     view = sg.check_argv(argv)
+    assert view.speculative == {}  # SGLang's DFLASH handler runs for DFLASH only
     assert (view.speculative_algorithm, view.speculative_num_draft_tokens) == ("EAGLE3", 4)
     assert (view.speculative_num_steps, view.speculative_eagle_topk) == (3, 1)
     assert view.revision == "0123abcd"  # the checkpoint revision the profile pins

@@ -17,7 +17,7 @@ import yaml
 from netra.deploy.audit import audit_code_objects, audit_options, same_value
 from netra.deploy.plan import make_plan
 from netra.deploy.profile import PROFILE_DIR, load_profile
-from netra.deploy.verify import read_profile_lock, verify, write_profile_lock
+from netra.deploy.verify import Verification, read_profile_lock, verify, write_profile_lock
 from netra.settings import REPO_ROOT
 
 NUMA = REPO_ROOT / "numa"
@@ -234,3 +234,119 @@ def test_tactics_without_a_selectable_contract_refuse(tmp_path: Path) -> None:
     sm90 = load_profile("dp8-h200-throughput128").replace("engine.tactics", ["argmax"])
     v = verify(sm90, profile_lock=locked(tmp_path, sm90), kernel_lock=kernel_lock(tmp_path, []), build_dir=tmp_path)
     assert not [p for p in v.problems if "engine.tactics" in p]
+
+
+# --- the speculative drafter is part of the lock ------------------------------------------------------------
+
+DFLASH = "dp8-h200-throughput128"
+
+
+def drafter(tmp: Path, config: bytes = b'{"architectures": ["DFlashDraftModel"], "block_size": 12}') -> Path:
+    path = tmp / "drafter"
+    path.mkdir()
+    (path / "config.json").write_bytes(config)
+    return path
+
+
+def drafter_problems(v: Verification) -> list[str]:
+    return [p for p in v.problems if p.startswith("drafter ")]
+
+
+def test_refuses_a_missing_drafter_naming_it(tmp_path: Path) -> None:
+    pinned = hashlib.sha256(b"the locked drafter").hexdigest()
+    prof = (load_profile(DFLASH).replace("engine.speculative.draft_config_sha256", pinned)
+            .replace("engine.speculative.draft_model_path", str(tmp_path / "dflash")))
+    for strict in (True, False):
+        v = verify(prof, profile_lock=locked(tmp_path, prof), kernel_lock=tmp_path / "none.json", strict=strict)
+        assert drafter_problems(v) == [
+            f"drafter {tmp_path}/dflash (engine.speculative.draft_model_path): no checkpoint there (no such folder); "
+            f"the profile pins config.json sha256 {pinned} (put the drafter there, or name another with "
+            "--set engine.speculative.draft_model_path=DIR)"]
+    # A folder without config.json is no drafter either.
+    (tmp_path / "dflash").mkdir()
+    v = verify(prof, profile_lock=locked(tmp_path, prof), kernel_lock=tmp_path / "none.json")
+    assert len(drafter_problems(v)) == 1 and "(no config.json)" in drafter_problems(v)[0]
+
+
+def test_refuses_a_drafter_whose_config_differs_naming_both_hashes(tmp_path: Path) -> None:
+    path = drafter(tmp_path)
+    good = hashlib.sha256((path / "config.json").read_bytes()).hexdigest()
+    base = load_profile(DFLASH).replace("engine.speculative.draft_model_path", str(path))
+    ok = base.replace("engine.speculative.draft_config_sha256", good)
+    v = verify(ok, profile_lock=locked(tmp_path, ok), kernel_lock=tmp_path / "none.json")
+    assert drafter_problems(v) == [] and not [w for w in v.warnings if w.startswith("drafter ")]
+    assert v.drafter == {"path": str(path), "local": True, "config_sha256": good, "pinned_sha256": good,
+                         "revision": None}
+    assert v.to_dict()["drafter"] == v.drafter  # recorded in the launch record
+    (path / "config.json").write_bytes(b'{"architectures": ["DFlashDraftModel"], "block_size": 16}')
+    now = hashlib.sha256((path / "config.json").read_bytes()).hexdigest()
+    v = verify(ok, profile_lock=locked(tmp_path, ok), kernel_lock=tmp_path / "none.json")
+    assert len(drafter_problems(v)) == 1
+    msg = drafter_problems(v)[0]
+    assert msg.startswith(f"drafter {path}/config.json: config.json sha256 {now}, the profile pins {good} ")
+    assert f"netra plan --relock --profile {DFLASH}" in msg
+    # An unpinned local drafter: its hash is shown, a warning when strict (as the target checkpoint's).
+    v = verify(base, profile_lock=locked(tmp_path, base), kernel_lock=tmp_path / "none.json")
+    assert drafter_problems(v) == [] and any(f"sha256 {now}, not pinned" in w for w in v.warnings)
+
+
+def test_drafter_identity_is_locked_and_set_cannot_re_pin_it(tmp_path: Path) -> None:
+    path = drafter(tmp_path)
+    good = hashlib.sha256((path / "config.json").read_bytes()).hexdigest()
+    base = (load_profile(DFLASH).replace("engine.speculative.draft_model_path", str(path))
+            .replace("engine.speculative.draft_config_sha256", good))
+    lock = locked(tmp_path, base)
+    # Pinning is an edit of the profile: its sha256 (the profile lock) changes with the drafter identity.
+    assert base.sha256() != base.replace("engine.speculative.draft_config_sha256", "0" * 64).sha256()
+    assert base.sha256() != base.replace("engine.speculative.draft_revision", "abc123").sha256()
+    (tmp_path / "x").mkdir()
+    other = drafter(tmp_path / "x", b'{"block_size": 8}')
+    other_sha = hashlib.sha256(b'{"block_size": 8}').hexdigest()
+    repinned = (base.replace("engine.speculative.draft_model_path", str(other))
+                .replace("engine.speculative.draft_config_sha256", other_sha))
+    v = verify(repinned, base=base, profile_lock=lock, kernel_lock=tmp_path / "none.json")
+    assert [p for p in v.problems if "engine.speculative" in p] == [
+        f"engine.speculative.draft_config_sha256: --set changes the locked drafter identity ({good} -> "
+        f"{other_sha}); pin it in the profile and `netra plan --relock --profile {DFLASH}`"]
+    # Another folder holding the locked drafter is fine; speculation off is fine.
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "config.json").write_bytes((path / "config.json").read_bytes())
+    moved = base.replace("engine.speculative.draft_model_path", str(copy))
+    assert drafter_problems(verify(moved, base=base, profile_lock=lock, kernel_lock=tmp_path / "none.json")) == []
+    off = base.replace("engine.speculative", None)
+    assert not [p for p in verify(off, base=base, profile_lock=lock).problems
+                if p.startswith(("drafter ", "engine.speculative"))]
+
+
+def test_hub_drafter_is_treated_as_the_target_checkpoint(tmp_path: Path) -> None:
+    from netra.deploy.verify import drafter_dir
+
+    assert drafter_dir("z-lab/Qwen3.6-35B-A3B-DFlash") is None and drafter_dir("gpt2") is None
+    assert drafter_dir("/models/dflash") == Path("/models/dflash") and drafter_dir("./d") == Path("d")
+    assert drafter_dir("a/b/c") == Path("a/b/c") and drafter_dir(str(tmp_path)) == tmp_path
+    prof = load_profile(DFLASH)  # the committed profile: a repo id, unreadable without network
+    assert prof.engine.speculative is not None and prof.engine.speculative.draft_model_path == "z-lab/Qwen3.6-35B-A3B-DFlash"
+    kw = {"profile_lock": locked(tmp_path, prof), "kernel_lock": tmp_path / "none.json"}
+    strict = verify(prof, strict=True, **kw)
+    assert drafter_problems(strict) == []
+    assert "drafter z-lab/Qwen3.6-35B-A3B-DFlash: no engine.speculative.draft_config_sha256 in the profile, " \
+           "identity unpinned" in strict.warnings
+    assert "checkpoint Qwen/Qwen3.6-35B-A3B-FP8: no checkpoint.config_sha256 in the profile, identity unpinned" \
+           in strict.warnings  # the target, the same way
+    assert not [w for w in verify(prof, strict=False, **kw).warnings if w.startswith("drafter ")]
+    pinned = prof.replace("engine.speculative.draft_config_sha256", "ab" * 32)
+    v = verify(pinned, strict=True, profile_lock=locked(tmp_path, pinned), kernel_lock=tmp_path / "none.json")
+    assert drafter_problems(v) == [] and any(w.startswith("drafter z-lab/Qwen3.6-35B-A3B-DFlash: a Hugging Face "
+                                                          "repo id, not a local folder") for w in v.warnings)
+    assert v.drafter is not None and v.drafter["local"] is False and v.drafter["config_sha256"] is None
+
+
+def test_cli_launch_refuses_a_missing_drafter_naming_it(tmp_path: Path) -> None:
+    missing = tmp_path / "no-drafter"
+    out = run_cli("launch", "--profile", DFLASH, "--set", f"engine.speculative.draft_model_path={missing}",
+                  "--run-dir", str(tmp_path / "run"))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "launch refused" in out.stderr
+    assert f"drafter {missing} (engine.speculative.draft_model_path): no checkpoint there (no such folder)" in out.stderr
+    assert not (tmp_path / "run" / "launch.json").exists()
