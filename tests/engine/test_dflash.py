@@ -67,7 +67,8 @@ SMALL = DFlashConfig(
 SLIDING = replace(SMALL, layer_types=("sliding_attention", "full_attention"), sliding_window=6)
 FP32_TOL = 1e-4
 BF16_MAX_TOL, BF16_VS_REF_ERROR = 5e-2, 1.25
-CONTEXTS = (1, 9, 40)  # context lengths of the three slots drafted together
+CONTEXTS = (1, 9, 40)  # context lengths of the three slots drafted together (slots 1, 2, 3)
+SLOTS, POOL_ROWS = 5, 48  # pools: the padding slot 0 and four request slots of 48 context rows
 
 
 class _Setup:
@@ -90,7 +91,8 @@ class _Setup:
         return self.ref[dtype]
 
     def drafter(self, dtype: torch.dtype) -> DFlashDrafter:
-        return DFlashDrafter(self.cfg, self.weights, self.embed, self.lm_head, dtype=dtype)
+        return DFlashDrafter(self.cfg, self.weights, self.embed, self.lm_head, num_slots=SLOTS,
+                             context_length=POOL_ROWS, dtype=dtype)
 
 
 @pytest.fixture(scope="module")
@@ -123,12 +125,26 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max() / b.double().abs().max())
 
 
+def _extend(d: DFlashDrafter, blocks: list[tuple[int, torch.Tensor]], extra: int = 0) -> None:
+    """`extend` with one block per ``(slot, rows)``, padded to a common length plus ``extra`` rows of noise
+    past each count (as a verify block's rejected rows arrive)."""
+    n = max(int(rows.shape[0]) for _, rows in blocks) + extra
+    feats = torch.randn(len(blocks), n, blocks[0][1].shape[1]).to(blocks[0][1].dtype)
+    for b, (_, rows) in enumerate(blocks):
+        feats[b, :rows.shape[0]] = rows
+    d.extend(torch.tensor([slot for slot, _ in blocks]), feats,
+             torch.tensor([int(rows.shape[0]) for _, rows in blocks]))
+
+
 def _drafter_with_contexts(s: _Setup, dtype: torch.dtype) -> DFlashDrafter:
     d = s.drafter(dtype)
-    for slot in range(len(CONTEXTS)):
+    for slot in range(1, len(CONTEXTS) + 1):
         d.admit(slot)
-    d.extend(list(range(len(CONTEXTS))), [s.features[:n] for n in CONTEXTS])
+    _extend(d, [(slot, s.features[:n]) for slot, n in enumerate(CONTEXTS, start=1)], extra=3)
     return d
+
+
+_ROWS = torch.arange(1, len(CONTEXTS) + 1)
 
 
 def test_reference_reads_our_directory(small: _Setup) -> None:
@@ -149,9 +165,9 @@ def test_reference_reads_our_directory(small: _Setup) -> None:
 @pytest.mark.parametrize("T", [2, 8, 16])
 def test_block_equals_reference_fp32(small: _Setup, T: int) -> None:
     d = _drafter_with_contexts(small, torch.float32)
-    hidden = d.block_hidden(range(len(CONTEXTS)), small.pending, T)
-    logits = d.block_logits(range(len(CONTEXTS)), small.pending, T)
-    tokens = d.propose(range(len(CONTEXTS)), small.pending, T)
+    hidden = d.block_hidden(_ROWS, small.pending, T)
+    logits = d.block_logits(_ROWS, small.pending, T)
+    tokens = d.propose(_ROWS, small.pending, T)
     assert tokens.shape == (len(CONTEXTS), T - 1) and tokens.dtype == torch.int64
     for i, n in enumerate(CONTEXTS):
         ref_h, ref_l = _ref_block(small, torch.float32, n, int(small.pending[i]), T)
@@ -163,7 +179,7 @@ def test_block_equals_reference_fp32(small: _Setup, T: int) -> None:
 @pytest.mark.parametrize("T", [2, 16])
 def test_block_equals_reference_bf16(small: _Setup, T: int) -> None:
     d = _drafter_with_contexts(small, torch.bfloat16)
-    hidden = d.block_hidden(range(len(CONTEXTS)), small.pending, T)
+    hidden = d.block_hidden(_ROWS, small.pending, T)
     assert hidden.dtype == torch.bfloat16
     for i, n in enumerate(CONTEXTS):
         ref_h, _ = _ref_block(small, torch.bfloat16, n, int(small.pending[i]), T)
@@ -181,66 +197,75 @@ def test_sliding_causal_layer_equals_reference(sliding: _Setup, T: int) -> None:
     assert SLIDING.layer_causal(0) and not SLIDING.layer_causal(1) and SLIDING.layer_window(1) is None
     assert sliding.reference(torch.float32).layers[0].self_attn.sliding_window == 6
     d = _drafter_with_contexts(sliding, torch.float32)
-    hidden = d.block_hidden(range(len(CONTEXTS)), sliding.pending, T)
+    hidden = d.block_hidden(_ROWS, sliding.pending, T)
     for i, n in enumerate(CONTEXTS):
         ref_h, _ = _ref_block(sliding, torch.float32, n, int(sliding.pending[i]), T)
         assert _rel(hidden[i], ref_h) <= FP32_TOL, (n, _rel(hidden[i], ref_h))
 
 
 def test_incremental_context_equals_at_once_and_the_reference_cache(small: _Setup) -> None:
-    """Context appended over several `extend` calls (interleaved with drafts) is bit-identical to the
-    context built at once, and each round's block equals the reference driven as ``dflash_generate``
-    drives it: the new features with the block, its DynamicCache cropped to the committed length."""
+    """Context appended over several `extend` calls (interleaved with drafts, each block carrying rows
+    past its count) is bit-identical to the context built at once, and each round's block equals the
+    reference driven as ``dflash_generate`` drives it: the new features with the block, its
+    DynamicCache cropped to the committed length."""
     chunks, T = (5, 1, 12, 3), 8
     inc = small.drafter(torch.float32)
-    inc.admit(7)
+    inc.admit(4)
     m = small.reference(torch.float32)
     cache = _make_cache(m.config)
     start = 0
+    pending = small.pending[:1]
     for n in chunks:
-        inc.extend([7], [small.features[start:start + n]])
+        _extend(inc, [(4, small.features[start:start + n])], extra=T - 1)
         start += n
-        assert inc.context_length(7) == start and inc.next_position(7) == start
-        ours = inc.block_hidden([7], [int(small.pending[0])], T)[0]
+        assert int(inc.lengths[4]) == start and int(inc.lengths[0]) == 0
+        ours = inc.block_hidden(torch.tensor([4]), pending, T)[0]
         ids = torch.full((1, T), SMALL.mask_token_id)
-        ids[0, 0] = int(small.pending[0])
+        ids[0, 0] = int(pending[0])
         with torch.no_grad():
             ref = m(target_hidden=small.features[None, start - n:start].float(), noise_embedding=small.embed[ids].float(),
                     position_ids=torch.arange(start - n, start + T)[None], past_key_values=cache, use_cache=True)[0]
         _crop_to(cache, start)
         assert _rel(ours, ref) <= FP32_TOL, (start, _rel(ours, ref))
     once = small.drafter(torch.float32)
-    once.admit(0)
-    once.extend([0], [small.features[:start]])
+    once.admit(1)
+    _extend(once, [(1, small.features[:start])])
     for layer in range(SMALL.num_hidden_layers):
-        assert torch.equal(inc._slots[7].k[layer][:start], once._slots[0].k[layer][:start])
-        assert torch.equal(inc._slots[7].v[layer][:start], once._slots[0].v[layer][:start])
-    p = [int(small.pending[0])]
-    assert torch.equal(inc.block_hidden([7], p, 16), once.block_hidden([0], p, 16))
-    # a batch of slots drafts each slot as it drafts alone
+        assert torch.equal(inc.k[layer][4, :start], once.k[layer][1, :start])
+        assert torch.equal(inc.v[layer][4, :start], once.v[layer][1, :start])
+    assert torch.equal(inc.block_hidden(torch.tensor([4]), pending, 16), once.block_hidden(torch.tensor([1]), pending, 16))
+    # a batch of slots (and a padding row) drafts each slot as it drafts alone
     both = small.drafter(torch.float32)
-    for slot in (0, 1):
+    for slot in (2, 3):
         both.admit(slot)
-    both.extend([1, 0], [small.features[:start], small.features[:3]])
-    assert torch.equal(both.block_hidden([1], p, 16), once.block_hidden([0], p, 16))
+    _extend(both, [(3, small.features[:start]), (0, small.features[:2]), (2, small.features[:3])])
+    assert both.lengths.tolist() == [0, 0, 3, start, 0]
+    got = both.block_hidden(torch.tensor([3, 0]), torch.cat([pending, pending]), 16)
+    assert torch.equal(got[:1], once.block_hidden(torch.tensor([1]), pending, 16))
 
 
 def test_slot_lifecycle_and_shapes(small: _Setup) -> None:
     d = small.drafter(torch.bfloat16)
     assert d.capture_layers == SMALL.target_layer_ids and d.block_size == 16
-    d.admit(2, start=10)
-    assert d.next_position(2) == 10
-    d.extend([2], [small.features[:4]])
-    assert d.next_position(2) == 14 and d.propose([2], [5], 1).shape == (1, 0)
-    with pytest.raises(ValueError, match="already admitted"):
-        d.admit(2)
+    assert d.nbytes() == 2 * SMALL.num_hidden_layers * SLOTS * POOL_ROWS * 2 * 16 * 2
+    d.admit(2)
+    _extend(d, [(2, small.features[:4])])
+    assert int(d.lengths[2]) == 4
+    assert d.propose(torch.tensor([2]), torch.tensor([5]), 1).shape == (1, 0)
+    drafts = d.propose(torch.tensor([2, 0]), torch.tensor([5, 6]), 4)
+    assert drafts.shape == (2, 3) and drafts.dtype == torch.int64
+    d.admit(2)  # a new owner: the context starts empty
+    assert int(d.lengths[2]) == 0
+    with pytest.raises(ValueError, match="padding slot"):
+        d.admit(0)
     with pytest.raises(ValueError, match="features"):
-        d.extend([2], [small.features[:2, :10]])
+        d.extend(torch.tensor([2]), small.features[None, :2, :10], torch.tensor([2]))
     with pytest.raises(ValueError, match=r"1\.\.16"):
-        d.propose([2], [5], 17)
+        d.propose(torch.tensor([2]), torch.tensor([5]), 17)
+    _extend(d, [(2, torch.cat([small.features, small.features])[:POOL_ROWS + 2])])  # rows past the pool: dropped
+    assert int(d.lengths[2]) == POOL_ROWS
     d.release(2)
-    with pytest.raises(ValueError, match="not admitted"):
-        d.propose([2], [5], 4)
+    assert int(d.lengths[2]) == 0
 
 
 def test_layer_id_convention_is_the_output_of_decoder_layer_i() -> None:

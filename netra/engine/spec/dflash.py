@@ -38,9 +38,11 @@ row's result does not depend on its batch), attention in the same accumulator, R
 float64 angle. With ``dtype=torch.float32`` the drafter computes in float32 throughout, which is how
 the parity test compares it with the reference run in float32 on the same BF16 weight values.
 
-Per-request state is the context K/V of each draft layer, per slot (`DFlashDrafter.admit` /
-`extend` / `release`); a draft's own K/V is transient. This is the CPU reference path (a per-slot
-loop over attention); nothing here is tuned for a GPU yet.
+Per-request state is the context K/V of each draft layer, in pools indexed by the engine's slots
+(`DFlashDrafter`: `admit` / `extend` / `release`, the `netra.engine.spec.drafter.Drafter` interface);
+a draft's own K/V is transient. This is the reference path: a block attends over its slot's whole
+pool row (masked at the context length), which keeps shapes fixed and reads nothing on the host, but
+costs O(context_length) per draft; nothing here is tuned for a GPU yet.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -59,6 +61,9 @@ from netra.engine.loader import CheckpointError
 from netra.engine.weights import BF16, _Init
 from netra.ops._common import acc_dtype
 from netra.ops.linear import Weight, linear
+
+if TYPE_CHECKING:
+    from netra.engine.request import Request
 
 ARCHITECTURE = "DFlashDraftModel"
 SAFETENSORS = "model.safetensors"
@@ -500,27 +505,22 @@ def context_feature(layer_outputs: Mapping[int, torch.Tensor] | Sequence[torch.T
     return torch.cat([layer_outputs[i] for i in target_layer_ids], dim=-1)
 
 
-@dataclass
-class _Context:
-    """One slot's context: per draft layer, K (RoPE applied) and V rows ``[capacity, Hkv, D]``."""
-
-    start: int  # position of the first context row
-    k: list[torch.Tensor]
-    v: list[torch.Tensor]
-    length: int = 0
-
-
 class DFlashDrafter:
-    """The DFlash drafter over per-slot context K/V.
+    """The DFlash drafter over per-slot context K/V pools (the `netra.engine.spec.drafter.Drafter` interface).
 
-    ``embed`` ``[V, H]`` and ``lm_head`` are the target's (rows of the token embedding, the output
-    projection); ``dtype`` is the activation dtype (BF16 as deployed; float32 for the parity test).
-    Slots are the engine's request slots: `admit` a slot, `extend` it with the features of the tokens it
-    commits, `propose` a block for it, `release` it when the request ends.
+    ``embed`` ``[V, H]`` and ``lm_head`` are the target's (its token embedding and output projection);
+    ``dtype`` is the activation and context dtype (BF16 as deployed; float32 for the parity test). The
+    pools are ``[num_slots, context_length, Hkv, D]`` per draft layer, indexed by the engine's request
+    slots (`netra.engine.cache.StatePools` numbering: slot `PAD_SLOT` = 0 is padding, and the rows a
+    block carries past its count are written there, never read), with the context length per slot in
+    ``lengths`` on the device. `extend` and `propose` read no device value on the host and have fixed
+    shapes per batch: a block's queries attend over the slot's whole pool row, masked at its length.
+    A context row's position is its index: a slot's context starts at position 0 on `admit`.
     """
 
     def __init__(self, cfg: DFlashConfig, weights: DFlashWeights, embed: torch.Tensor, lm_head: Weight,
-                 dtype: torch.dtype = BF16, device: torch.device | str | None = None) -> None:
+                 num_slots: int, context_length: int, dtype: torch.dtype = BF16,
+                 device: torch.device | str | None = None) -> None:
         self.cfg, self.w, self.dtype = cfg, weights, dtype
         self.device = torch.device(device) if device is not None else weights.fc.data.device
         if embed.shape[1] != cfg.hidden_size or lm_head.in_features != cfg.hidden_size:
@@ -529,96 +529,83 @@ class DFlashDrafter:
         if cfg.mask_token_id >= embed.shape[0]:
             raise ConfigError(f"drafter mask_token_id {cfg.mask_token_id} outside the target's embedding "
                               f"({embed.shape[0]} rows)")
+        if num_slots < 2 or context_length < 1:
+            raise ValueError(f"drafter pools of {num_slots} slots x {context_length} rows: need a padding slot, "
+                             f"one request slot and one row")
         self.embed, self.lm_head = embed, lm_head
+        # Decoder layers whose outputs `extend` takes, concatenated in this order (module docstring).
+        self.capture_layers: tuple[int, ...] = cfg.target_layer_ids
+        self.block_size = cfg.block_size
+        self.num_slots, self.context_length = num_slots, context_length
         self.acc = acc_dtype(self.device)
-        self.inv_freq, self.rope_scale = rope_parameters(cfg)
-        self.inv_freq = self.inv_freq.to(self.device)
+        inv_freq, self.rope_scale = rope_parameters(cfg)
+        self.inv_freq = inv_freq.to(self.device)
         self.sm_scale = cfg.head_dim ** -0.5
-        self._slots: dict[int, _Context] = {}
+        shape = (num_slots, context_length, cfg.num_key_value_heads, cfg.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(cfg.num_hidden_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(cfg.num_hidden_layers)]
+        self.lengths = torch.zeros(num_slots, dtype=torch.int64, device=self.device)
+
+    def nbytes(self) -> int:
+        """Bytes of the context pools."""
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
 
     # ---- the drafter interface --------------------------------------------------------------------------
-    @property
-    def capture_layers(self) -> tuple[int, ...]:
-        """The target decoder layers whose outputs `extend` takes, in feature order (module docstring)."""
-        return self.cfg.target_layer_ids
-
-    @property
-    def block_size(self) -> int:
-        return self.cfg.block_size
-
-    def admit(self, slot: int, start: int = 0) -> None:
-        """Start ``slot``'s context empty; its first context row will be the token at position ``start``."""
-        if slot in self._slots:
-            raise ValueError(f"drafter slot {slot} is already admitted")
-        c = self.cfg
-        shape = (16, c.num_key_value_heads, c.head_dim)
-        self._slots[slot] = _Context(
-            start=start,
-            k=[torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(c.num_hidden_layers)],
-            v=[torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(c.num_hidden_layers)])
+    def admit(self, slot: int, request: Request | None = None) -> None:
+        """``slot``'s context starts empty (rows of its previous owner stay in the pool, past the length)."""
+        self._check_slot(slot)
+        self.lengths[slot] = 0
 
     def release(self, slot: int) -> None:
-        self._slots.pop(slot, None)
+        self._check_slot(slot)
+        self.lengths[slot] = 0
 
-    def context_length(self, slot: int) -> int:
-        return self._ctx(slot).length
+    def extend(self, slots: torch.Tensor, features: torch.Tensor, counts: torch.Tensor) -> None:
+        """Append committed tokens: ``features [B, L, F]`` (`context_feature` rows, F = len(ids)·H) of
+        which the first ``counts[b]`` are the next tokens of the request on ``slots[b]``.
 
-    def next_position(self, slot: int) -> int:
-        """Position of the slot's pending token (the one after its last context row)."""
-        ctx = self._ctx(slot)
-        return ctx.start + ctx.length
-
-    def extend(self, slots: Sequence[int], features: Sequence[torch.Tensor]) -> None:
-        """Append context rows: ``features[i]`` ``[n_i, len(ids)·H]`` are the captured target features
-        (`context_feature`) of the ``n_i`` tokens slot ``slots[i]`` commits next, in order.
-
-        fc → hidden_norm → per layer k/v projection → k_norm → RoPE at each token's position; rows of
-        all slots go through the projections together (per-row results do not depend on the batch)."""
-        if len(slots) != len(features):
-            raise ValueError(f"extend: {len(slots)} slots but {len(features)} feature blocks")
-        if len(set(slots)) != len(slots):
-            raise ValueError("extend: a slot appears twice")
+        fc → hidden_norm → per layer k/v projection → k_norm → RoPE at each row's position (the slot's
+        length + its index); every row of the batch goes through the projections (a row's result does
+        not depend on the others), the rows past a block's count land on the padding slot."""
         c = self.cfg
-        rows, positions = [], []
-        for slot, f in zip(slots, features, strict=True):
-            if f.dim() != 2 or f.shape[1] != c.feature_size:
-                raise ValueError(f"extend: slot {slot} features {tuple(f.shape)}, expected [n, {c.feature_size}]")
-            ctx = self._ctx(slot)
-            rows.append(f)
-            positions.append(torch.arange(ctx.start + ctx.length, ctx.start + ctx.length + f.shape[0]))
-        if not rows or sum(int(f.shape[0]) for f in rows) == 0:
+        b, n = features.shape[0], features.shape[1]
+        if features.dim() != 3 or features.shape[2] != c.feature_size:
+            raise ValueError(f"extend: features {tuple(features.shape)}, expected [B, L, {c.feature_size}]")
+        if slots.shape != (b,) or counts.shape != (b,):
+            raise ValueError(f"extend: slots {tuple(slots.shape)} and counts {tuple(counts.shape)} for {b} blocks")
+        if b == 0 or n == 0:
             return
-        x = torch.cat(rows).to(device=self.device, dtype=self.dtype)
-        pos = torch.cat(positions).to(self.device)
+        slots, counts = slots.to(self.device), counts.to(self.device)
+        pos = self.lengths.index_select(0, slots)[:, None] + torch.arange(n, device=self.device)[None, :]
+        keep = (torch.arange(n, device=self.device)[None, :] < counts[:, None]) & (pos < self.context_length)
+        dest_slot = torch.where(keep, slots[:, None], 0).reshape(-1)
+        dest_pos = torch.where(keep, pos, 0).reshape(-1)
+        x = features.reshape(b * n, c.feature_size).to(device=self.device, dtype=self.dtype)
         hidden = _rmsnorm(linear(x, self.w.fc), self.w.hidden_norm, c.rms_norm_eps)
-        cos, sin = self._rope(pos)
-        n = x.shape[0]
+        cos, sin = self._rope(pos.reshape(-1))
         for li, layer in enumerate(self.w.layers):
-            k = linear(hidden, layer.k_proj).view(n, c.num_key_value_heads, c.head_dim)
-            v = linear(hidden, layer.v_proj).view(n, c.num_key_value_heads, c.head_dim)
+            k = linear(hidden, layer.k_proj).view(b * n, c.num_key_value_heads, c.head_dim)
+            v = linear(hidden, layer.v_proj).view(b * n, c.num_key_value_heads, c.head_dim)
             k = self._rotate(_rmsnorm(k, layer.k_norm, c.rms_norm_eps), cos, sin)
-            lo = 0
-            for slot, f in zip(slots, features, strict=True):
-                hi = lo + int(f.shape[0])
-                self._append(self._slots[slot], li, k[lo:hi], v[lo:hi])
-                lo = hi
-        for slot, f in zip(slots, features, strict=True):
-            self._slots[slot].length += int(f.shape[0])
+            self.k[li].index_put_((dest_slot, dest_pos), k)
+            self.v[li].index_put_((dest_slot, dest_pos), v)
+        self.lengths.index_add_(0, slots, keep.sum(dim=1))
+        self.lengths[0] = 0
 
-    def propose(self, slots: Sequence[int], pending_tokens: torch.Tensor | Sequence[int], T: int) -> torch.Tensor:
-        """Greedy draft tokens ``[B, T−1]`` int64 (block positions 1..T−1) for each slot's block
-        ``[pending, mask × (T−1)]`` at the slot's next position."""
-        if T == 1:
-            return torch.empty((len(slots), 0), dtype=torch.int64, device=self.device)
-        return self.block_logits(slots, pending_tokens, T).argmax(dim=-1)
+    def propose(self, slots: torch.Tensor, pending: torch.Tensor, steps: int) -> torch.Tensor:
+        """Greedy drafts ``[B, steps − 1]`` int64 (block positions 1..steps−1) for each slot's block
+        ``[pending, mask × (steps − 1)]`` at the slot's next position."""
+        if steps == 1:
+            return torch.empty((slots.shape[0], 0), dtype=torch.int64, device=self.device)
+        return self.block_logits(slots, pending, steps).argmax(dim=-1)
 
     # ---- the forward, in parts (the parity test reads them) -----------------------------------------------
-    def block_logits(self, slots: Sequence[int], pending_tokens: torch.Tensor | Sequence[int], T: int
-                     ) -> torch.Tensor:
-        """FP32 logits ``[B, T−1, V]`` of block positions 1..T−1: the target's ``lm_head`` on the drafter's
-        normed hidden states, times ``output_multiplier``, soft-capped when the config says so."""
-        h = self.block_hidden(slots, pending_tokens, T)[:, 1:]
-        logits = linear(h.reshape(-1, h.shape[-1]), self.lm_head, torch.float32).view(h.shape[0], T - 1, -1)
+    def block_logits(self, slots: torch.Tensor, pending: torch.Tensor, steps: int) -> torch.Tensor:
+        """FP32 logits ``[B, steps−1, V]`` of block positions 1..steps−1: the target's ``lm_head`` on the
+        drafter's normed hidden states, times ``output_multiplier``, soft-capped when the config says so."""
+        h = self.block_hidden(slots, pending, steps)[:, 1:]
+        b = h.shape[0]
+        logits = linear(h.reshape(-1, h.shape[-1]), self.lm_head, torch.float32).view(b, steps - 1, -1)
         if self.cfg.output_multiplier != 1.0:
             logits = logits * self.cfg.output_multiplier
         cap = self.cfg.final_logit_softcapping
@@ -626,59 +613,46 @@ class DFlashDrafter:
             logits = torch.tanh(logits / cap) * cap
         return logits
 
-    def block_hidden(self, slots: Sequence[int], pending_tokens: torch.Tensor | Sequence[int], T: int
-                     ) -> torch.Tensor:
-        """The drafter's output ``[B, T, H]`` (after its final norm) for each slot's block, all positions."""
-        c = self.cfg
-        if not 1 <= T <= c.block_size:
-            raise ValueError(f"propose: block of {T} tokens; the drafter takes 1..{c.block_size}")
-        pending = torch.as_tensor(pending_tokens, dtype=torch.int64, device=self.device).reshape(-1)
-        b = len(slots)
-        if pending.numel() != b:
-            raise ValueError(f"propose: {b} slots but {pending.numel()} pending tokens")
-        ctxs = [self._ctx(s) for s in slots]
-        ids = torch.full((b, T), c.mask_token_id, dtype=torch.int64, device=self.device)
-        ids[:, 0] = pending
+    def block_hidden(self, slots: torch.Tensor, pending: torch.Tensor, steps: int) -> torch.Tensor:
+        """The drafter's output ``[B, steps, H]`` (after its final norm) for each slot's block, all positions."""
+        c, t = self.cfg, steps
+        if not 1 <= t <= c.block_size:
+            raise ValueError(f"propose: a block of {t} tokens; the drafter takes 1..{c.block_size}")
+        b = slots.shape[0]
+        if pending.shape != (b,):
+            raise ValueError(f"propose: {b} slots but pending {tuple(pending.shape)}")
+        slots = slots.to(self.device)
+        lengths = self.lengths.index_select(0, slots)
+        ids = torch.full((b, t), c.mask_token_id, dtype=torch.int64, device=self.device)
+        ids[:, 0] = pending.to(self.device)
         h = self.embed.index_select(0, ids.reshape(-1)).to(self.dtype)
         if c.input_embedding_scale != 1.0:
             h = h * c.input_embedding_scale
-        pos = torch.cat([torch.arange(T) + ctx.start + ctx.length for ctx in ctxs]).to(self.device)
-        cos, sin = self._rope(pos)
+        pos = lengths[:, None] + torch.arange(t, device=self.device)[None, :]  # [B, T]
+        cos, sin = self._rope(pos.reshape(-1))
+        masks = self._masks(lengths, t)
         hq, hkv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         for li, layer in enumerate(self.w.layers):
             residual = h
             x = _rmsnorm(h, layer.input_layernorm, c.rms_norm_eps)
-            q = _rmsnorm(linear(x, layer.q_proj).view(b * T, hq, d), layer.q_norm, c.rms_norm_eps)
-            k = _rmsnorm(linear(x, layer.k_proj).view(b * T, hkv, d), layer.k_norm, c.rms_norm_eps)
-            v = linear(x, layer.v_proj).view(b * T, hkv, d)
+            q = _rmsnorm(linear(x, layer.q_proj).view(b * t, hq, d), layer.q_norm, c.rms_norm_eps)
+            k = _rmsnorm(linear(x, layer.k_proj).view(b * t, hkv, d), layer.k_norm, c.rms_norm_eps)
+            v = linear(x, layer.v_proj).view(b * t, hkv, d)
             q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-            o = torch.cat([self._attend(q[i * T:(i + 1) * T], ctx.k[li][:ctx.length], ctx.v[li][:ctx.length],
-                                        k[i * T:(i + 1) * T], v[i * T:(i + 1) * T], li)
-                           for i, ctx in enumerate(ctxs)])
-            h = residual + linear(o.reshape(b * T, hq * d), layer.o_proj)
+            o = self._attend(q.view(b, t, hq, d), self.k[li].index_select(0, slots),
+                             self.v[li].index_select(0, slots), k.view(b, t, hkv, d), v.view(b, t, hkv, d),
+                             masks[(c.layer_causal(li), c.layer_window(li))])
+            h = residual + linear(o.reshape(b * t, hq * d), layer.o_proj)
             residual = h
             x = _rmsnorm(h, layer.post_attention_layernorm, c.rms_norm_eps)
             g, u = linear(x, layer.gate_proj).float(), linear(x, layer.up_proj).float()
             h = residual + linear((torch.nn.functional.silu(g) * u).to(self.dtype), layer.down_proj)
-        return _rmsnorm(h, self.w.norm, c.rms_norm_eps).view(b, T, c.hidden_size)
+        return _rmsnorm(h, self.w.norm, c.rms_norm_eps).view(b, t, c.hidden_size)
 
     # ---- internals ----------------------------------------------------------------------------------------
-    def _ctx(self, slot: int) -> _Context:
-        try:
-            return self._slots[slot]
-        except KeyError:
-            raise ValueError(f"drafter slot {slot} is not admitted") from None
-
-    def _append(self, ctx: _Context, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        need = ctx.length + k.shape[0]
-        if need > ctx.k[layer].shape[0]:
-            cap = max(need, 2 * ctx.k[layer].shape[0])
-            for buf in (ctx.k, ctx.v):
-                grown = torch.empty((cap, *buf[layer].shape[1:]), dtype=self.dtype, device=self.device)
-                grown[:ctx.length] = buf[layer][:ctx.length]
-                buf[layer] = grown
-        ctx.k[layer][ctx.length:need] = k
-        ctx.v[layer][ctx.length:need] = v
+    def _check_slot(self, slot: int) -> None:
+        if not 0 < slot < self.num_slots:
+            raise ValueError(f"drafter slot {slot} outside 1..{self.num_slots - 1} (0 is the padding slot)")
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin ``[N, 1, D]`` float32 (rotate-half layout, times YaRN's attention factor)."""
@@ -693,29 +667,53 @@ class DFlashDrafter:
         rot = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
         return (xf * cos + rot * sin).to(x.dtype)
 
-    def _attend(self, q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, k_blk: torch.Tensor,
-                v_blk: torch.Tensor, layer: int) -> torch.Tensor:
-        """One slot's block queries ``[T, Hq, D]`` over ``[context ; block]`` K/V, in the accumulator dtype."""
-        c = self.cfg
-        t, n = q.shape[0], k_ctx.shape[0] + k_blk.shape[0]
-        groups = c.num_attention_heads // c.num_key_value_heads
-        k = torch.cat([k_ctx, k_blk]).to(self.acc)
-        v = torch.cat([v_ctx, v_blk]).to(self.acc)
-        qa = q.to(self.acc).view(t, c.num_key_value_heads, groups, c.head_dim)
-        s = torch.einsum("thgd,nhd->hgtn", qa, k) * self.sm_scale
-        causal, window = c.layer_causal(layer), c.layer_window(layer)
-        if causal or window is not None:  # the reference's mask, over key indices (context from index 0)
-            qi = (n - t + torch.arange(t, device=q.device))[:, None]
-            ki = torch.arange(n, device=q.device)[None, :]
-            visible = torch.ones((t, n), dtype=torch.bool, device=q.device)
+    def _masks(self, lengths: torch.Tensor, t: int) -> dict[tuple[bool, int | None], torch.Tensor]:
+        """Per (causal, window) of the layers: which keys each block query sees, ``[B, T, C + T]`` bool over
+        ``[pool row ; block]``. Pool row j (position j) is context while j < length; block key m sits at
+        position length + m. Full attention: all of the context and the block (the reference's no-mask
+        case); a causal or windowed layer: the reference's `_attention_mask` rule on positions."""
+        cap, dev = self.context_length, self.device
+        key_pos = torch.cat([torch.arange(cap, device=dev)[None, :].expand(lengths.shape[0], cap),
+                             lengths[:, None] + torch.arange(t, device=dev)[None, :]], dim=1)  # [B, C + T]
+        is_key = torch.cat([torch.arange(cap, device=dev)[None, :] < lengths[:, None],
+                            torch.ones((lengths.shape[0], t), dtype=torch.bool, device=dev)], dim=1)
+        q_pos = lengths[:, None] + torch.arange(t, device=dev)[None, :]  # [B, T]
+        out = {}
+        for li in range(self.cfg.num_hidden_layers):
+            kind = (self.cfg.layer_causal(li), self.cfg.layer_window(li))
+            if kind in out:
+                continue
+            causal, window = kind
+            visible = is_key[:, None, :].expand(-1, t, -1).clone()
+            qp, kp = q_pos[:, :, None], key_pos[:, None, :]
             if causal:
-                visible &= ki <= qi
+                visible &= kp <= qp
             if window is not None:
-                visible &= qi - ki < window
+                visible &= qp - kp < window
                 if not causal:
-                    visible &= ki - qi < window
-            s = s.masked_fill(~visible, float("-inf"))
-        p = torch.softmax(s, dim=-1)
-        o = torch.einsum("hgtn,nhd->thgd", p, v)
-        return o.reshape(t, c.num_attention_heads, c.head_dim).to(self.dtype)
+                    visible &= kp - qp < window
+            out[kind] = visible
+        return out
 
+    def _attend(self, q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, k_blk: torch.Tensor,
+                v_blk: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+        """Block queries ``[B, T, Hq, D]`` over ``[pool row ; block]`` K/V (``[B, C, Hkv, D]``,
+        ``[B, T, Hkv, D]``) where ``visible [B, T, C + T]``, in the accumulator dtype."""
+        c = self.cfg
+        b, t = q.shape[0], q.shape[1]
+        groups = c.num_attention_heads // c.num_key_value_heads
+        k = torch.cat([k_ctx, k_blk], dim=1).to(self.acc)
+        v = torch.cat([v_ctx, v_blk], dim=1).to(self.acc)
+        qa = q.to(self.acc).view(b, t, c.num_key_value_heads, groups, c.head_dim)
+        s = torch.einsum("bthgd,bnhd->bhgtn", qa, k) * self.sm_scale
+        s = s.masked_fill(~visible[:, None, None], float("-inf"))
+        p = torch.softmax(s, dim=-1)
+        o = torch.einsum("bhgtn,bnhd->bthgd", p, v)
+        return o.reshape(b, t, c.num_attention_heads, c.head_dim).to(self.dtype)
+
+
+if TYPE_CHECKING:
+    from netra.engine.spec.drafter import Drafter
+
+    def _is_a_drafter(d: DFlashDrafter) -> Drafter:  # mypy checks the class against the interface
+        return d
