@@ -368,15 +368,35 @@ _pairing: dict[tuple[Any, ...], str | None] = {}
 _pairing_logged: set[tuple[str, str]] = set()
 
 
+def pairing_problem(fused: Any, conv_decode: Any, gdn_decode: Any) -> str | None:
+    """Why the verify/commit contract ``fused`` is not bitwise the decode step whose conv and GDN tactics are the
+    contracts ``conv_decode`` and ``gdn_decode`` (None: a reference fallback), or None when it is: the Triton conv
+    update (per-channel arithmetic, whatever its channel block) and the one-pass GDN decode tile with the fused
+    contract's BV and thread count (the reductions' layouts follow the tile and the warps)."""
+    if conv_decode is None:
+        return "the decode conv step runs its reference here"
+    if conv_decode.kernel["source"] != CONV_UPDATE_SOURCE:
+        return f"the decode conv step is {conv_decode.name}, not the Triton conv update"
+    if gdn_decode is None:
+        return "the GDN decode step runs its reference here"
+    meta, mine = gdn_decode.launch.get("meta", {}), fused.launch["meta"]
+    if gdn_decode.kernel["source"] != GDN_DECODE_SOURCE or meta.get("BK", 0) or meta.get("RELOAD", 0):
+        return f"the GDN decode step is {gdn_decode.name}, not the one-pass Triton tile"
+    if (meta.get("BV"), gdn_decode.launch["block"]) != (mine["BV"], fused.launch["block"]):
+        return (f"the GDN decode step is {gdn_decode.name} (BV {meta.get('BV')}, {gdn_decode.launch['block']} "
+                f"threads), not this contract's tile (BV {mine['BV']}, {fused.launch['block']} threads)")
+    return None
+
+
 def _decode_pairing(fused: Any, x_row: torch.Tensor, conv_weight: torch.Tensor, conv_state: torch.Tensor,
                     a_row: torch.Tensor, b_row: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor,
                     ssm_state: torch.Tensor, slots: torch.Tensor) -> str | None:
-    """Why the fused verify/commit tactic ``fused`` (a decision) is NOT bitwise the decode step the reference
-    would take at this call, or None when it is. The fused kernels repeat the decode tactics' arithmetic (the conv
-    tactic's per-channel sum, the GDN tactic's one-pass [dk, BV] tile, its reductions in its layout), so they
-    stand in for the decode ops only where dispatch sends those to exactly these tactics: the Triton conv update,
-    and the one-pass GDN decode kernel at the fused contract's BV and warps. Elsewhere (a decode op on its
-    PyTorch reference, another tile) the op runs its reference: the decode ops looped."""
+    """`pairing_problem` of the verify/commit tactic ``fused`` (a decision) and the decode tactics dispatch picks for
+    the decode steps the reference would take at this call (cached per shape and dtypes). The fused kernels repeat
+    the decode tactics' arithmetic (the conv tactic's per-channel sum, the GDN tactic's one-pass [dk, BV] tile, its
+    reductions in its layout), so they stand in for the decode ops only where dispatch sends those to exactly these
+    tactics. Elsewhere (a decode op on its PyTorch reference, another tile) the op runs its reference: the decode
+    ops looped, bitwise by construction."""
     contract = fused.contract
     hv, dk, dv = ssm_state.shape[1:]
     key = (contract.name, x_row.dtype, conv_weight.dtype, conv_state.dtype, a_row.dtype, b_row.dtype,
@@ -392,21 +412,8 @@ def _decode_pairing(fused: Any, x_row: torch.Tensor, conv_weight: torch.Tensor, 
     gdn_hit = route("gdn_decode_fused", {"q": q, "k": k, "v": v, "a": a_row, "b": b_row, "a_log": a_log,
                                          "dt_bias": dt_bias, "state": ssm_state, "slots": slots},
                     {"batch": bsz, "k_heads": hk, "v_heads": hv, "k_dim": dk, "v_dim": dv})
-    why: str | None = None
-    if conv_hit is None or conv_hit[1].contract is None:
-        why = "the decode conv step runs its reference here"
-    elif conv_hit[1].contract.kernel["source"] != CONV_UPDATE_SOURCE:
-        why = f"the decode conv step is {conv_hit[1].contract.name}, not the Triton conv update"
-    elif gdn_hit is None or gdn_hit[1].contract is None:
-        why = "the GDN decode step runs its reference here"
-    else:
-        dec = gdn_hit[1].contract
-        meta, mine = dec.launch.get("meta", {}), contract.launch["meta"]
-        if dec.kernel["source"] != GDN_DECODE_SOURCE or meta.get("BK", 0) or meta.get("RELOAD", 0):
-            why = f"the GDN decode step is {dec.name}, not the one-pass Triton tile"
-        elif (meta.get("BV"), dec.launch["block"]) != (mine["BV"], contract.launch["block"]):
-            why = (f"the GDN decode step is {dec.name} (BV {meta.get('BV')}, {dec.launch['block']} threads), "
-                   f"not this contract's tile (BV {mine['BV']}, {contract.launch['block']} threads)")
+    why = pairing_problem(contract, None if conv_hit is None else conv_hit[1].contract,
+                          None if gdn_hit is None else gdn_hit[1].contract)
     _pairing[key] = why
     if why is not None and (contract.name, why) not in _pairing_logged:
         _pairing_logged.add((contract.name, why))

@@ -8,6 +8,8 @@ nothing) in one batch, pad rows, fp32 and bf16 state, several layers at once.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -167,3 +169,74 @@ def test_ops_are_registered() -> None:
     from netra.ops import OPS
 
     assert OPS["gdn_verify"] == OPS["gdn_commit"] == "netra.ops.gdn"
+
+
+def _sig(op: str, dims: dict[str, int], dtypes: dict[str, str], layouts: dict[str, str]) -> Any:
+    from netra.contract import Signature
+
+    return Signature(target="sm90", op=op, dims=tuple(sorted(dims.items())), dtypes=tuple(sorted(dtypes.items())),
+                     layouts=tuple(sorted(layouts.items())), graph_phase="capture")
+
+
+def decode_signatures(batch: int, state: str) -> tuple[Any, Any]:
+    """The engine's decode-step signatures at ``batch`` rows (Qwen3.6-35B-A3B): conv update, fused GDN decode."""
+    conv_sig = _sig("causal_conv1d_update", {"batch": batch, "channels": 8192, "width": 4},
+                    {"x": "bfloat16", "w": "bfloat16", "state": "bfloat16", "slots": "int64"},
+                    {"x": "strided", "w": "contiguous_align16", "state": "contiguous_align16",
+                     "slots": "contiguous_align16"})
+    gdn_sig = _sig("gdn_decode_fused", {"batch": batch, "k_heads": 16, "v_heads": 32, "k_dim": 128, "v_dim": 128},
+                   {"q": "bfloat16", "k": "bfloat16", "v": "bfloat16", "a": "bfloat16", "b": "bfloat16",
+                    "a_log": "float32", "dt_bias": "bfloat16", "state": state, "slots": "int64"},
+                   {"q": "strided", "k": "strided", "v": "strided", "a": "strided", "b": "strided",
+                    "a_log": "contiguous_align16", "dt_bias": "contiguous_align16", "state": "contiguous_align16",
+                    "slots": "contiguous_align16"})
+    return conv_sig, gdn_sig
+
+
+def replay_signature(op: str, batch: int, tokens: int, state: str) -> Any:
+    dims = {"batch": batch, "block_tokens": tokens, "k_heads": 16, "v_heads": 32, "k_dim": 128, "v_dim": 128,
+            "channels": 8192, "width": 4}
+    dtypes = {"qkv": "bfloat16", "a": "bfloat16", "b": "bfloat16", "w": "bfloat16", "a_log": "float32",
+              "dt_bias": "bfloat16", "conv_state": "bfloat16", "state": state, "slots": "int64"}
+    layouts = {"qkv": "strided", "a": "strided", "b": "strided", "w": "contiguous_align16",
+               "a_log": "contiguous_align16", "dt_bias": "contiguous_align16", "conv_state": "contiguous_align16",
+               "state": "contiguous_align16", "slots": "contiguous_align16"}
+    if op == "gdn_commit":
+        dims["layers"] = 30
+        dtypes["count"] = "int64"
+        layouts["count"] = "contiguous_align16"
+    return _sig(op, dims, dtypes, layouts)
+
+
+@pytest.mark.parametrize("op", ["gdn_verify", "gdn_commit"])
+@pytest.mark.parametrize("state", ["float32", "bfloat16"])
+def test_replay_contracts_pair_with_the_decode_tactics_at_every_batch(op: str, state: str) -> None:
+    """With experiments selected, every batch 1-128 and T 1-16 finds a verify/commit contract, and it is the one
+    whose tile is the decode step's at that batch (so `_decode_pairing` lets it run); at the default maturity none is
+    selected (the ops run the decode steps looped)."""
+    from netra.catalog import Catalog
+    from netra.dispatch import plan
+
+    cat = Catalog.load()
+    for batch in range(1, 129):
+        for tokens in (1, 16):
+            fused = plan(replay_signature(op, batch, tokens, state), cat, "experiment").contract
+            assert fused is not None, (op, batch, tokens)
+            assert plan(replay_signature(op, batch, tokens, state), cat).contract is None
+        conv_sig, gdn_sig = decode_signatures(batch, state)
+        conv_dec, gdn_dec = plan(conv_sig, cat, "experiment").contract, plan(gdn_sig, cat, "experiment").contract
+        assert gdn.pairing_problem(fused, conv_dec, gdn_dec) is None, (batch, fused.name, gdn_dec)
+
+
+def test_pairing_problem_names_the_mismatch() -> None:
+    from netra.catalog import Catalog
+
+    cat = Catalog.load()
+    fused = cat.by_name("gdn_verify_f32_hv32")  # BV 64, 4 warps
+    conv_dec = cat.by_name("conv1d_update_c8192_w4")
+    assert gdn.pairing_problem(fused, conv_dec, cat.by_name("gdn_decode_f32_hv32")) is None
+    assert "conv step runs its reference" in str(gdn.pairing_problem(fused, None, cat.by_name("gdn_decode_f32_hv32")))
+    assert "GDN decode step runs its reference" in str(gdn.pairing_problem(fused, conv_dec, None))
+    why = gdn.pairing_problem(fused, conv_dec, cat.by_name("gdn_decode_f32_small_hv32"))
+    assert why is not None and "BV 16" in why and "BV 64" in why
+    assert "not the Triton conv update" in str(gdn.pairing_problem(fused, fused, fused))
