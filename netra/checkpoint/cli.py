@@ -25,6 +25,10 @@ def register(sub: Any) -> None:
     s.add_argument("--out", type=Path, required=True, help="the checkpoint directory to write (created; must be "
                                                            "empty or absent)")
     s.add_argument("--seed", type=int, default=0, help="seed of the weights")
+    s.add_argument("--drafter", type=Path, nargs="?", const=Path("drafter"), default=None, metavar="DIR",
+                   help="also write the preset's seeded DFlash drafter in z-lab's format (config.json with "
+                        "dflash_config, model.safetensors) to DIR (must be empty or absent); a relative DIR, "
+                        "or none, is under --out (default: OUT/drafter)")
     s.set_defaults(func=_cmd_synth)
 
 
@@ -32,10 +36,15 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     from netra.checkpoint.synth import synthesize
 
     out: Path = args.out
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        print(f"netra checkpoint synth: {out} exists and is not an empty directory")
-        return 2
-    synthesize(out, args.preset, args.seed)
+    drafter: Path | None = None if args.drafter is None else out / args.drafter
+    for d in (out, drafter):
+        if d is not None and d.exists() and (not d.is_dir() or any(d.iterdir())):
+            print(f"netra checkpoint synth: {d} exists and is not an empty directory")
+            return 2
+    synthesize(out, args.preset, args.seed, drafter)
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     print(f"wrote {out}: preset {args.preset}, seed {args.seed}, {size / 1e6:.0f} MB")
+    if drafter is not None:
+        size = sum(f.stat().st_size for f in drafter.iterdir() if f.is_file())
+        print(f"wrote {drafter}: the preset's DFlash drafter, seed {args.seed}, {size / 1e6:.0f} MB")
     return 0

@@ -14,6 +14,11 @@ The directory holds what the released checkpoint's text side holds:
 * ``tokenizer.json`` (`netra.checkpoint.tokenizer`), ``tokenizer_config.json`` and
   ``chat_template.jinja`` (Netra's fixture ``models/qwen3_6/chat_template.jinja``).
 
+With ``drafter``, `synthesize` also writes the preset's seeded DFlash drafter in z-lab's format
+(`synthesize_drafter`: ``config.json`` with ``dflash_config`` + ``model.safetensors``, the shapes of
+``netra.engine.spec.dflash.DFLASH_PRESETS`` at the real vocabulary, mask token 248070), as
+``z-lab/Qwen3.6-35B-A3B-DFlash`` sits beside the target.
+
 `cached_checkpoint` makes one per machine under ``$NETRA_CACHE_DIR/checkpoints``, keyed by every
 input (the preset, the seed, the tokenizer source, the template and the code that writes the
 weights), written to a temporary directory and renamed into place, so concurrent callers share it.
@@ -39,6 +44,8 @@ SYNTH_VERSION = 1
 # The embedding / lm_head rows of Qwen3.5/3.6 (248,077 ids used: 248,044 ranks + 33 added tokens).
 VOCAB_ROWS = 248320
 ENDOFTEXT, IM_START, IM_END = 248044, 248045, 248046
+# z-lab/Qwen3.6-35B-A3B-DFlash's dflash_config.mask_token_id (a token of the real vocabulary).
+DFLASH_MASK = 248070
 # Qwen3.6-35B-A3B's generation_config.json.
 GENERATION_CONFIG: dict[str, Any] = {
     "bos_token_id": ENDOFTEXT, "do_sample": True, "eos_token_id": [IM_END, ENDOFTEXT], "pad_token_id": ENDOFTEXT,
@@ -81,8 +88,17 @@ def tokenizer_config(added: list[tuple[int, str, bool]], model_max_length: int) 
     }
 
 
-def synthesize(out: Path, preset_name: str = "tiny", seed: int = 0) -> Path:
-    """Write the checkpoint directory ``out`` (module docstring); returns ``out``."""
+def synthesize_drafter(out: Path, preset_name: str = "tiny", seed: int = 0) -> Path:
+    """Write the preset's seeded DFlash drafter for the synthesized target (module docstring) to ``out``."""
+    from netra.engine.spec.dflash import dflash_preset, save_dflash, seeded_dflash_weights
+
+    cfg = dflash_preset(preset_name, synth_config(preset_name), mask_token_id=DFLASH_MASK)
+    return save_dflash(out, cfg, seeded_dflash_weights(cfg, seed))
+
+
+def synthesize(out: Path, preset_name: str = "tiny", seed: int = 0, drafter: Path | None = None) -> Path:
+    """Write the checkpoint directory ``out`` (module docstring), and the drafter directory ``drafter``
+    when given; returns ``out``."""
     from netra.checkpoint.tokenizer import added_tokens, qwen36_tokenizer_json
     from netra.engine.loader import save_checkpoint
     from netra.engine.weights import seeded_weights
@@ -97,6 +113,8 @@ def synthesize(out: Path, preset_name: str = "tiny", seed: int = 0) -> Path:
     (out / "tokenizer_config.json").write_text(
         json.dumps(tokenizer_config(added, cfg.max_position_embeddings), indent=2) + "\n")
     (out / "chat_template.jinja").write_text(chat_template())
+    if drafter is not None:
+        synthesize_drafter(drafter, preset_name, seed)
     return out
 
 
