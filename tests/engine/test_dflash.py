@@ -12,7 +12,9 @@ Tolerances, fixed before measuring:
   reference uses float32 BLAS and SDPA; our RoPE angle is float64, the reference's float32 (below
   1e-5 rad at these positions). Each is a few float32 ulps (~1e-7 relative) per op; over two layers
   of about ten ops each, expect well under 1e-5 relative. Tolerance: max|Δ| ≤ 1e-4 · max|ref| on the
-  block's hidden states and on the draft logits, and the greedy draft tokens identical.
+  block's hidden states and on the draft logits, and the greedy draft tokens identical. Measured:
+  5.1e-7 (hidden) and 6.6e-7 (logits) at worst over T = 2, 8, 16 and contexts 1, 9, 40; the
+  sliding-window drafter 4.6e-7 and 5.6e-7.
 * BF16 (both as deployed: BF16 activations): both round to BF16 at the same points (each projection,
   norm and residual add), but accumulate in different orders and the reference rounds a few more
   intermediates (RoPE's three BF16 products, silu before its product). Stated first: max|Δ| ≤ 5e-2 ·
@@ -20,9 +22,9 @@ Tolerances, fixed before measuring:
   context): the premise that the roundings differ only "here and there" was wrong. Measured against
   the float32 forward, each BF16 forward is 0.5–1.05 % off on average, independently, so their mutual
   distance is their own rounding error, not a difference of computation. The BF16 check is therefore
-  (revised after that measurement): max|Δ| ≤ 5e-2 · max|ref| (kept), and our BF16 forward no farther
-  from the float32 reference on average than 1.25 × the reference's own BF16 forward is (measured
-  ratios 0.76–0.99).
+  (revised after that measurement): max|Δ| ≤ 5e-2 · max|ref| (kept; measured 0.5–1.4 %), and our
+  BF16 forward no farther from the float32 reference on average than 1.25 × the reference's own BF16
+  forward is (measured ratios 0.76–0.99).
 
 The context built by several `extend` calls is bit-identical to the context built at once (each row's
 arithmetic does not depend on its batch: float64 accumulation on a CPU), and equals the reference's

@@ -113,7 +113,8 @@ class DFlashConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.type == "int" and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+            if f.type == "int" and (not isinstance(v, int) or isinstance(v, bool)
+                                    or v < (0 if f.name == "mask_token_id" else 1)):
                 raise ConfigError(f"drafter config {f.name}={v!r}: expected a positive integer")
         if not self.layer_types:
             object.__setattr__(self, "layer_types", ("full_attention",) * self.num_hidden_layers)
