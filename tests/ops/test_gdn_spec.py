@@ -240,3 +240,18 @@ def test_pairing_problem_names_the_mismatch() -> None:
     why = gdn.pairing_problem(fused, conv_dec, cat.by_name("gdn_decode_f32_small_hv32"))
     assert why is not None and "BV 16" in why and "BV 64" in why
     assert "not the Triton conv update" in str(gdn.pairing_problem(fused, fused, fused))
+
+
+def test_replay_grids_fit_cuda_limits_across_the_domain() -> None:
+    """The GDN steps kernel's grid at the domain's corners: the (layer, request, head) axis can reach 64 x 128 x 32
+    programs, so it is the x axis (2^31 - 1); y and z stay within 65535."""
+    from netra.catalog import Catalog
+    from netra.runtime import grid_size
+
+    for c in Catalog.load().contracts:
+        if c.op not in ("gdn_verify", "gdn_commit"):
+            continue
+        dims = {name: rng.hi for name, rng in c.dims.items()}
+        grid = grid_size(c.launch["grid"], {**dims, **c.launch["meta"]})
+        assert grid[0] < 2 ** 31 and all(g <= 65535 for g in grid[1:]), (c.name, grid)
+        assert grid[0] == dims.get("layers", 1) * dims["batch"] * dims["v_heads"], (c.name, grid)

@@ -10,7 +10,7 @@ one-pass kernel) repeated, so each runs two kernels that repeat those kernels' a
    update's order), ``silu(y) = y / (1 + exp(-y))`` stored in x's dtype, window ← (s1, s2, x_j). Verify (n = T) writes
    the post-conv rows to a scratch ``[B·T, C]`` and never the window; commit (n = count[r]) writes them over the
    stash's rows in place (the stash is consumed) and the new window once at the end.
-2. ``_gdn_steps_kernel``, program (v tile, (layer·B + r)·Hv + h): the ``[dk, BV]`` state tile read once and kept in
+2. ``_gdn_steps_kernel``, program ((layer·B + r)·Hv + h, v tile): the ``[dk, BV]`` state tile read once and kept in
    registers (FP32) through n steps of the decode kernel's body (gating, L2 norm, ``Sᵀk̂`` and ``Sᵀq̂`` of the tile,
    ``o = e·Sᵀq̂ + (k̂·q̂)·δ``, ``S' = e·S + k̂ δᵀ``), rounded to the pool's dtype after every step as the decode's
    store and reload do. q, k, v are loaded from the post-conv rows with the decode kernel's load expressions, so the
@@ -26,13 +26,13 @@ Bitwise policy: against the decode tactics the kernels repeat, where dispatch pa
 mirrors by batch range and state dtype); TRITON_INTERPRET tests compare bitwise against the decode kernels looped.
 Elsewhere the ops run the decode ops looped (the references).
 
-Byte floor per step (Qwen3.6-35B-A3B: Hv 32, dk = dv = 128, C = 8192, bf16 rows, per request and GDN layer):
-decode reads + writes the state every token (fp32 2 · 2 MiB = 4 MiB, bf16 2 MiB) plus 128 KB of conv traffic
-(window 48 KB read + written, x 16 KB, y 16 KB written and read back). Verify of T tokens reads the state once
-(fp32 2 MiB, bf16 1 MiB), the window once (48 KB) and per token x 16 KB + y 16 KB written and re-read + a, b +
-o 8 KB: fp32 ≈ 2.10 MB + T · 56 KB (T = 16: 3.0 MB, against 16 decode steps' 69 MB). Commit of n tokens per layer:
-the state read + written once (4 MiB fp32 / 2 MiB bf16), the window read + written (96 KB), per token x 16 KB read,
-y 16 KB written and re-read: fp32 ≈ 4.29 MB + n · 48 KB. Timing on the H200 is pending (no GPU lent).
+Byte floor (Qwen3.6-35B-A3B: Hv 32, dk = dv = 128, C = 8192, bf16 rows; per request and GDN layer; docs/kernels.md):
+a decode step moves the state in and out every token (fp32 4 MiB, bf16 2 MiB) plus ≈ 152 KiB of conv, q/k/v and
+output traffic. Verify of T tokens reads the state once (fp32 2 MiB, bf16 1 MiB) and the window once (48 KiB), and
+per token reads x (16 KiB), writes and re-reads the post-conv row (2 × 16 KiB) and writes o (8 KiB): fp32
+2 MiB + 48 KiB + T · 56 KiB (T = 16: 2.9 MiB, against 16 decode steps' 66.4 MiB). Commit of n tokens reads and
+writes the state once (fp32 4 MiB, bf16 2 MiB) and the window (96 KiB), and per token reads x, writes y over it and
+re-reads y (48 KiB): fp32 4 MiB + 96 KiB + n · 48 KiB. Timing on the H200 is pending (no GPU lent).
 """
 
 from __future__ import annotations
@@ -134,9 +134,10 @@ def _gdn_steps_kernel(
     HV: tl.constexpr, HK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
     PAD: tl.constexpr, EPS: tl.constexpr, SCALE: tl.constexpr, COMMIT: tl.constexpr,
 ):
-    # q, k, v share the layer stride sq_l (views of one stash / scratch); a and b share sa_l
-    i_v = tl.program_id(0)
-    i_lbh = tl.program_id(1)
+    # q, k, v share the layer stride sq_l (views of one stash / scratch); a and b share sa_l. The (layer, request,
+    # head) axis is the grid's first: 30 layers x 128 requests x 32 heads exceed the 65535 of a CUDA grid's y axis
+    i_lbh = tl.program_id(0)
+    i_v = tl.program_id(1)
     i_lb = i_lbh // HV
     i_hv = i_lbh % HV
     i_l = (i_lb // batch).to(tl.int64)
