@@ -25,10 +25,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from netra.kernel_lock import LOCK_PATH, LOCK_VERSION, LockError, object_path, read_lock
 from netra.resources import DATA_ROOT
 
-LOCK_PATH = DATA_ROOT / "kernels" / "lock.json"
-LOCK_VERSION = 1
 # Per target: the compiler and the flags every code object of that target gets (before the
 # contract's own). sm_90a (not sm_90) so Hopper-only instructions are available; -Xptxas -v for
 # the resource report; no -lineinfo/-G (they would embed paths and change the bytes).
@@ -38,7 +37,7 @@ TARGET_FLAGS: dict[str, list[str]] = {
 RESOURCE_KEYS = ("registers", "smem_bytes", "spill_stores", "spill_loads", "stack_bytes", "barriers")
 
 
-class BuildError(RuntimeError):
+class BuildError(LockError):
     pass
 
 
@@ -145,21 +144,6 @@ def build_all(build_dir: Path, catalog: Any = None, families: set[str] | None = 
         entries += [e for e in base["code_objects"] if e["family"] not in families]
     return {"version": LOCK_VERSION, "nvcc": nvcc_version(nvcc) if nvcc else "",
             "code_objects": sorted(entries, key=lambda e: (e["target"], e["family"], e["name"]))}
-
-
-def object_path(entry: dict[str, Any], build_dir: Path) -> Path:
-    """Where a lock entry's code object lives: the build dir for cubins, the repository for Triton modules."""
-    return (DATA_ROOT if entry.get("kind") == "triton" else build_dir) / entry["code_object"]
-
-
-def read_lock(path: Path = LOCK_PATH) -> dict[str, Any]:
-    try:
-        lock: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise BuildError(f"kernel lock {path} unreadable: {exc}") from exc
-    if lock.get("version") != LOCK_VERSION or not isinstance(lock.get("code_objects"), list):
-        raise BuildError(f"kernel lock {path}: expected version {LOCK_VERSION} with a code_objects list")
-    return lock
 
 
 def write_lock(lock: dict[str, Any], path: Path = LOCK_PATH) -> None:

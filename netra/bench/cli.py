@@ -21,7 +21,7 @@ VERBS: dict[str, tuple[str, str, str]] = {
     "step": ("netra.bench.step", "main", "the engine's full-shape decode step in graph replay, against its byte floor"),
     "engine": ("netra.engine.bench", "cli", "the embedded engine alone: tokens/s and the scheduler's per-step "
                "overhead"),
-    "wirebytes": ("netra.serve.wirebytes", "cli", "bytes on the wire per token through the response layer, "
+    "wirebytes": ("netra.bench.wirebytes", "cli", "bytes on the wire per token through the response layer, "
                   "cumulative vs incremental worker"),
     "synthetic": ("netra.bench.synthetic", "cli", "a synthetic worker at a fixed token rate (instrument checks)"),
     "hostile": ("netra.bench.hostile", "main", "hostile-load probes of a fresh local launch (issue 24), with a record"),

@@ -389,7 +389,7 @@ def main(args: argparse.Namespace) -> int:
 
     cat = Catalog.load()
     contracts = {c.name: {"maturity": c.maturity, "launch": c.launch} for c in cat.contracts if c.family == "argmax"}
-    from netra.build import read_lock
+    from netra.kernel_lock import read_lock
 
     lock = {e["name"]: {"sha256": e["sha256"], "resources": e["resources"]}
             for e in read_lock()["code_objects"] if e["family"] == "argmax"}

@@ -256,7 +256,7 @@ def split_records(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def locked_objects() -> dict[str, Any]:
     """The MoE code objects measured: name -> the lock's sha256 (a record is evidence for exactly these)."""
-    from netra.build import read_lock
+    from netra.kernel_lock import read_lock
 
     return {e["name"]: {"sha256": e["sha256"]} for e in read_lock()["code_objects"] if e["family"] == "moe"}
 

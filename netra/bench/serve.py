@@ -166,8 +166,8 @@ def resolve_model(cfg: BenchConfig) -> str:
 
 def _model_text(cfg: BenchConfig) -> Any:
     """The model's tokenizer and chat template, as the response layer loads them from /model_info."""
-    from netra.serve.errors import OpenAIError
     from netra.serve.tokenizer import load_for_worker
+    from netra.web.errors import OpenAIError
 
     src = cfg.info_url or cfg.url
     info = _get_json(src, "/model_info")

@@ -49,7 +49,8 @@ from netra.deploy.record import (
     write_json,
 )
 from netra.deploy.supervisor import healthy
-from netra.deploy.verify import LaunchRefused, Verification, sha256_file
+from netra.deploy.verify import LaunchRefused, Verification
+from netra.resources import sha256_file
 
 POLL_S = 0.5
 IMAGE_PYTHON = "/opt/venv/bin/python3"  # the images' interpreter (ENTRYPOINT)

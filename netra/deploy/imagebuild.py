@@ -41,7 +41,7 @@ from typing import Any
 
 from netra import settings
 from netra.deploy import images as il
-from netra.deploy.verify import sha256_file
+from netra.resources import sha256_file
 from netra.settings import REPO_ROOT
 
 # The pins every install uses (pip -c), and the pyproject extras an image installs (with the core).
@@ -294,7 +294,7 @@ def assemble_context(entry: il.ImageEntry, ctx: Path, *, root: Path = REPO_ROOT,
 
     Refuses (ImageBuildError) when a code object the image carries is missing from the build dir or
     differs from the kernel lock."""
-    from netra.build import read_lock
+    from netra.kernel_lock import read_lock
 
     build = Path(build_dir) if build_dir is not None else Path(settings.get("NETRA_BUILD_DIR"))
     kernel_lock = read_lock(root / "kernels" / "lock.json")

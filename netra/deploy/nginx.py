@@ -49,7 +49,7 @@ def error_messages(plan: Plan) -> dict[int, str]:
 
 def error_pages(plan: Plan) -> str:
     """`error_page` + one internal location per status, answering the OpenAI error object as JSON."""
-    from netra.serve.errors import error_body
+    from netra.web.errors import error_body
 
     out = []
     for status, message in error_messages(plan).items():

@@ -11,7 +11,6 @@ edited after it was locked is refused until someone re-locks it on purpose:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -19,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from netra import settings
-from netra.build import object_path
 from netra.deploy.profile import PROFILE_DIR, Profile, load_profile, netra_model_dir
-from netra.resources import DATA_ROOT
+from netra.kernel_lock import object_path
+from netra.resources import DATA_ROOT, sha256_file
 
 PROFILE_LOCK = PROFILE_DIR / "lock.json"
 KERNEL_LOCK = DATA_ROOT / "kernels" / "lock.json"
@@ -54,14 +53,6 @@ class Verification:
     def raise_if_refused(self) -> None:
         if self.problems:
             raise LaunchRefused(self.problems)
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # --- profile lock ---------------------------------------------------------------------------------

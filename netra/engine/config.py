@@ -171,7 +171,7 @@ class ModelConfig:
         return replace(out, eos_token_id=tuple(dict.fromkeys([*out.eos_token_id, *extra])))
 
 
-# The byte tokenizer's layout (tiny): 256 byte tokens, then the specials (netra/engine/tokenizer.py).
+# The byte tokenizer's layout (tiny): 256 byte tokens, then the specials (netra/tokenizers.py).
 TINY_VOCAB = 264
 TINY_EOS = 257
 

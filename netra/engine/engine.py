@@ -16,9 +16,9 @@ from netra.engine.memory import PoolPlan, plan_pools
 from netra.engine.model import Model
 from netra.engine.options import EngineOptions, OptionsError
 from netra.engine.scheduler import Scheduler
-from netra.engine.tokenizer import Tokenizer, load_tokenizer
 from netra.engine.weights import seeded_weights
 from netra.ops import attention, gdn
+from netra.tokenizers import Tokenizer, load_tokenizer
 
 log = logging.getLogger("netra.engine")
 

@@ -24,7 +24,7 @@ import llguidance
 import torch
 from llguidance.torch import fill_next_token_bitmask
 
-from netra.engine.tokenizer import BYTE_SPECIALS, ByteTokenizer, HFTokenizer, Tokenizer
+from netra.tokenizers import BYTE_SPECIALS, ByteTokenizer, HFTokenizer, Tokenizer
 
 GRAMMAR_KINDS = ("json_schema", "regex", "ebnf")
 # Compact JSON (no free whitespace between tokens): a model cannot pad the output with whitespace

@@ -27,7 +27,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from netra.serve.metrics import labelled_exposition
+from netra.web.exposition import labelled_exposition
 
 log = logging.getLogger("netra.engine")
 

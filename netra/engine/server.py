@@ -36,11 +36,11 @@ from netra.engine.options import EngineOptions
 from netra.engine.protocol import RequestError, check_request, parse_generate, parse_json
 from netra.engine.request import Output, SamplingParams
 from netra.engine.request import Request as EngineRequest
-from netra.engine.tokenizer import IncrementalDecoder
-from netra.serve.errors import OpenAIError, error_body
-from netra.serve.intake import read_body
-from netra.serve.localserver import tcp_listen_socket
-from netra.serve.metrics import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
+from netra.tokenizers import IncrementalDecoder
+from netra.web.body import read_body
+from netra.web.errors import OpenAIError, error_body
+from netra.web.exposition import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
+from netra.web.server import tcp_listen_socket
 
 log = logging.getLogger("netra.engine")
 # The reasoning parsers' end of a think block (qwen3: every parser EngineOptions knows).
@@ -57,7 +57,7 @@ def json_response(obj: Any, status: int = 200) -> Response:
 
 
 def error_response(message: str, status: int = 400) -> Response:
-    """The response layer's error object (netra/serve/errors.py), so both layers fail alike."""
+    """The shared OpenAI error object (netra/web/errors.py), so the worker and the response layer fail alike."""
     return json_response(error_body(status, message), status)
 
 

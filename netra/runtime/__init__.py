@@ -267,7 +267,7 @@ def _load_object(contract: Contract, obj: CodeObject, device: int) -> Tactic:
 
 def _lock_entry(obj: CodeObject) -> tuple[dict[str, Any], Any]:
     from netra import settings
-    from netra.build import object_path, read_lock
+    from netra.kernel_lock import object_path, read_lock
 
     lock = read_lock()
     entry = next((e for e in lock["code_objects"] if e["name"] == obj.name), None)

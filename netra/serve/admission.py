@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from netra.serve.errors import at_capacity
+from netra.web.errors import at_capacity
 
 
 class Admission:

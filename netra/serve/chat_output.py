@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from netra.serve.reasoning import ReasoningSplitter
-from netra.serve.tools import ToolCall, ToolParser
+from netra.serve.toolcall import ToolCall, ToolParser
 
 
 @dataclass

@@ -29,7 +29,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from netra.serve.tokenizer import bytes_to_unicode
+from netra.tokenizers import bytes_to_unicode
 
 TEXT = ("Netra serves hybrid MoE models. Größe, café, naïve — 日本語のテキスト, 한국어, "
         "emoji 🙂🚀 and ASCII punctuation: {}[]<>!? ").encode()

@@ -7,12 +7,12 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
-from netra.serve.errors import OpenAIError
 from netra.serve.metrics import Metrics
 from netra.serve.reasoning import ReasoningCounter
 from netra.serve.stream import IncrementalDetokenizer, StopMatcher, TokenTracker, UpstreamProtocolError
 from netra.serve.tokenizer import TextTokenizer
 from netra.serve.upstream import Upstream, UpstreamStream
+from netra.web.errors import OpenAIError
 
 # One output token's logprob: (logprob, token id, top alternatives as (logprob, token id), best first).
 TokenLogprob = tuple[float, int, list[tuple[float, int]]]

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from netra.engine.tokenizer import ByteTokenizer
 from netra.serve.generation import TokenLogprob
 from netra.serve.tokenizer import TextTokenizer
+from netra.tokenizers import ByteTokenizer
 
 
 class TokenText:

@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from netra.serve.errors import OpenAIError
 from netra.serve.tools import call_text, tools_preamble
+from netra.web.errors import OpenAIError
 
 if TYPE_CHECKING:
     from netra.serve.protocol import ChatCompletionRequest

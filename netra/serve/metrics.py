@@ -7,43 +7,15 @@ series in one scrape (netra/deploy/metrics.py) and Prometheus never sees two pro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from netra.web.exposition import labelled_exposition
 
 # TTFT spans a prefill at load (tens of ms to seconds); inter-token time a decode step (ms).
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
-
-CONTENT_TYPE = CONTENT_TYPE_LATEST
-
-
-class WithLabels(Collector):
-    """Every sample of ``registry`` with ``labels()`` added (evaluated at each scrape)."""
-
-    def __init__(self, registry: CollectorRegistry, labels: Callable[[], dict[str, str]]) -> None:
-        self.registry = registry
-        self.labels = labels
-
-    def collect(self) -> Iterator[Metric]:
-        extra = self.labels()
-        for family in self.registry.collect():
-            out = Metric(family.name, family.documentation, family.type, family.unit)
-            for sample in family.samples:
-                out.add_sample(sample.name, {**extra, **sample.labels}, sample.value, sample.timestamp,
-                               sample.exemplar)
-            yield out
-
-
-def labelled_exposition(registry: CollectorRegistry, labels: Callable[[], dict[str, str]]) -> Callable[[], bytes]:
-    """A function rendering ``registry`` in the text format with ``labels()`` on every series."""
-    outer = CollectorRegistry(auto_describe=False)
-    outer.register(WithLabels(registry, labels))
-    return lambda: generate_latest(outer)
-
 
 class Metrics:
     def __init__(self, labels: Callable[[], dict[str, str]] | None = None) -> None:

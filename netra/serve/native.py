@@ -12,21 +12,19 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from netra.serve import requestlog
-from netra.serve.errors import OpenAIError
-from netra.serve.openai_api import DONE, SSEResponse, all_or_abort, check_choices, guard, json_response, sse
 from netra.serve.prompts import check_ids
 from netra.serve.protocol import GenerateRequest
+from netra.serve.sse import DONE, SSEResponse, all_or_abort, guard, json_response, sse
+from netra.serve.state import ServeState, check_choices
 from netra.serve.stream import TokenTracker, UpstreamProtocolError
 from netra.serve.upstream import UpstreamStream
-
-if TYPE_CHECKING:
-    from netra.serve.app import ServeState
+from netra.web.errors import OpenAIError
 
 log = logging.getLogger("netra.serve")
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
-from netra.serve.errors import OpenAIError
 from netra.serve.tokenizer import ModelText
+from netra.web.errors import OpenAIError
 
 # Texts above this many characters are tokenized in a thread, so the event loop keeps serving.
 _THREAD_CHARS = 1 << 16

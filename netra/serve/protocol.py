@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from netra.serve.errors import OpenAIError
+from netra.web.errors import OpenAIError
 
 log = logging.getLogger("netra.serve")
 MAX_N = 64

@@ -3,8 +3,8 @@
 - A checkpoint (SGLang, or the embedded engine loading a Hugging Face directory): `tokenizer.json`
   through the `tokenizers` library and the chat template of `tokenizer_config.json` (or
   `chat_template.jinja`), rendered with Jinja2 in a sandbox as Hugging Face renders it.
-- The embedded engine's seeded presets (e.g. `tiny`): the engine's own tokenizer, asked from
-  `netra.engine`, and a plain `role: content` chat template.
+- The embedded engine's seeded presets (e.g. `tiny`): the byte tokenizer (`netra.tokenizers`, shared
+  with the engine) and a plain `role: content` chat template.
 """
 
 from __future__ import annotations
@@ -15,57 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from netra.serve.errors import OpenAIError
+from netra.tokenizers import BYTE_SPECIALS, ByteTokenizer, HFTokenizer
+from netra.web.errors import OpenAIError
 
 
 class TextTokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's printable stand-ins for bytes, as byte-level BPE vocabularies spell their tokens."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
-
-
-_UNICODE_TO_BYTE = {c: b for b, c in bytes_to_unicode().items()}
-
-
-class HFTokenizer:
-    def __init__(self, path: Path) -> None:
-        from tokenizers import Tokenizer
-
-        self._tok = Tokenizer.from_file(str(path))
-        # The longest token's spelling bounds the characters one token decodes to (byte-level
-        # spellings use one character per byte; SentencePiece ones one per character).
-        self.max_token_chars = max((len(t) for t in self._tok.get_vocab(with_added_tokens=True)), default=1)
-        # The added tokens' spellings: llguidance reads each as a special token, which a quoted string in a
-        # grammar never matches (a forced tool call's <tool_call> must name the token: netra/serve/tools.py).
-        self.added_tokens = frozenset(t.content for t in self._tok.get_added_tokens_decoder().values())
-
-    def token_bytes(self, tid: int) -> bytes | None:
-        """A byte-level BPE token's exact bytes (a token may hold part of a UTF-8 character), or None
-        when the token is not spelled in the byte-level alphabet (a special token, another scheme)."""
-        piece = self._tok.id_to_token(tid)
-        if piece is None or any(ch not in _UNICODE_TO_BYTE for ch in piece):
-            return None
-        return bytes(_UNICODE_TO_BYTE[ch] for ch in piece)
-
-    def encode(self, text: str) -> list[int]:
-        # Chat templates write their special tokens themselves: add none here.
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
 
 def _token_str(value: Any) -> str:
@@ -187,8 +144,6 @@ def load_for_worker(info: dict[str, Any]) -> ModelText:
     path = info.get("tokenizer_path") or info.get("model_path")
     if path == "byte":  # the embedded engine's byte tokenizer (presets without a checkpoint)
         # One token per byte, and a special token (one ID) decodes to at most its own spelling.
-        from netra.engine.tokenizer import BYTE_SPECIALS, ByteTokenizer
-
         return ModelText(ByteTokenizer(), ChatTemplate(None), f"netra.engine byte tokenizer (preset {info.get('preset')})",
                          max(len(s) for s in BYTE_SPECIALS))
     if isinstance(path, str) and path and Path(path).is_absolute() and Path(path).exists():

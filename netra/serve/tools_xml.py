@@ -61,7 +61,7 @@ import warnings
 from collections.abc import Collection
 from typing import Any
 
-from netra.serve.tools import HeldSpace, ToolCall, ToolParser, tag_grammar
+from netra.serve.toolcall import HeldSpace, ToolCall, ToolParser, tag_grammar
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 FN_OPEN, FN_CLOSE = "<function=", "</function>"

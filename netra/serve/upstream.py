@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import orjson
 
-from netra.serve.errors import OpenAIError
+from netra.web.errors import OpenAIError
 
 log = logging.getLogger("netra.serve.upstream")
 

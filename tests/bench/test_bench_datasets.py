@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from netra.bench import corpus, datasets, summarize
-from netra.engine.tokenizer import ByteTokenizer
+from netra.tokenizers import ByteTokenizer
 
 
 def _cspec(**kw: object) -> corpus.CorpusSpec:

@@ -14,7 +14,7 @@ from netra.engine.engine import Engine, build_engine
 from netra.engine.grammar import Grammar, grammar_tokenizer
 from netra.engine.options import EngineOptions
 from netra.engine.request import Output, Request, SamplingParams
-from netra.engine.tokenizer import HFTokenizer
+from netra.tokenizers import HFTokenizer
 
 IM_END, ENDOFTEXT = 248046, 248044
 

@@ -22,7 +22,7 @@ import pytest
 from netra.deploy import compose
 from netra.deploy.profile import load_profile
 from netra.serve.fakeworker import FakeConfig, create_fake_worker, write_tokenizer
-from netra.serve.localserver import ServerThread
+from netra.web.server import ServerThread
 from tests.deploy.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

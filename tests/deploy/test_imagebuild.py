@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from netra.build import read_lock
 from netra.deploy import entry, imagebuild
 from netra.deploy import images as il
+from netra.kernel_lock import read_lock
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -26,9 +26,9 @@ from netra.bench import datasets
 from netra.engine.engine import Engine, build_engine
 from netra.engine.options import EngineOptions
 from netra.engine.request import Output, Request, SamplingParams
-from netra.engine.tokenizer import BYTE_SPECIALS, ByteTokenizer
 from netra.ops import sampling
 from netra.serve.tokenizer import ChatTemplate
+from netra.tokenizers import BYTE_SPECIALS, ByteTokenizer
 from tests.deploy.conftest import MODEL, Local, needs_nginx, netra
 from tests.reference import penalized
 

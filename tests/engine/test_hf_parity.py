@@ -36,9 +36,9 @@ from netra.engine.cache import StatePools
 from netra.engine.config import ModelConfig, preset
 from netra.engine.loader import load_checkpoint, state_dict
 from netra.engine.model import Model, prefill_batch
-from netra.engine.tokenizer import HFTokenizer
 from netra.engine.weights import PREFIX, AttentionWeights, ModelWeights, seeded_weights
 from netra.ops.linear import Weight, linear
+from netra.tokenizers import HFTokenizer
 
 BLOCK = 128
 

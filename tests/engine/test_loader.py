@@ -76,7 +76,7 @@ def test_loader_names_missing_and_misshapen_tensors(tmp_path: Path) -> None:
 def test_checkpoint_tokenizer_json_is_used(tmp_path: Path) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from netra.engine.tokenizer import HFTokenizer
+    from netra.tokenizers import HFTokenizer
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

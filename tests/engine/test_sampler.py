@@ -13,8 +13,8 @@ from netra.engine.cache import PAD_SLOT
 from netra.engine.grammar import Grammar, GrammarError, grammar_tokenizer
 from netra.engine.request import SamplingParams
 from netra.engine.sampler import TOP_LOGPROBS_MAX, SlotSampler, StepVariant
-from netra.engine.tokenizer import ByteTokenizer
 from netra.ops import sampling
+from netra.tokenizers import ByteTokenizer
 from tests.reference import penalized
 
 V = 264

@@ -17,7 +17,7 @@ from netra.engine.cache import PAD_SLOT
 from netra.engine.grammar import Grammar, grammar_tokenizer
 from netra.engine.request import Output, Request, SamplingParams
 from netra.engine.sampler import SlotSampler, StepVariant
-from netra.engine.tokenizer import ByteTokenizer
+from netra.tokenizers import ByteTokenizer
 
 pytestmark = pytest.mark.gpu
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import random
 
-from netra.engine.tokenizer import BYTE_EOS, ByteTokenizer
+from netra.tokenizers import BYTE_EOS, ByteTokenizer
 
 
 def test_byte_tokenizer_roundtrip_and_specials() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from netra.build import read_lock
 from netra.catalog import Catalog
+from netra.kernel_lock import read_lock
 from netra.records import validate
 from netra.settings import REPO_ROOT
 

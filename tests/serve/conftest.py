@@ -11,7 +11,7 @@ import pytest
 from netra.serve.app import ServeState, create_app
 from netra.serve.config import ServeConfig
 from netra.serve.fakeworker import FakeConfig, FakeState, create_fake_worker, write_tokenizer
-from netra.serve.localserver import ServerThread
+from netra.web.server import ServerThread
 
 MODEL = "fake/contract-worker"  # the fake worker's model_path: the name the response layer serves
 

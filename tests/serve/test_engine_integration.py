@@ -11,10 +11,10 @@ import openai
 import orjson
 import pytest
 
+from netra.bench.wirebytes import engine_worker
 from netra.serve.app import create_app
 from netra.serve.config import ServeConfig
-from netra.serve.localserver import ServerThread
-from netra.serve.wirebytes import engine_worker
+from netra.web.server import ServerThread
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("netra.engine.server") is None,
                                 reason="the embedded engine (netra/engine) is not in this checkout")
@@ -59,7 +59,7 @@ def test_token_id_prompt_and_native_passthrough_agree(engine_stack: tuple[str, s
     comp = httpx.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 12, "temperature": 0,
                                                      "ignore_eos": True, "skip_special_tokens": True},
                       timeout=120).json()
-    from netra.engine.tokenizer import ByteTokenizer
+    from netra.tokenizers import ByteTokenizer
 
     assert comp["choices"][0]["text"] == ByteTokenizer().decode(native["output_ids"])
     assert comp["usage"] == {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17,
@@ -93,7 +93,7 @@ def test_stop_token_ids_match_native(engine_stack: tuple[str, str]) -> None:
     raw = httpx.post(url + "/v1/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}},
                      timeout=120).content
     events = [orjson.loads(b[6:]) for b in raw.split(b"\n\n") if b.startswith(b"data: {")]
-    from netra.engine.tokenizer import ByteTokenizer
+    from netra.tokenizers import ByteTokenizer
 
     expected = ByteTokenizer().decode(native["output_ids"])
     assert whole["choices"][0]["text"] == expected

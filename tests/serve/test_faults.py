@@ -17,7 +17,7 @@ import pytest
 from netra.serve.app import create_app
 from netra.serve.config import ServeConfig
 from netra.serve.fakeworker import FakeConfig, FakeState, create_fake_worker
-from netra.serve.localserver import ServerThread
+from netra.web.server import ServerThread
 
 from .conftest import make_stack, metric_value
 

@@ -18,10 +18,10 @@ import httpx
 import openai
 import pytest
 
-from netra.engine.tokenizer import ByteTokenizer
 from netra.serve.fakeworker import FakeConfig, fake_logprob, prompt_token_ids, reference_output
 from netra.serve.tokenizer import ChatTemplate, ModelText
 from netra.serve.tools import ToolCallParser, call_text, required_grammar
+from netra.tokenizers import ByteTokenizer
 
 from .conftest import MODEL, Stack, make_stack
 from .test_app import client

@@ -17,9 +17,9 @@ import orjson
 import pytest
 
 from netra.serve.admission import Admission
-from netra.serve.errors import OpenAIError
 from netra.serve.fakeworker import FakeConfig
-from netra.serve.localserver import tcp_listen_socket
+from netra.web.errors import OpenAIError
+from netra.web.server import tcp_listen_socket
 
 from .conftest import MODEL, make_stack
 
@@ -304,7 +304,7 @@ def test_errors_name_no_internal_address_and_disconnect_is_one_line(
     sock.bind(("127.0.0.1", 0))
     from netra.serve.app import create_app
     from netra.serve.config import ServeConfig
-    from netra.serve.localserver import ServerThread
+    from netra.web.server import ServerThread
 
     dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
     with ServerThread(create_app(ServeConfig(upstream=dead, model_name="m"))) as url:

@@ -20,7 +20,7 @@ import pytest
 from netra.engine.process import engine_process
 from netra.serve.app import create_app
 from netra.serve.config import ServeConfig
-from netra.serve.localserver import ServerThread
+from netra.web.server import ServerThread
 
 THINK_CLOSE = 248069
 CLOSE_THINK_FIRST = {str(THINK_CLOSE): 100}

@@ -16,7 +16,8 @@ import openai
 import pytest
 
 from netra.serve.fakeworker import FakeConfig
-from netra.serve.tokenizer import ChatTemplate, HFTokenizer
+from netra.serve.tokenizer import ChatTemplate
+from netra.tokenizers import HFTokenizer
 from tests.serve.conftest import Stack, make_stack
 
 IM_END, ENDOFTEXT, THINK_CLOSE_ID = 248046, 248044, 248069

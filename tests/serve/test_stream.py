@@ -9,7 +9,7 @@ import pytest
 
 from netra.serve.fakeworker import TEXT, write_tokenizer
 from netra.serve.stream import IncrementalDetokenizer, StopMatcher, TokenTracker, UpstreamProtocolError
-from netra.serve.tokenizer import HFTokenizer
+from netra.tokenizers import HFTokenizer
 
 
 def native_events(out: list[int], counted: int, finish: dict[str, Any], chunks: list[int],

@@ -15,7 +15,6 @@ import llguidance
 import pytest
 
 from netra.engine.grammar import grammar_text, grammar_tokenizer
-from netra.engine.tokenizer import ByteTokenizer
 from netra.serve.tools import (
     JsonToolParser,
     ToolCallParser,
@@ -25,6 +24,7 @@ from netra.serve.tools import (
     required_grammar,
 )
 from netra.serve.tools_xml import XmlToolParser, typed_value, xml_grammar
+from netra.tokenizers import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = (ROOT / "models/qwen3_6/chat_template.jinja").read_text()
@@ -478,7 +478,7 @@ def test_grammar_allows_the_block_tags_as_the_vocabulary_s_added_tokens() -> Non
     # Hugging Face); llguidance reads every added token as special, which a quoted string never matches.
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-    from netra.serve.tokenizer import bytes_to_unicode
+    from netra.tokenizers import bytes_to_unicode
 
     tok = Tokenizer(models.BPE(vocab={ch: b for b, ch in bytes_to_unicode().items()}, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)

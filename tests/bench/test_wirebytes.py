@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from netra.serve.wirebytes import Row, measure, summarize
+from netra.bench.wirebytes import Row, measure, summarize
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_cumulative_upstream_grows_incremental_does_not(rows: list[Row]) -> None
 def test_record_written(tmp_path: Path) -> None:
     import json
 
-    from netra.serve.wirebytes import main
+    from netra.bench.wirebytes import main
 
     assert main(["--worker", "fake", "--lengths", "16", "64", "--endpoints", "completions", "--out",
                  str(tmp_path)]) == 0

@@ -1,8 +1,11 @@
-"""Tokenizers: a byte-level one for presets without a checkpoint, a checkpoint's ``tokenizer.json`` otherwise.
+"""Tokenizers, one module for the engine and the response layer: a byte-level one for presets without a
+checkpoint, a checkpoint's ``tokenizer.json`` otherwise.
 
-Both expose `encode`, `decode` and `stable_prefix`: streaming text must never take back what it sent,
+Both expose `encode`, `decode` and `incremental`: streaming text must never take back what it sent,
 so an event's text covers only tokens whose bytes decode completely (an incomplete UTF-8 sequence
-at the end waits for the next token; the final event decodes everything).
+at the end waits for the next token; the final event decodes everything). The response layer also
+reads a byte-level BPE token's exact bytes (`HFTokenizer.token_bytes`, for logprobs) and the added
+tokens' spellings (`HFTokenizer.added_tokens`, which llguidance treats as special).
 """
 
 from __future__ import annotations
@@ -118,6 +121,22 @@ def _complete_utf8_length(b: bytes) -> int:
     return n
 
 
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's printable stand-ins for bytes, as byte-level BPE vocabularies spell their tokens."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
+
+
+_UNICODE_TO_BYTE = {c: b for b, c in bytes_to_unicode().items()}
+
+
 class HFTokenizer:
     """A checkpoint's ``tokenizer.json`` through the `tokenizers` library."""
 
@@ -127,19 +146,33 @@ class HFTokenizer:
         self._tok = _Tok.from_file(str(path))
         self.name = str(path)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        # The longest token's spelling bounds the characters one token decodes to (byte-level
+        # spellings use one character per byte; SentencePiece ones one per character).
+        self.max_token_chars = max((len(t) for t in self._tok.get_vocab(with_added_tokens=True)), default=1)
+        # The added tokens' spellings: llguidance reads each as a special token, which a quoted string in a
+        # grammar never matches (a forced tool call's <tool_call> must name the token: netra/serve/tools.py).
+        self.added_tokens = frozenset(t.content for t in self._tok.get_added_tokens_decoder().values())
 
     def encode(self, text: str) -> list[int]:
+        # Chat templates write their special tokens themselves: add none here.
         return list(self._tok.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True, final: bool = True) -> str:
-        text: str = self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+        text: str = self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
         if not final:
             text = text.rstrip("\ufffd")  # an incomplete multi-byte character decodes as U+FFFD
         return text
 
-
     def incremental(self, skip_special_tokens: bool = True) -> IncrementalDecoder:
         return _FullIncremental(self, skip_special_tokens)
+
+    def token_bytes(self, tid: int) -> bytes | None:
+        """A byte-level BPE token's exact bytes (a token may hold part of a UTF-8 character), or None
+        when the token is not spelled in the byte-level alphabet (a special token, another scheme)."""
+        piece = self._tok.id_to_token(tid)
+        if piece is None or any(ch not in _UNICODE_TO_BYTE for ch in piece):
+            return None
+        return bytes(_UNICODE_TO_BYTE[ch] for ch in piece)
 
 
 def load_tokenizer(checkpoint: Path | None) -> Tokenizer:

@@ -110,7 +110,7 @@ def serve_process(upstream: str, stream_interval: int, timeout: float = 60.0) ->
 @contextlib.contextmanager
 def fake_worker(incremental: bool, step_delay: float = 0.0) -> Iterator[str]:
     from netra.serve.fakeworker import FakeConfig, create_fake_worker
-    from netra.serve.localserver import ServerThread
+    from netra.web.server import ServerThread
 
     cfg = FakeConfig(incremental=incremental, stream_interval=1, step_delay=step_delay)
     with ServerThread(create_fake_worker(cfg)) as url:
@@ -174,7 +174,7 @@ def measure_one(client: httpx.Client, endpoint: str, mode: str, n: int, check_wh
 def serve_thread(upstream: str, stream_interval: int) -> Iterator[tuple[str, int | None]]:
     from netra.serve.app import create_app
     from netra.serve.config import ServeConfig
-    from netra.serve.localserver import ServerThread
+    from netra.web.server import ServerThread
 
     with ServerThread(create_app(ServeConfig(upstream=upstream, stream_interval=stream_interval))) as url:
         yield url, None
