@@ -50,6 +50,10 @@ class Output:
     # included (one per completion token, as SGLang counts them).
     logprobs: list[TokenLogprob] = field(default_factory=list)
     top_logprobs: list[list[TokenLogprob]] = field(default_factory=list)
+    # Speculative decoding (SGLang's meta_info names): verify forwards the request rode in so far, and its
+    # completion tokens over them (0 where none ran).
+    spec_verify_ct: int = 0
+    spec_accept_length: float = 0.0
 
 
 @dataclass(eq=False)  # identity semantics: list membership and removal must not compare fields
@@ -71,3 +75,4 @@ class Request:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     top_logprobs: list[list[TokenLogprob]] = field(default_factory=list)
     emitted_logprobs: int = 0
+    spec_verify_ct: int = 0  # speculative verify forwards this request rode in

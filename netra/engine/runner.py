@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from netra.engine.cache import PAD_SLOT, StatePools
-from netra.engine.model import ForwardBatch, Model, prefill_batch
+from netra.engine.model import ForwardBatch, ForwardOut, Model, prefill_batch
 from netra.engine.options import EngineOptions
 from netra.engine.request import Request, SamplingParams
 from netra.engine.sampler import SlotSampler, StepResult, StepVariant
@@ -53,9 +53,17 @@ class StepStats:
     gap_s: float = 0.0
     device_s: float = 0.0  # CUDA events: each waiting step's first device work to its last wait's end
     chained_steps: int = 0  # decode steps launched from the previous step's tokens on the device (--decode-overlap)
+    # Speculative decoding (vLLM's counters): verify steps; rows offered drafts, drafts offered, drafts committed to
+    # the output, and per draft position (0-based) how often it was.
+    verify_steps: int = 0
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_pos: dict[int, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         d = dict(self.__dict__)
+        d["accepted_per_pos"] = {str(k): v for k, v in sorted(self.accepted_per_pos.items())}
         d["overhead_s"] = self.step_s - self.forward_s - self.sample_s
         d["overhead_ms_per_step"] = 1e3 * d["overhead_s"] / max(1, self.steps)
         d["forward_ms_per_step"] = 1e3 * self.forward_s / max(1, self.steps)
@@ -128,6 +136,14 @@ class ModelRunner:
         self.stats.forward_s += time.perf_counter() - t
         self.stats.forward_cpu_s += time.thread_time() - c
         return logits
+
+    def run(self, fb: ForwardBatch, capture: tuple[int, ...] = ()) -> ForwardOut:
+        """An eager `Model.run` (the capture of layers ``capture``, a verify batch's GDN stash), timed."""
+        t, c = time.perf_counter(), time.thread_time()
+        out = self.model.run(fb, capture)
+        self.stats.forward_s += time.perf_counter() - t
+        self.stats.forward_cpu_s += time.thread_time() - c
+        return out
 
     def bucket(self, n: int) -> int:
         """The decode bucket of ``n`` rows: the smallest graph batch size that holds them (``n`` past the largest)."""

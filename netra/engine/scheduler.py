@@ -22,7 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,6 +33,9 @@ from netra.engine.overlap import StepClock
 from netra.engine.request import LOGPROB_FLOOR, Output, Request
 from netra.engine.runner import InFlight, ModelRunner, StepStats
 from netra.engine.sampler import SlotSampler, StepResult
+
+if TYPE_CHECKING:
+    from netra.engine.spec.step import SpecStep
 
 log = logging.getLogger("netra.engine")
 
@@ -61,6 +64,12 @@ class Scheduler:
         self._stop = threading.Event()
         self.runner = ModelRunner(model, pools, options, eos_ids, self.stats)
         self._inflight: InFlight | None = None  # --decode-overlap: the chained step on the device
+        self.spec: SpecStep | None = None  # speculative decoding: every decode step is a verify step (`speculate`)
+
+    def speculate(self, spec: SpecStep | None) -> None:
+        """Decode through ``spec`` (draft, verify, accept, commit) from now on; None: plain decode. Set it before the
+        first request (the drafter sees requests from their admission)."""
+        self.spec = spec
 
     @property
     def sampler(self) -> SlotSampler:
@@ -181,6 +190,8 @@ class Scheduler:
             self.waiting.remove(req)
         if req.slot >= 0:
             self.sampler.release(req.slot)
+            if self.spec is not None:
+                self.spec.drafter.release(req.slot)
             self.pools.release(req.slot)
             req.slot = -1
         self.by_rid.pop(req.rid, None)
@@ -192,7 +203,9 @@ class Scheduler:
         req.emitted = max(req.emitted, visible)
         lp, top = req.logprobs[req.emitted_logprobs:], req.top_logprobs[req.emitted_logprobs:]
         req.emitted_logprobs = len(req.logprobs)
-        req.sink(Output(req.rid, new, len(req.output), req.finish_reason, lp, top))
+        ct = req.spec_verify_ct
+        req.sink(Output(req.rid, new, len(req.output), req.finish_reason, lp, top, ct,
+                        len(req.output) / ct if ct else 0.0))
 
     def step(self) -> None:
         self.progress_at = time.monotonic()
@@ -212,6 +225,8 @@ class Scheduler:
             req.slot = self.pools.alloc()
             req.admitted = time.perf_counter()  # queue time ends here (sglang:queue_time_seconds)
             self.sampler.admit(req.slot, req.params, req.seed, req.grammar)
+            if self.spec is not None:
+                self.spec.drafter.admit(req.slot, req)
             self.prefilling.append(req)
         f0, s0 = self.stats.forward_s, self.stats.sample_s
         if self.prefilling and self.decoding and self.opt.mixed_chunk != "off":
@@ -279,9 +294,25 @@ class Scheduler:
             self.prefilling.remove(req)
             self.decoding.append(req)
 
+    def _prefill_forward(self, chunks: list[tuple[int, list[int], int, bool]]) -> torch.Tensor:
+        """A prefill forward of ``chunks``; with a drafter that reads the target's layers, each chunk's tokens go
+        to its context (committed now)."""
+        fb = prefill_batch(self.device, chunks)
+        if self.spec is None or not self.spec.drafter.capture_layers:
+            return self.runner.forward(fb)
+        out = self.runner.run(fb, self.spec.drafter.capture_layers)
+        assert out.features is not None
+        offset = 0
+        for slot, toks, _, _ in chunks:
+            n = len(toks)
+            self.spec.drafter.extend(self.runner.dev([slot]), out.features[offset:offset + n][None],
+                                     self.runner.dev([n]))
+            offset += n
+        return out.logits
+
     def _prefill_step(self) -> None:
         batch, chunks, _ = self._plan_chunks(self.opt.chunked_prefill_size)
-        logits = self.runner.forward(prefill_batch(self.device, chunks))
+        logits = self._prefill_forward(chunks)
         self.stats.prefill_steps += 1
         done = self._advance(batch, chunks)
         if done:
@@ -300,6 +331,9 @@ class Scheduler:
         reqs = list(self.decoding)
         n = len(reqs)
         self.stats.mixed_steps += 1
+        if self.spec is not None:  # the verify step of the decode rows, then the chunks' prefill behind it
+            self._spec_mixed_step(reqs)
+            return
         self.stats.decode_rows += n
         if fused:
             batch, chunks, _ = self._plan_chunks(max(0, self.opt.chunked_prefill_size - n))
@@ -323,6 +357,9 @@ class Scheduler:
     def _decode_step(self, chain: bool = False) -> None:
         """chain: `step` found the in-flight chained step continuing into this one (``_chainable`` already true)."""
         reqs = list(self.decoding)
+        if self.spec is not None:
+            self._spec_decode_step(reqs)
+            return
         if chain or (self.opt.decode_overlap and self._chainable(reqs)):
             self._chained_decode_step(reqs)
             return
@@ -349,7 +386,7 @@ class Scheduler:
     # after it); their N+1 tokens are dropped. Any change of the running set, a prompt to admit, or a row near the
     # end of the context ends the chain: the in-flight step completes first (`step`).
     def _chainable(self, reqs: list[Request]) -> bool:
-        if not reqs or len(reqs) > max(self.runner.buckets):
+        if not reqs or len(reqs) > max(self.runner.buckets) or self.spec is not None:
             return False
         v = self.sampler.variant([r.params for r in reqs], [r.slot for r in reqs])
         if not v.greedy or v.processed or v.logprobs:
@@ -409,7 +446,8 @@ class Scheduler:
         return tokens
 
     @staticmethod
-    def _record_logprobs(reqs: list[Request], res: StepResult) -> None:
+    def _record_logprobs(reqs: list[Request], res: StepResult, rows: list[int] | None = None) -> None:
+        """Logprob entries of ``res``'s rows for the requests that asked (``rows``: only those rows)."""
         assert res.logprob is not None and res.top_values is not None and res.top_ids is not None
         n = len(reqs)
         # A token the step ruled out has logprob -inf: reported as -9999.0 (vLLM's floor), as JSON has no -inf.
@@ -418,31 +456,96 @@ class Scheduler:
         ids: list[list[int]] = res.top_ids[:n].tolist()
         tokens: list[int] = res.tokens[:n].tolist()
         for i, req in enumerate(reqs):
-            if not req.params.return_logprob:
+            if not req.params.return_logprob or (rows is not None and i not in rows):
                 continue
             req.logprobs.append((chosen[i], tokens[i]))
             k = req.params.top_logprobs_num
             req.top_logprobs.append(list(zip(values[i][:k], ids[i][:k], strict=True)))
 
     def _append(self, reqs: list[Request], tokens: list[int]) -> None:
+        """One new token for each of ``reqs`` (their ``cached`` already advanced past its input)."""
         interval = self.opt.stream_interval
-        ctx = self.pools.context_length
         for req, tok in zip(reqs, tokens, strict=True):
-            req.output.append(tok)
-            self.stats.output_tokens += 1
-            p = req.params
-            n = len(req.output)
-            if req.grammar is not None and not req.grammar.accept(tok):
-                self._finish(req, {"type": "abort", "message": f"grammar refused token {tok}: {req.grammar.error}",
-                                   "status_code": 500})
-            elif ((tok in self.eos and (not p.ignore_eos or (req.grammar is not None and req.grammar.done)))
-                  or tok in p.stop_token_ids):
-                req.trimmed = not p.no_stop_trim
-                self._finish(req, {"type": "stop", "matched": tok})
-            elif req.grammar is not None and req.grammar.done:
-                # The grammar is complete and allows nothing more, not even EOS: the output ends here.
-                self._finish(req, {"type": "stop", "matched": None})
-            elif n >= p.max_new_tokens or req.cached + 1 >= ctx:
-                self._finish(req, {"type": "length", "length": n})
-            elif req.stream and (n == 1 or n % interval == 0):
-                self._emit(req)
+            if not self._take(req, tok):
+                n = len(req.output)
+                if req.stream and (n == 1 or n % interval == 0):
+                    self._emit(req)
+
+    def _append_block(self, req: Request, tokens: list[int]) -> int:
+        """A verify step's committed tokens for ``req``, one by one as decode steps would take them (``cached``
+        advanced per token, the output cut at its finish); one stream event for the block, where decode steps
+        would have emitted at least one. Returns the tokens taken."""
+        before = len(req.output)
+        for i, tok in enumerate(tokens):
+            req.cached += 1
+            if self._take(req, tok):
+                return i + 1
+        n, interval = len(req.output), self.opt.stream_interval
+        if req.stream and (before == 0 or n // interval > before // interval):
+            self._emit(req)
+        return len(tokens)
+
+    def _take(self, req: Request, tok: int) -> bool:
+        """Append ``tok`` to ``req``'s output and finish the request where it ends there: whether it did."""
+        req.output.append(tok)
+        self.stats.output_tokens += 1
+        p = req.params
+        n = len(req.output)
+        if req.grammar is not None and not req.grammar.accept(tok):
+            self._finish(req, {"type": "abort", "message": f"grammar refused token {tok}: {req.grammar.error}",
+                               "status_code": 500})
+        elif ((tok in self.eos and (not p.ignore_eos or (req.grammar is not None and req.grammar.done)))
+              or tok in p.stop_token_ids):
+            req.trimmed = not p.no_stop_trim
+            self._finish(req, {"type": "stop", "matched": tok})
+        elif req.grammar is not None and req.grammar.done:
+            # The grammar is complete and allows nothing more, not even EOS: the output ends here.
+            self._finish(req, {"type": "stop", "matched": None})
+        elif n >= p.max_new_tokens or req.cached + 1 >= self.pools.context_length:
+            self._finish(req, {"type": "length", "length": n})
+        else:
+            return False
+        return True
+
+    # ---- speculative decoding (netra/engine/spec/step.py) --------------------------------------------------
+    def _spec_decode_step(self, reqs: list[Request]) -> None:
+        assert self.spec is not None
+        launched = self.spec.verify(reqs)
+        self._spec_finish(reqs, launched)
+
+    def _spec_mixed_step(self, reqs: list[Request]) -> None:
+        """The decode rows' verify step, then the chunks' prefill forward launched behind it; one wait."""
+        assert self.spec is not None
+        launched = self.spec.verify(reqs)
+        batch, chunks, _ = self._plan_chunks(self.opt.chunked_prefill_size)
+        logits = self._prefill_forward(chunks)
+        done = self._advance(batch, chunks)
+        tokens = self._sample(done, logits, self.runner.dev([r.slot for r in done])) if done else []
+        self._spec_finish(reqs, launched)
+        self._start_decoding(done)
+        self._append(done, tokens)
+
+    def _spec_finish(self, reqs: list[Request], launched: Any) -> None:
+        """Read a verify step's tokens (after the step's wait) and append them, counted."""
+        assert self.spec is not None
+        t, c = time.perf_counter(), time.thread_time()
+        self.clock.sync()
+        v = self.spec.read(launched)
+        if v.solo is not None and v.solo.logprob is not None:
+            self._record_logprobs(reqs, v.solo, v.solo_rows)
+        self.stats.sample_s += time.perf_counter() - t
+        self.stats.sample_cpu_s += time.thread_time() - c
+        st = self.stats
+        st.decode_steps += 1
+        st.decode_rows += len(reqs)
+        st.verify_steps += 1
+        for req, toks, offered in zip(reqs, v.tokens, v.offered, strict=True):
+            req.spec_verify_ct += 1
+            taken = self._append_block(req, toks)
+            if offered:  # drafts committed to the output (a finish inside the block cuts them too)
+                accepted = min(taken, len(toks) - 1)
+                st.drafts += 1
+                st.draft_tokens += offered
+                st.accepted_tokens += accepted
+                for i in range(accepted):
+                    st.accepted_per_pos[i] = st.accepted_per_pos.get(i, 0) + 1
