@@ -8,12 +8,18 @@ from typing import Any
 
 from netra import logs
 from netra.engine.config import PRESETS
-from netra.engine.options import MIXED_CHUNK, REASONING_PARSERS, EngineOptions, OptionsError
+from netra.engine.options import (
+    MIXED_CHUNK,
+    REASONING_PARSERS,
+    SPECULATIVE_ALGORITHMS,
+    EngineOptions,
+    OptionsError,
+)
 
 _D = {f.name: f.default for f in fields(EngineOptions)}
 
 
-def _bs_list(values: list[str]) -> tuple[int, ...]:
+def _int_list(values: list[str], flag: str) -> tuple[int, ...]:
     out: list[int] = []
     for v in values:
         for part in v.split(","):
@@ -21,8 +27,12 @@ def _bs_list(values: list[str]) -> tuple[int, ...]:
                 try:
                     out.append(int(part))
                 except ValueError as exc:
-                    raise argparse.ArgumentTypeError(f"--cuda-graph-bs: {part!r} is not an integer") from exc
+                    raise argparse.ArgumentTypeError(f"{flag}: {part!r} is not an integer") from exc
     return tuple(out)
+
+
+def _bs_list(values: list[str]) -> tuple[int, ...]:
+    return _int_list(values, "--cuda-graph-bs")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -79,6 +89,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "first (the first requests then wait for both)")
     p.add_argument("--reasoning-parser", default=None, choices=[r for r in REASONING_PARSERS if r],
                    help="SGLang's flag: requests with require_reasoning get their grammar only after </think>")
+    p.add_argument("--speculative-algorithm", type=str.lower, default=None,
+                   choices=[a for a in SPECULATIVE_ALGORITHMS if a],
+                   help="speculative decoding: dflash (a DFlash drafter), or oracle (forced acceptance: cost curves "
+                        "without trained weights; the output is not the model's)")
+    p.add_argument("--speculative-draft-model-path", default=None,
+                   help="the DFlash drafter's directory (z-lab's format: config.json + safetensors)")
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=None,
+                   help="tokens per verified block: the pending token and T-1 drafts (default: the drafter's block "
+                        "size; 4 for the oracle without a drafter)")
+    p.add_argument("--speculative-oracle-accept", nargs="+", default=None,
+                   help="oracle: drafts committed per verify, drawn per request and verify from these values "
+                        "(default: all)")
     logs.add_arguments(p)
     p.add_argument("--max-new-tokens-limit", type=int, default=None,
                    help="reject larger max_new_tokens (default: the context length)")
@@ -90,6 +112,8 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         kw.pop("cuda_graph_bs")
     else:
         kw["cuda_graph_bs"] = _bs_list(args.cuda_graph_bs)
+    if getattr(args, "speculative_oracle_accept", None) is not None:
+        kw["speculative_oracle_accept"] = _int_list(args.speculative_oracle_accept, "--speculative-oracle-accept")
     return EngineOptions(**kw)
 
 

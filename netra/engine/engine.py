@@ -61,6 +61,13 @@ def build_engine(options: EngineOptions) -> Engine:
     model = Model(cfg, weights, pools, device)
     tokenizer = load_tokenizer(Path(options.checkpoint) if options.checkpoint else None)
     scheduler = Scheduler(model, pools, options, cfg.eos_token_id)
+    if options.speculative_algorithm:
+        from netra.engine.spec.setup import speculation
+
+        spec, options = speculation(options, cfg, weights, scheduler.runner)
+        scheduler.speculate(spec)
+        log.info("speculative decoding: %s, %d tokens per block", options.speculative_algorithm,
+                 options.speculative_num_draft_tokens)
     startup = time.perf_counter() - t0
     log.info("engine ready: preset %s, %s, %s, %.2f s", options.preset, device, plan.describe(), startup)
     return Engine(options, cfg, model, pools, scheduler, tokenizer, startup, plan)

@@ -15,6 +15,14 @@ meaning is the same (so an SGLang dashboard reads a Netra worker unchanged):
 | `netra_engine_step_host_seconds{kind}` | histogram | host time of one scheduler step (kind: prefill, decode, mixed); on CUDA the step less its wait for the device |
 | `netra_engine_step_device_gap_seconds{kind}` | histogram | device idle time before the step's first device work (CUDA events; on a CPU, the host time) |
 | `netra_engine_step_device_seconds{kind}` | histogram | device time of a step that waits for the device: its first device work to its last wait's end (CUDA events; not on a CPU). Against the host time it tells a host-bound step from a device-bound one |
+| `netra_engine_spec_decode_num_drafts_total` | counter | speculative decoding (vLLM's names under the engine's prefix): request rows of verify steps that were offered drafts |
+| `netra_engine_spec_decode_num_draft_tokens_total` | counter | drafts offered |
+| `netra_engine_spec_decode_num_accepted_tokens_total` | counter | drafts committed to an output (a finish inside a block cuts them too) |
+| `netra_engine_spec_decode_num_accepted_tokens_per_pos_total{position}` | counter | drafts committed at each block position (0: the first draft) |
+| `sglang:spec_accept_length` | gauge | tokens per verified row: 1 + accepted / drafts rows (SGLang's name) |
+| `sglang:spec_accept_rate` | gauge | accepted / offered drafts |
+
+The speculative series appear with ``--speculative-algorithm``, read from the scheduler's counters at each scrape.
 
 Every series carries `worker` and `model_name` labels (netra/serve/metrics.py).
 """
@@ -23,9 +31,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from netra.web.exposition import labelled_exposition
 
@@ -38,6 +50,31 @@ _E2E = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0
 _STEP = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5,
          1.0)
 _QUEUE = (0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class SpecCollector(Collector):
+    """The speculative counters and gauges from the scheduler's `StepStats`, at each scrape (exact: the counters
+    are the scheduler's own, never sampled)."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.sched = scheduler
+
+    def collect(self) -> Iterator[Metric]:
+        st = self.sched.stats
+        p = "netra_engine_spec_decode_"
+        yield CounterMetricFamily(p + "num_drafts", "verify rows offered drafts", value=st.drafts)
+        yield CounterMetricFamily(p + "num_draft_tokens", "drafts offered", value=st.draft_tokens)
+        yield CounterMetricFamily(p + "num_accepted_tokens", "drafts committed to an output",
+                                  value=st.accepted_tokens)
+        per_pos = CounterMetricFamily(p + "num_accepted_tokens_per_pos", "drafts committed, by block position",
+                                      labels=["position"])
+        for pos, n in sorted(dict(st.accepted_per_pos).items()):
+            per_pos.add_metric([str(pos)], n)
+        yield per_pos
+        yield GaugeMetricFamily("sglang:spec_accept_length", "tokens per verified row: 1 + accepted / drafts rows",
+                                value=1.0 + st.accepted_tokens / st.drafts if st.drafts else 0.0)
+        yield GaugeMetricFamily("sglang:spec_accept_rate", "accepted drafts over offered drafts",
+                                value=st.accepted_tokens / st.draft_tokens if st.draft_tokens else 0.0)
 
 
 class EngineMetrics:
@@ -73,6 +110,8 @@ class EngineMetrics:
                                      "(CUDA events; steps that wait for the device)", ["kind"], buckets=_STEP,
                                      registry=r)
         scheduler.step_observer = self.observe_step
+        if getattr(scheduler, "spec", None) is not None:
+            r.register(SpecCollector(scheduler))
         self._last: tuple[float, int] = (time.monotonic(), 0)
 
     def observe_step(self, kind: str, host_s: float, gap_s: float, device_s: float | None = None) -> None:

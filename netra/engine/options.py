@@ -9,6 +9,9 @@ MIXED_CHUNK = ("off", "split", "fused")
 # SGLang's spellings of the reasoning parsers the engine knows (None: no reasoning phase).
 REASONING_PARSERS = (None, "qwen3")
 DEFAULT_GRAPH_BS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+# --speculative-algorithm (SGLang's spelling, lower case): a DFlash drafter, or the forced-acceptance oracle
+# (cost curves without trained weights: its output is not the target's).
+SPECULATIVE_ALGORITHMS = (None, "dflash", "oracle")
 
 
 class OptionsError(ValueError):
@@ -56,6 +59,16 @@ class EngineOptions:
     # SGLang's --reasoning-parser: with "qwen3", a request that says require_reasoning (its prompt opened a
     # think block) has its grammar applied only after the model closes the block with </think>.
     reasoning_parser: str | None = None
+    # Speculative decoding (netra/engine/spec/): SGLang's --speculative-algorithm, --speculative-draft-model-path
+    # (a z-lab DFlash directory; with oracle, optional: the drafter whose cost the oracle runs) and
+    # --speculative-num-draft-tokens (T, the block: the pending token and T - 1 drafts; None: the drafter's
+    # block size, 4 for the oracle without one). oracle commits, at each verify of each request, a number of drafts
+    # drawn (seeded by --seed) from --speculative-oracle-accept (None: all T - 1). Decode steps do not chain
+    # (--decode-overlap) while speculating.
+    speculative_algorithm: str | None = None
+    speculative_draft_model_path: str | None = None
+    speculative_num_draft_tokens: int | None = None
+    speculative_oracle_accept: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         positive = ("max_running_requests", "context_length", "chunked_prefill_size", "stream_interval",
@@ -89,8 +102,31 @@ class EngineOptions:
                                f"{', '.join(p for p in REASONING_PARSERS if p)}")
         if self.context_length < 2:
             raise OptionsError("--context-length must be at least 2")
+        self._check_speculative()
+
+    def _check_speculative(self) -> None:
+        algo = self.speculative_algorithm
+        if algo not in SPECULATIVE_ALGORITHMS:
+            raise OptionsError(f"--speculative-algorithm {algo!r}: expected one of "
+                               f"{', '.join(a for a in SPECULATIVE_ALGORITHMS if a)}")
+        if algo is None and (self.speculative_draft_model_path or self.speculative_num_draft_tokens is not None
+                             or self.speculative_oracle_accept is not None):
+            raise OptionsError("--speculative-draft-model-path, --speculative-num-draft-tokens and "
+                               "--speculative-oracle-accept need --speculative-algorithm")
+        if algo == "dflash" and not self.speculative_draft_model_path:
+            raise OptionsError("--speculative-algorithm dflash needs --speculative-draft-model-path")
+        t = self.speculative_num_draft_tokens
+        if t is not None and (not isinstance(t, int) or t < 2):
+            raise OptionsError(f"--speculative-num-draft-tokens {t!r}: expected at least 2 (the pending token and "
+                               "a draft)")
+        acc = self.speculative_oracle_accept
+        if acc is not None and (algo != "oracle" or not acc or any(a < 0 for a in acc)):
+            raise OptionsError(f"--speculative-oracle-accept {list(acc)}: expected non-negative draft counts, with "
+                               "--speculative-algorithm oracle")
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["cuda_graph_bs"] = list(self.cuda_graph_bs)
+        if self.speculative_oracle_accept is not None:
+            d["speculative_oracle_accept"] = list(self.speculative_oracle_accept)
         return d

@@ -143,6 +143,9 @@ class Server:
         meta: dict[str, Any] = {"id": p.rid, "finish_reason": out.finish_reason, "prompt_tokens": p.prompt_tokens,
                                 "completion_tokens": out.completion_tokens, "cached_tokens": 0,
                                 "e2e_latency": time.perf_counter() - p.started}
+        if self.opt.speculative_algorithm:  # SGLang's: verify forwards, completion tokens per verify
+            meta["spec_verify_ct"] = out.spec_verify_ct
+            meta["spec_accept_length"] = out.spec_accept_length
         if p.params.return_logprob:
             # SGLang's shapes: one entry per completion token (a matched stop token included); in
             # incremental streaming only the new entries, as SGLang slices them.
