@@ -145,6 +145,22 @@ def test_stop_ids_and_max_tokens_cut_inside_a_block(plain: Run) -> None:
     assert spec.final("one").spec_verify_ct == 1
 
 
+def test_the_context_end_inside_a_block() -> None:
+    """Rows near the end of the context verify shorter blocks (their real rows stay inside it): requests running
+    into the context's end get plain decoding's tokens and finish, at T = 8, with full acceptance and with
+    rejections."""
+    jobs = [("c", PROMPTS[4][:10], replace(GREEDY, max_new_tokens=200)),
+            ("d", PROMPTS[2][:7], replace(GREEDY, max_new_tokens=200))]
+    base = _run(jobs, context_length=40)
+    rec = {rid: base.ids(rid) for rid in ("c", "d")}
+    for schedule in (lambda rid, k: 7, lambda rid, k: k % 8):
+        spec = _run(jobs, (8, schedule, rec), context_length=40)
+        for rid, prompt, _ in jobs:
+            assert spec.ids(rid) == rec[rid] and len(rec[rid]) == 40 - len(prompt), rid
+            assert spec.final(rid).finish_reason == base.final(rid).finish_reason == {"type": "length",
+                                                                                       "length": len(rec[rid])}
+
+
 def test_eos_inside_a_block_ends_the_request(plain: Run) -> None:
     """EOS (not ignored) recorded mid-block ends the request there, as in plain decoding."""
     rec = plain.ids("r1")

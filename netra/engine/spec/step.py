@@ -117,9 +117,9 @@ class SpecStep:
             j = torch.arange(t, device=tokens.device)[None, :]
             acc = Accepted(count, torch.where(j < count[:, None], tokens, REJECTED))
         live = slots != PAD_SLOT
-        commit_counts(sampler.counts, sampler.out_len, slots, acc, live & ~solo_mask)
         committed = torch.where(live, acc.count, 0)
         self.model.commit_gdn(out.gdn_stash, slots, committed, t)  # type: ignore[arg-type]
+        commit_counts(sampler.counts, sampler.out_len, slots, acc, live & ~solo_mask)
         if self.drafter.capture_layers:
             assert out.features is not None
             self.drafter.extend(slots, out.features.view(bucket, t, -1), committed)
