@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 PROFILE ?= local
 
-.PHONY: setup nginx docker-engine serve test lint typecheck pytest wheel-test kernels kernels-verify explain sglang-peer clean
+.PHONY: setup nginx docker-engine serve test k8s-test lint typecheck pytest wheel-test kernels kernels-verify explain sglang-peer clean
 
 # netra itself (editable) with every extra, at the versions of the lock (requirements/constraints.txt)
 # and the CPU torch wheel (requirements/cpu.txt); then SGLang's parser set, without dependencies.
@@ -56,6 +56,11 @@ wheel-test: setup nginx
 
 # The test command (README, CI): lint, types, every test (GPU tests skip without a GPU), the wheel.
 test: lint typecheck pytest wheel-test
+
+# The Kubernetes tiers that need a control plane or a node built here (tests/k8s/tools/build-k8s.sh,
+# cached under ~/.cache/netra/k8s-1.20.2); the render and router tiers also run in `make test`.
+k8s-test: setup
+	NETRA_K8S=1 $(BIN)/python -m pytest -q tests/k8s
 
 kernels: setup
 	$(BIN)/netra kernels build

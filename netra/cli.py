@@ -24,6 +24,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "stop": ("netra.deploy.cli", "stop a launch from another shell, from its record"),
     "plan": ("netra.deploy.cli", "resolve a profile into a plan: placement, commands, canonical JSON + sha256"),
     "compose": ("netra.deploy.cli", "render a Compose v2 file for a profile's verified plan"),
+    "k8s": ("netra.k8s.cli", "Kubernetes: render a profile's plan as manifests (SMG router), check a rendered dir"),
     "images": ("netra.deploy.imagebuild", "container images: make the base, build (Docker SDK), lint, relock, pin"),
     "sglang": ("netra.deploy.sglang", "check rendered SGLang worker commands with SGLang's own parser"),
     "serve": ("netra.serve.cli", "OpenAI-compatible response layer in front of one worker"),
