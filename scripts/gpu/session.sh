@@ -2,7 +2,7 @@
 # One device call for a session's kernel work: the per-family GPU scripts in sequence, each under its own time
 # limit (cut to the call's DEADLINE_S), so that one family's failure or hang cannot cost the others their results.
 #   usage (device): bash scripts/gpu/session.sh <git sha> PART...   (default: moe-tests moe step)
-#   parts: argmax moe-tests moe step plugin dense dense-tune norm-fp8 gdn attention determinism gpu-tests prefill
+#   parts: argmax moe-tests moe step plugin dense dense-tune norm-fp8 gdn spec attention determinism gpu-tests prefill
 # Carry build/ (code objects from `netra kernels build`), .sglang_peer/ (the peers) and .whl/ (fla-core, ...).
 # Everything comes back as $OUT/out.tar.gz beside $OUT/summary.txt.
 set -uo pipefail
@@ -28,6 +28,7 @@ for part in "${PARTS[@]}"; do
     norm-fp8) step norm_fp8 "${NORM_FP8_LIMIT:-150}" python3 scripts/gpu/norm_fp8.py --out "$OUT/norm_fp8" \
                 --deadline 110 ;;
     gdn) step gdn "${GDN_LIMIT:-240}" python3 scripts/gpu/gdn.py --out "$OUT/gdn" ${GDN_ARGS:-} ;;
+    spec) step spec "${SPEC_LIMIT:-420}" python3 scripts/gpu/spec.py --out "$OUT/spec" ${SPEC_ARGS:-} ;;
     attention) step attention "${ATTN_LIMIT:-240}" python3 scripts/gpu/attention.py --out "$OUT/attention" ;;
     determinism) step determinism "${DET_LIMIT:-90}" python3 scripts/gpu/determinism_stress.py ;;
     gpu-tests) step gpu_tests "${GPU_TESTS_LIMIT:-300}" python3 -m pytest -q -s -m gpu \

@@ -58,7 +58,7 @@ DEFAULT_ROOT = Path(".sglang_peer")
 # The modules that hold a MANIFEST; a new peer (GDN, conv, attention, GEMM) adds its module here.
 PEERS: tuple[str, ...] = ("netra.bench.peers.sglang_moe", "netra.bench.peers.sglang_gdn",
                           "netra.bench.peers.sglang_attention", "netra.bench.peers.sglang_plugin",
-                          "netra.bench.peers.sglang_gemm")
+                          "netra.bench.peers.sglang_gemm", "netra.bench.peers.sglang_spec")
 # The GPU host: CPython 3.12 on x86-64 (its torch, triton and CUDA come with the image).
 WHEEL_PLATFORM = ("--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
                   "--platform", "manylinux_2_27_x86_64", "--platform", "manylinux_2_24_x86_64",
