@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,6 +34,22 @@ def _error_response(exc: OpenAIError) -> Response:
     status = exc.status if exc.status != 499 else 400  # 499 is a log label; the client is gone anyway
     return Response(orjson.dumps(exc.body()), status_code=status, media_type="application/json",
                     headers=exc.headers or None)
+
+
+def audit_gate() -> str | None:
+    """Why this response layer must not report healthy yet, when ``NETRA_AUDIT_FILE`` names an in-pod audit
+    verdict (written by `netra.k8s.audit`): None once the verdict passes, or when no verdict is asked for."""
+    path = os.environ.get("NETRA_AUDIT_FILE")
+    if not path:
+        return None
+    try:
+        verdict = orjson.loads(Path(path).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return f"the in-pod audit has not written a verdict to {path} yet"
+    if isinstance(verdict, dict) and verdict.get("ok") is True:
+        return None
+    problems = verdict.get("problems") if isinstance(verdict, dict) else None
+    return "the in-pod audit does not pass: " + "; ".join(str(p) for p in (problems or ["no verdict"]))[:2000]
 
 
 def create_app(config: ServeConfig, transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
@@ -144,6 +162,9 @@ def create_app(config: ServeConfig, transport: httpx.AsyncBaseTransport | None =
         is fresh, else probed now with half a probe deadline. Either way it answers soon whatever the
         worker does, so a supervisor probing this process never mistakes a hung worker for a hung
         response layer, and a loaded worker does not slow this answer down."""
+        gate = audit_gate()
+        if gate is not None:  # in a Kubernetes pod: Ready only once the in-pod audit passed (netra/k8s/audit.py)
+            return _error_response(OpenAIError(503, gate))
         watch = state.watch
         if watch.unresponsive:
             return _error_response(OpenAIError(503, f"the worker is not answering ({watch.why})"))
