@@ -100,9 +100,10 @@ def test_save_load_round_trip_is_exact(case: str, tmp_path: Path) -> None:
         assert quant is None
         return
     per_layer = ["mlp.gate", "mlp.shared_expert_gate"]
+    gdn = ["linear_attn.in_proj_a", "linear_attn.in_proj_b"]
     want = {"model.language_model.embed_tokens"} | {
         f"model.language_model.layers.{i}.{m}" for i in range(cfg.num_hidden_layers)
-        for m in per_layer + ([] if cfg.is_full_attention(i) else ["linear_attn.in_proj_a", "linear_attn.in_proj_b"])}
+        for m in per_layer + ([] if cfg.is_full_attention(i) else gdn)}
     assert set(quant["modules_to_not_convert"]) == want | (set() if cfg.tie_word_embeddings else {"lm_head"})
 
 
@@ -116,7 +117,8 @@ def test_loader_names_a_misshapen_scale_and_experts_that_mix_fp8_and_bf16(tmp_pa
     good = tensors[p + "shared_expert.up_proj.weight_scale_inv"]
     tensors[p + "shared_expert.up_proj.weight_scale_inv"] = torch.cat([good, good])
     save_file(tensors, str(f))
-    with pytest.raises(CheckpointError, match=r"shared_expert\.up_proj\.weight_scale_inv.*shape \(2, 1\), expected \(1, 1\)"):
+    with pytest.raises(CheckpointError,
+                       match=r"shared_expert\.up_proj\.weight_scale_inv.*shape \(2, 1\), expected \(1, 1\)"):
         load_checkpoint(tmp_path)
     tensors[p + "shared_expert.up_proj.weight_scale_inv"] = good
     tensors[p + "experts.2.up_proj.weight"] = tensors[p + "experts.2.up_proj.weight"].to(torch.bfloat16)
