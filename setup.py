@@ -31,13 +31,21 @@ def data_files() -> list[Path]:
         for source in _sources(doc):  # every kernel source a contract names (cubin or Triton module)
             if (ROOT / source).is_file():
                 files.add(ROOT / source)
-        for cited in doc.get("evidence", []):
+        for maturity, cited in cited_evidence(doc):
             path = ROOT / cited
             if path.is_file():
                 files.add(path)
-            elif doc.get("maturity") == "accepted":
+            elif maturity == "accepted":
                 raise SystemExit(f"setup.py: accepted contract {contract} cites {cited}, which does not exist")
     return sorted(files)
+
+
+def cited_evidence(doc: dict[str, object]) -> list[tuple[object, str]]:
+    """(maturity, evidence path) of each contract a file declares: the file's own, or each of its
+    ``variants`` (merge patches on the file: a variant's top-level evidence and maturity replace the file's)."""
+    variants = doc.get("variants")
+    members = [doc | v for v in variants] if isinstance(variants, list) else [doc]
+    return [(m.get("maturity"), e) for m in members for e in m.get("evidence", [])]  # type: ignore[attr-defined]
 
 
 def _sources(doc: object) -> list[str]:

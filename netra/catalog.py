@@ -1,5 +1,8 @@
 """The catalog: every contract under ``kernels/<target>/<family>/*.contract.json``, checked as a whole.
 
+A file holds one contract, or a family of them (``variants``: `netra.contract.expand`); the catalog
+is the expanded list, in file order and then variant order.
+
 This is the one registry of tactics: the build list, the lock, the test list, the benchmark list
 and `netra explain` are all derived from it. Loading rejects: a file that fails the schema, a
 contract whose directory disagrees with its target/family, two contracts with one name, an
@@ -9,11 +12,13 @@ same maturity whose domains overlap, so dispatch could not pick one exactly).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from netra.contract import MATURITIES, CodeObject, Contract, ContractError, Signature, load_contract
+from netra.contract import MATURITIES, CodeObject, Contract, ContractError, Signature, load_contracts
 from netra.resources import DATA_ROOT
 
 KERNELS_DIR = DATA_ROOT / "kernels"
@@ -36,12 +41,14 @@ class Catalog:
         paths = sorted(root.glob(CONTRACT_GLOB))
         problems: list[str] = []
         contracts: list[Contract] = []
+        loaded: list[Contract] = []
         for path in paths:
             try:
-                c = load_contract(path)
+                loaded.extend(load_contracts(path))
             except ContractError as exc:
                 problems.append(str(exc))
-                continue
+        for c in loaded:
+            path = c.path
             target_dir, family_dir = path.parent.parent.name, path.parent.name
             if (c.target, c.family) != (target_dir, family_dir):
                 problems.append(f"{path}: target/family {c.target}/{c.family} disagree with its "
@@ -64,6 +71,10 @@ class Catalog:
     def ops(self) -> tuple[str, ...]:
         return tuple(sorted({c.op for c in self.contracts}))
 
+    def doc(self, name: str) -> dict[str, Any]:
+        """The expanded contract document of ``name`` (scripts and tests read ``launch`` and ``numerics``)."""
+        return self.by_name(name).raw
+
     def by_name(self, name: str) -> Contract:
         for c in self.contracts:
             if c.name == name:
@@ -80,6 +91,26 @@ class Catalog:
 
     def matching(self, sig: Signature) -> list[Contract]:
         return [c for c in self.contracts if c.mismatch(sig) is None]
+
+
+_repo_catalog: list[Catalog] = []
+
+
+def contract_doc(ref: str | Path) -> dict[str, Any]:
+    """The repository catalog's expanded document of a contract (GPU scripts, op tests): ``ref`` is its
+    name, or a path ending in ``<name>.contract.json`` (a contract's file before families, issue 34)."""
+    if not _repo_catalog:
+        _repo_catalog.append(Catalog.load())
+    return copy.deepcopy(_repo_catalog[0].doc(Path(ref).name.removesuffix(".contract.json")))
+
+
+def contract_docs(target: str, family: str, prefix: str = "") -> dict[str, dict[str, Any]]:
+    """name -> expanded document of the repository catalog's contracts of one target/family whose
+    name starts with ``prefix``, in catalog order."""
+    if not _repo_catalog:
+        _repo_catalog.append(Catalog.load())
+    return {c.name: copy.deepcopy(c.raw) for c in _repo_catalog[0].contracts
+            if (c.target, c.family) == (target, family) and c.name.startswith(prefix)}
 
 
 def _cross_problems(contracts: Iterable[Contract]) -> list[str]:

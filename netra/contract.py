@@ -12,8 +12,9 @@ this module at registration time); `Signature.of` imports it lazily.
 
 from __future__ import annotations
 
+import copy
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -335,9 +336,57 @@ def parse_contract(doc: Any, path: Path) -> Contract:
     )
 
 
-def load_contract(path: Path) -> Contract:
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7396 JSON merge patch: objects merge key by key, ``null`` removes a key, anything else
+    (a list, a string, a number) replaces the target's value. ``target`` is not modified."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def expand(doc: Any, path: Path) -> list[dict[str, Any]]:
+    """The contract documents a file holds: itself, or one per entry of its ``variants``.
+
+    A contract family is one file: the fields its members share, and ``variants``, a list of merge
+    patches (`merge_patch`), each naming one contract (``name``) and giving the fields that differ. Each
+    expansion is then an ordinary contract, validated and matched like a file of its own."""
+    if not isinstance(doc, dict) or "variants" not in doc:
+        return [doc]
+    variants = doc["variants"]
+    if not isinstance(variants, list) or not variants:
+        raise ContractError(f"{path}: $.variants: expected a non-empty list of merge patches")
+    base = {k: v for k, v in doc.items() if k != "variants"}
+    out: list[dict[str, Any]] = []
+    for i, patch in enumerate(variants):
+        if not isinstance(patch, dict) or not isinstance(patch.get("name"), str):
+            raise ContractError(f"{path}: $.variants[{i}]: a variant is an object that names its contract (\"name\")")
+        if "variants" in patch:
+            raise ContractError(f"{path}: $.variants[{i}]: variants do not nest")
+        out.append(merge_patch(base, patch))
+    return out
+
+
+def load_contracts(path: Path) -> list[Contract]:
+    """Every contract a file declares (one, or one per variant); errors name the file and the variant."""
     try:
         doc = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ContractError(f"{path}: not valid JSON ({exc})") from None
-    return parse_contract(doc, path)
+    docs = expand(doc, path)
+    if docs[0] is doc:
+        return [parse_contract(doc, path)]
+    return [replace(parse_contract(d, Path(f"{path}[{d['name']}]")), path=path) for d in docs]
+
+
+def load_contract(path: Path) -> Contract:
+    """The one contract of a file without ``variants`` (`load_contracts` reads any file)."""
+    contracts = load_contracts(path)
+    if len(contracts) != 1:
+        raise ContractError(f"{path}: declares {len(contracts)} contracts (variants); use load_contracts")
+    return contracts[0]

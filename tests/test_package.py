@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from netra import cli, resources, settings
+from netra.catalog import Catalog
 
 ROOT = Path(__file__).resolve().parent.parent
 # Third-party modules outside the core dependencies (PyYAML, rich): no `--help` may import them.
@@ -104,7 +105,6 @@ def test_writable_dirs_default_outside_the_package(monkeypatch: pytest.MonkeyPat
 
 def test_setup_py_ships_every_data_file_and_cited_evidence() -> None:
     import importlib.util
-    import json
 
     spec = importlib.util.spec_from_file_location("netra_setup", ROOT / "setup.py")
     assert spec is not None and spec.loader is not None
@@ -116,7 +116,9 @@ def test_setup_py_ships_every_data_file_and_cited_evidence() -> None:
         assert rel in files, rel
     contracts = sorted(ROOT.glob("kernels/*/*/*.contract.json"))
     assert contracts and all(c.relative_to(ROOT).as_posix() in files for c in contracts)
-    cited = {e for c in contracts for e in json.loads(c.read_text()).get("evidence", [])}
+    catalog = Catalog.load()  # every contract, each variant of a family file expanded
+    assert {o.kernel["source"] for c in catalog.contracts for o in c.objects} <= files
+    cited = {e for c in catalog.contracts for e in c.evidence}
     assert {e for e in cited if (ROOT / e).is_file()} <= files
     # Nothing else under results/: the wheel carries evidence, not the whole measurement history.
     assert {f for f in files if f.startswith("results/")} <= cited

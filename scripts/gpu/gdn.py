@@ -41,10 +41,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from netra.bench.timing import Provider, copy_bandwidth, interleave, row  # noqa: E402
+from netra.catalog import contract_docs  # noqa: E402
 from netra.ops import _triton, conv, gdn  # noqa: E402
 
-GDN_CONTRACTS = sorted((ROOT / "kernels/sm90/gdn").glob("*.contract.json"))
-CONV_CONTRACTS = sorted((ROOT / "kernels/sm90/conv").glob("*.contract.json"))
 HK, HV, DK, DV, C, W = 16, 32, 128, 128, 8192, 4
 ZW = HV * DV  # the z part of the qkvz projection: q/k/v are strided views, as in the engine
 # (BV, warps, RELOAD): one-pass column tiles [dk, BV]; RELOAD re-reads the tile from L1 after the reductions.
@@ -544,7 +543,7 @@ def main() -> int:
     t0 = time.monotonic()
     batches = [int(b) for b in args.batches.split(",")]
     failures: dict[str, str] = {}
-    docs = {p.stem.removesuffix(".contract"): _triton.read_contract(p) for p in GDN_CONTRACTS + CONV_CONTRACTS}
+    docs = contract_docs("sm90", "gdn") | contract_docs("sm90", "conv")  # every contract of both families
     entries = {name: attempt(f"load {name}", failures, _triton.entry, doc) for name, doc in docs.items()}
     peers = load_peers(args, failures)
     device = torch.cuda.get_device_name() if DEV[0] == "cuda" else "cpu (Triton interpreter smoke run)"

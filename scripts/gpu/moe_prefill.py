@@ -146,9 +146,10 @@ def tactic_call(x: torch.Tensor, w: Any) -> Any:
 
 def _tactic_logits(x: torch.Tensor, w: Any) -> torch.Tensor:
     """The tactic's own router logits (its `_router_kernel`), for the routing agreement."""
+    from netra.catalog import contract_doc
     from netra.ops import _triton
 
-    doc = _triton.read_contract(f"kernels/sm90/moe/{CONTRACT}.contract.json")
+    doc = contract_doc(CONTRACT)
     mod = _triton.load_source(doc["kernel"]["source"])
     out = torch.empty(x.shape[0], 257, dtype=torch.bfloat16, device=x.device)
     mod._router_kernel[(5, -(-x.shape[0] // 64))](x, w.router.data, w.shared_gate.data, out, x.shape[0], 256, 2048,

@@ -60,9 +60,8 @@ def bits_equal(a: Any, b: Any) -> bool:
 def record(out: Path, command: str) -> None:
     """The run's result record beside its raw JSON (scripts/gpu/prefill_records.py)."""
     sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
-    from prefill_records import write
-
     import torch
+    from prefill_records import write
 
     for p in write(out, os.environ.get("NETRA_GIT_SHA", "unknown"), command, device=torch.cuda.get_device_name()):
         print(f"record: {p}", flush=True)
@@ -77,11 +76,12 @@ def conv_entry(doc: dict[str, Any]) -> Any:
 def conv_rows(peer: Any) -> list[dict[str, Any]]:
     import torch
 
+    from netra.catalog import contract_doc
     from netra.ops import conv
     from netra.ops._common import decisions
     from netra.ops._triton import tolerance_report
 
-    doc = json.loads((ROOT / "kernels/sm90/conv/conv1d_prefill_c8192_w4.contract.json").read_text())
+    doc = contract_doc("conv1d_prefill_c8192_w4")
     rtol, atol = doc["numerics"]["rtol"], doc["numerics"]["atol"]
     rows = []
     for lens in ([1024] * 8, [8192], [128] * 64, [1, 2, 3, 37, 1000, 5]):

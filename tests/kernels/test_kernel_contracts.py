@@ -11,18 +11,26 @@ from typing import Any
 import pytest
 
 from netra.catalog import Catalog, CatalogError
-from netra.contract import ContractError, Signature, load_contract, parse_contract
+from netra.contract import (
+    ContractError,
+    DimRange,
+    Signature,
+    expand,
+    load_contract,
+    merge_patch,
+    parse_contract,
+)
 from netra.dispatch import Dispatcher, plan
 from netra.settings import REPO_ROOT, SettingError
 from netra.validate.schema import errors
 
-F32 = REPO_ROOT / "kernels/sm90/argmax/argmax_f32.contract.json"
+F32 = "argmax_f32_v248320"  # a variant of kernels/sm90/argmax/argmax.contract.json
 
 
 def base_doc() -> dict[str, Any]:
     """The repo's fp32 contract over the full row range 1-256 (the repo splits it with the cluster
     tactic at rows 2-16; these tests exercise the catalog and dispatch, not that split)."""
-    doc = copy.deepcopy(json.loads(F32.read_text()))
+    doc = copy.deepcopy(Catalog.load().doc(F32))
     doc["match"]["dims"]["rows"] = {"min": 1, "max": 256}
     return doc
 
@@ -238,7 +246,7 @@ def test_declarations_are_never_built_or_selected(tmp_path: Path) -> None:
     d = plan(sig(target="gfx950"), cat, "experiment")
     assert d.contract is None
     assert ("argmax_f32_v248320_gfx950", "declaration only: no code object for gfx950 yet") in d.rejections
-    doc = json.loads(decl.path.read_text())
+    doc = copy.deepcopy(decl.raw)
     doc["kernel"] = base_doc()["kernel"]
     with pytest.raises(ContractError, match="a declaration has no code object; remove \\['kernel'\\]"):
         parse_contract(doc, tmp_path / "d.json")
@@ -257,3 +265,44 @@ def test_explain_domain_signature_lies_in_each_contract() -> None:
 
     for c in Catalog.load().contracts:
         assert c.mismatch(domain_signature(c)) is None, c.name
+
+
+def test_variants_expand_as_merge_patches(tmp_path: Path) -> None:
+    base = base_doc()
+    fam = {k: v for k, v in base.items() if k != "name"} | {"maturity": "verified"}
+    fam["variants"] = [
+        {"name": "a_small", "match": {"dims": {"rows": {"min": 1, "max": 8}}}},
+        {"name": "a_big", "match": {"dims": {"rows": {"min": 9, "max": 256}}}, "launch": {"block": 512},
+         "notes": None, "evidence": []},
+    ]
+    path = write(tmp_path, fam, "family.contract.json")
+    cat = Catalog.load(tmp_path, tmp_path)
+    assert [c.name for c in cat.contracts] == ["a_small", "a_big"]
+    small, big = cat.contracts
+    assert small.path == big.path == path
+    assert small.dims["rows"] == DimRange(1, 8) and big.dims["rows"] == DimRange(9, 256)
+    assert small.launch == base["launch"] and big.launch == base["launch"] | {"block": 512}
+    assert "notes" in small.raw and "notes" not in big.raw and "variants" not in big.raw
+    assert list(big.dims) == list(base["match"]["dims"])  # a patched key keeps its place
+    assert merge_patch({"a": {"b": 1, "c": 2}}, {"a": {"b": None, "d": [3]}}) == {"a": {"c": 2, "d": [3]}}
+    with pytest.raises(ContractError, match="declares 2 contracts"):
+        load_contract(path)
+    fam["variants"][1]["launch"] = {"block": 4096}
+    write(tmp_path, fam, "family.contract.json")
+    with pytest.raises(CatalogError, match=r"family.contract.json\[a_big\]: \$.launch.block: 4096 above maximum"):
+        Catalog.load(tmp_path, tmp_path)
+    for bad, needle in (([], "non-empty list"), ([{"match": {}}], "names its contract"),
+                        ([{"name": "x", "variants": []}], "do not nest")):
+        fam["variants"] = bad
+        with pytest.raises(ContractError, match=needle):
+            expand(fam, path)
+    fam["variants"] = [{"name": "dup"}, {"name": "dup"}]
+    write(tmp_path, fam, "family.contract.json")
+    with pytest.raises(CatalogError, match="duplicate contract name 'dup'"):
+        Catalog.load(tmp_path, tmp_path)
+
+
+def test_repo_family_files() -> None:
+    """Issue 34: one file per kernel source (a family's contracts as variants), at most 16 under sm90."""
+    files = sorted((REPO_ROOT / "kernels" / "sm90").glob("*/*.contract.json"))
+    assert len(files) <= 16, [f.name for f in files]

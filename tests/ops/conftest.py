@@ -21,10 +21,11 @@ def interp_entry() -> Callable[[str], tuple[Any, dict[str, Any]]]:
     """``interp_entry(contract_path)`` -> (the Triton tactic's entry under Triton's CPU interpreter,
     the contract's JSON). Skips with the reason when triton is not importable or not interpreting."""
     _require_interpreter()
+    from netra.catalog import contract_doc
     from netra.ops import _triton
 
     def load(path: str) -> tuple[Any, dict[str, Any]]:
-        doc = _triton.read_contract(path)
+        doc = contract_doc(path)
         return _triton.entry(doc), doc
 
     return load
@@ -105,6 +106,7 @@ import importlib.util, json, re, subprocess, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from netra.catalog import contract_doc, contract_docs
 
 
 def load_module(path):

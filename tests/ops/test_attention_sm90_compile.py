@@ -13,7 +13,7 @@ import pytest
 
 SCRIPT = textwrap.dedent("""
     def contract(name):
-        return json.load(open(f"kernels/sm90/attention/{name}.contract.json"))
+        return contract_doc(name)
 
     def compile_(fn, types, consts, free, num_warps, num_stages=None, **opts):
         # what the JIT specializes at real calls: 16-byte aligned pointers, strides divisible by 16
@@ -40,7 +40,7 @@ SCRIPT = textwrap.dedent("""
         out[f"merge pdl={pdl}"] = compile_(dk._decode_merge_kernel, types, consts, free, num_warps=m["merge_warps"],
                                            launch_pdl=pdl)
     pk = load_module("kernels/sm90/attention/qk_norm_rope_store.py")
-    plaunch = contract("qk_norm_rope_store_fp8")["launch"]
+    plaunch = contract("qk_norm_rope_store_fp8_h16x2_d256_r64")["launch"]
     ptypes = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "QW": "*bf16", "KW": "*bf16", "Pos": "*i64",
               "Table": "*fp32", "Slots": "*i64", "KC": "*fp8e4nv", "VC": "*fp8e4nv", "QOut": "*bf16",
               "eps": "fp32", "k_inv_scale": "fp32", "v_inv_scale": "fp32"}

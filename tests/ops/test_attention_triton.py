@@ -8,7 +8,6 @@ launcher takes one, so an unwritten element fails.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +25,14 @@ HQ, HKV, D, ROT = 16, 2, 256, 64
 
 
 def contract(name: str) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads((REPO / "kernels/sm90/attention" / f"{name}.contract.json").read_text())
-    return doc
+    from netra.catalog import contract_doc
+
+    return contract_doc(name)
 
 
 DECODE = contract("attention_decode_fp8_gqa16x2_d256")
 GATED = contract("attention_decode_gated_fp8_gqa16x2_d256")
-PROLOGUE = contract("qk_norm_rope_store_fp8")
+PROLOGUE = contract("qk_norm_rope_store_fp8_h16x2_d256_r64")
 
 
 def rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:

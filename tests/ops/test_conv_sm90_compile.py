@@ -18,7 +18,7 @@ import pytest
 
 SCRIPT = textwrap.dedent("""
     mod = load_module("kernels/sm90/conv/conv1d_update.py")
-    launch = json.load(open("kernels/sm90/conv/conv1d_update_c8192_w4.contract.json"))["launch"]
+    launch = contract_doc("conv1d_update_c8192_w4")["launch"]
     fn = mod._conv1d_update_kernel
     types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "state_ptr": "*bf16", "slots_ptr": "*i64", "out_ptr": "*bf16"}
     out = {}

@@ -44,8 +44,7 @@ SCRIPT = textwrap.dedent("""
                "sv_h": 128, "sv_d": 1, "sa_b": 64, "sa_h": 1, "sb_b": 64, "sb_h": 1}
     layer = {"sq_l": 2048 * 8192, "sa_l": 2048 * 64, "sg_l": 32, "ss_l": 129 * 32 * 128 * 128}
     out = {}
-    for path in sorted(glob.glob("kernels/sm90/gdn/gdn_*_hv32.contract.json")):
-        doc = json.load(open(path))
+    for doc in contract_docs("sm90", "gdn", "gdn_").values():
         if doc["kernel"]["source"] != "kernels/sm90/gdn/gdn_replay.py":
             continue
         launch, meta = doc["launch"], doc["launch"]["meta"]

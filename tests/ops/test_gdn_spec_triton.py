@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from netra.catalog import contract_doc
 from netra.ops import _triton, gdn
 
 pytestmark = pytest.mark.triton_interp
@@ -30,7 +31,7 @@ C = 2 * HK * DK + HV * DV
 def steps(interp_source: Callable[[str], Any], doc: dict[str, Any]) -> tuple[Any, Any, Any]:
     """(the tactic's entry, the decode conv step, the decode GDN step at the contract's tile) under the interpreter."""
     mine = getattr(interp_source(doc["kernel"]["source"]), doc["kernel"]["symbol"])
-    conv_doc = _triton.read_contract(CONV)
+    conv_doc = contract_doc(CONV)
     conv_entry = interp_source(conv_doc["kernel"]["source"]).conv1d_update
     dec_entry = interp_source("kernels/sm90/gdn/gdn_decode.py").gdn_decode_fused
     dec_launch = {"block": doc["launch"]["block"], "grid": ["cdiv(v_dim, BV)", "batch * v_heads"],
@@ -66,7 +67,7 @@ def make_block(g: torch.Generator, rows: int) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("path", VERIFY)
 def test_verify_is_bitwise_the_decode_kernels_looped(interp_source: Any, path: str) -> None:
-    doc = _triton.read_contract(path)
+    doc = contract_doc(path)
     sd = DTYPES[doc["match"]["dtypes"]["state"][0]]
     mine, conv_step, gdn_step = steps(interp_source, doc)
     g = torch.Generator().manual_seed(1)
@@ -90,7 +91,7 @@ def test_verify_is_bitwise_the_decode_kernels_looped(interp_source: Any, path: s
 def test_commit_is_bitwise_the_decode_kernels_looped(interp_source: Any, path: str) -> None:
     """Two layers, mixed counts (1..T, a 0) and a pad row in one batch: the pools bitwise the decode kernels'
     count[r] steps, slots outside the batch (slot 0 included) untouched."""
-    doc = _triton.read_contract(path)
+    doc = contract_doc(path)
     sd = DTYPES[doc["match"]["dtypes"]["state"][0]]
     mine, conv_step, gdn_step = steps(interp_source, doc)
     g = torch.Generator().manual_seed(2)
@@ -121,8 +122,8 @@ def test_commit_is_bitwise_the_decode_kernels_looped(interp_source: Any, path: s
 def test_verify_then_commit_matches_decode_kernels(interp_source: Any, path: str) -> None:
     """The cycle at one layer: the verify tactic's first count outputs are the ones the committed replay produced (the
     commit tactic's state = the decode kernels' state after count steps, whose outputs verify gave)."""
-    doc = _triton.read_contract(path)
-    cdoc = _triton.read_contract(path.replace("verify", "commit"))
+    doc = contract_doc(path)
+    cdoc = contract_doc(path.replace("verify", "commit"))
     mine, conv_step, gdn_step = steps(interp_source, doc)
     commit = getattr(interp_source(cdoc["kernel"]["source"]), cdoc["kernel"]["symbol"])
     g = torch.Generator().manual_seed(3)

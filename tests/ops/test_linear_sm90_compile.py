@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 SCRIPT = textwrap.dedent("""
-    launch = json.load(open("kernels/sm90/linear/linear_group_bf16_decode.contract.json"))["launch"]
+    launch = contract_doc("linear_group_bf16_decode")["launch"]
     fn = load_module("kernels/sm90/linear/linear.py")._linear_kernel
     types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32", "cnt_ptr": "*i32"}
     out = {}

@@ -27,10 +27,10 @@ BUCKETS = {"linear_fp8_block_decode": (1, 5, 16), "linear_fp8_block_decode_m64":
 def interp_entry(interp_source: Any) -> Any:
     """``(entry, contract JSON)`` of a linear contract, its source under the interpreter (with the
     interpreter fixes: the K loop's bound is a runtime scalar)."""
-    from netra.ops import _triton
+    from netra.catalog import contract_doc
 
     def load(path: str) -> tuple[Any, dict[str, Any]]:
-        doc = _triton.read_contract(path)
+        doc = contract_doc(path)
         return getattr(interp_source(doc["kernel"]["source"]), doc["kernel"]["symbol"]), doc
 
     return load
@@ -349,9 +349,10 @@ def test_bf16_group_at_prefill_rows_through_cublas() -> None:
     from dataclasses import replace
 
     from netra.catalog import Catalog
+    from netra.catalog import contract_doc as read_contract
     from netra.dispatch import plan
     from netra.dispatch_cli import domain_signature
-    from netra.ops._triton import entry, read_contract
+    from netra.ops._triton import entry
     from netra.ops.linear import Weight, linear_group_ref
 
     doc = read_contract("kernels/sm90/linear/linear_group_bf16_prefill.contract.json")

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-from netra.catalog import Catalog
+from netra.catalog import Catalog, contract_doc
 from netra.dispatch import plan
-from netra.ops import _triton, fp8
+from netra.ops import fp8
 from netra.ops.linear import Weight
 from netra.ops.moe import MoEWeights, explain_signatures, moe_ref, moe_route_ref
 
@@ -54,7 +54,7 @@ def chunk(t: int, seed: int, adversarial: bool = False) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def prefill(interp_source: Any) -> tuple[Any, dict[str, Any], Any]:
-    doc = _triton.read_contract(CONTRACT)
+    doc = contract_doc(CONTRACT)
     mod = interp_source(doc["kernel"]["source"])
     return getattr(mod, doc["kernel"]["symbol"]), doc, mod
 

@@ -22,8 +22,9 @@ SCRIPT = textwrap.dedent("""
              "res_out_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "eps": "fp32"}
     mode = {"rmsnorm": 0, "add_rmsnorm": 1, "gated_rmsnorm": 2}
     out = {}
-    for path in sorted(glob.glob("kernels/sm90/norm/*_fp8_*.contract.json")):
-        doc = json.load(open(path))
+    for name, doc in contract_docs("sm90", "norm").items():
+        if "_fp8_" not in name:
+            continue
         width = doc["match"]["dims"]["width"]["eq"]
         m = mode[doc["kernel"]["symbol"].removesuffix("_fp8")]
         rows = doc["match"]["dims"]["rows"]

@@ -31,7 +31,7 @@ def inputs(rows: int, width: int, seed: int) -> tuple[torch.Tensor, ...]:
 @pytest.mark.parametrize("name", ["rmsnorm_gemma_rows", "rmsnorm_gemma_prefill", "add_rmsnorm_gemma_prefill",
                                   "gated_rmsnorm_rows", "gated_rmsnorm_prefill"])
 def test_norm_contract_geometry(interp_source, name: str) -> None:
-    from netra.ops._triton import read_contract
+    from netra.catalog import contract_doc as read_contract
 
     doc = read_contract(BASE + name + ".contract.json")
     entry = getattr(interp_source(doc["kernel"]["source"]), doc["kernel"]["symbol"])  # BF16 rounding mended
@@ -81,7 +81,7 @@ def test_dispatch_picks_the_prefill_norms_by_rows(name: str, rows: int, want: st
 def test_gated_norm_reads_the_engine_strided_z_in_place(interp_source, name: str) -> None:
     """z as the GDN layer holds it: a column slice of the fused in-projection viewed as [tokens, heads, width] (token
     stride 2 x heads x width); the kernel reads it in place, and a z it cannot read so (last dim strided) is copied."""
-    from netra.ops._triton import read_contract
+    from netra.catalog import contract_doc as read_contract
 
     doc = read_contract(BASE + name + ".contract.json")
     mod = interp_source(doc["kernel"]["source"])
@@ -126,8 +126,8 @@ def adversarial_rows(rows: int, width: int, seed: int) -> tuple[torch.Tensor, ..
 def test_fp8_norms_write_the_plain_rows_and_their_quantization(interp_source, name: str) -> None:
     """The FP8-output contracts: the BF16 rows are bitwise the plain contract's (same launch), and the E4M3 rows and
     scales are bitwise `fp8.quantize_per_token_group` of those rows (what the projection's own quantization makes)."""
+    from netra.catalog import contract_doc as read_contract
     from netra.ops import fp8
-    from netra.ops._triton import read_contract
 
     doc = read_contract(BASE + name + ".contract.json")
     plain = read_contract(BASE + name.replace("_fp8", "") + ".contract.json")
@@ -161,8 +161,8 @@ def test_fp8_norms_write_the_plain_rows_and_their_quantization(interp_source, na
 def test_projection_behind_an_fp8_norm_reads_its_rows_bitwise(interp_source) -> None:
     """An FP8 projection given the norm's E4M3 form (``xq`` / ``xs``) computes bitwise what it computes from the BF16
     rows with its own quantization kernel, alone and as a group, at a decode and a prefill bucket."""
+    from netra.catalog import contract_doc as read_contract
     from netra.ops import fp8
-    from netra.ops._triton import read_contract
     from netra.ops.linear import Weight
 
     ndoc = read_contract(BASE + "add_rmsnorm_gemma_fp8_rows.contract.json")
