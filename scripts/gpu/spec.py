@@ -31,7 +31,10 @@ Steps (each failure is recorded and the run goes on; the device session puts a `
      ``TritonGDNKernel.target_verify`` = ``fused_sigmoid_gating_delta_rule_update`` (sglang/kernels/ops/attention/
      linear/fused_sigmoid_gating_recurrent.py) with ``disable_state_update=True``, ``intermediate_states_buffer``
      ``[rows, T, Hv, V, K]`` and ``cache_steps=T``: every step's state written. (SGLang's ``fused_qkv_split_gdn_
-     prefill`` copy between the two is left out: q/k/v are strided views here, which favours the peer.)
+     prefill`` copy between the two is left out: q/k/v are strided views here, which favours the peer.) SGLang
+     starts from our states (transposed to its [slot, Hv, V, K]); its first outputs are compared with ours
+     (``agrees_with_netra`` on its rows). Under the interpreter (CPU, tiny shapes) its verify kernel gave our
+     reference's outputs bitwise and its state after step T-1 equal to our committed state (2e-8 max).
    - ``gdn_commit`` (all GDN layers, every row accepting ``count = T`` tokens, the most work a commit does): netra
      (conv replay + GDN replay, two launches for every layer) at the model's 30 GDN layers, against SGLang's copy
      of the accepted step after verify (``update_mamba_state_after_mtp_verify`` →
@@ -91,6 +94,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from netra.ops import _triton, conv, gdn  # noqa: E402
+from netra.records import git_sha, validate  # noqa: E402
 
 VERIFY_CONTRACTS = ["gdn_verify_f32_small_hv32", "gdn_verify_f32_hv32", "gdn_verify_bf16_hv32"]
 COMMIT_CONTRACTS = [n.replace("verify", "commit") for n in VERIFY_CONTRACTS]
@@ -402,7 +406,8 @@ def time_verify(b: int, t: int, sdt: torch.dtype, verify: dict[str, Any], peers:
         p = peers["sglang"]
         # SGLang's pools: temporal state [slot, Hv, V, K] (K contiguous), conv [slot, C, K-1]; per-step buffers
         # [rows, T, Hv, V, K] and the deduplicated window [rows, C, T+K-2] seen as [rows, T, C, K-1]
-        spool = torch.empty(n * b + 1, hv, dv, dk, dtype=sdt, device="cuda").normal_().mul_(0.3)
+        spool = lay["ssm_pool"].transpose(-1, -2).contiguous()  # our states in SGLang's layout
+        sconv = lay["conv_pool"].clone()  # SGLang's verify rolls the window (its accepted-state copy restores it)
         inter = torch.empty(n * b, t, hv, dv, dk, dtype=sdt, device="cuda")
         wl = t + w - 2
         phys = torch.zeros(n * b, c, wl, dtype=torch.bfloat16, device="cuda")
@@ -416,7 +421,7 @@ def time_verify(b: int, t: int, sdt: torch.dtype, verify: dict[str, Any], peers:
         weight = lay["conv_weights"]
 
         def sglang_verify(i: int) -> Any:
-            y = p["conv"](x_bct, lay["conv_pool"], weight, None, "silu", conv_state_indices=sslots[i],
+            y = p["conv"](x_bct, sconv, weight, None, "silu", conv_state_indices=sslots[i],
                           intermediate_conv_window=win, intermediate_state_indices=rows[i])
             y = y.transpose(1, 2).reshape(b * t, c)  # SGLang: .transpose(1, 2).view(seq_len, -1)
             q = y[:, :hk * dk].view(1, b * t, hk, dk)
@@ -428,15 +433,23 @@ def time_verify(b: int, t: int, sdt: torch.dtype, verify: dict[str, Any], peers:
                                is_kda=False, disable_state_update=True, intermediate_states_buffer=inter,
                                intermediate_state_indices=rows[i], cache_steps=t, retrieve_parent_token=None)
 
+        def agreement() -> dict[str, Any]:
+            """SGLang's outputs against ours on the same states and rows (the first call of each): the peer does
+            the same job (checked under the interpreter: its verify kernel bitwise our reference)."""
+            mine = entry(doc["launch"], **common, slots=slots[0]).clone()
+            theirs = sglang_verify(0).reshape(b * t, hv, dv)
+            return _triton.tolerance_report(theirs, mine, 0.01, 1e-5)
+
+        agree = attempt(f"sglang agreement verify b{b} t{t}", failures, agreement)
         providers.append(Provider("sglang", sglang_verify, n))
-        hold += [spool, inter, phys, win, sslots, rows, cu, xq, x_bct]
+        hold += [spool, sconv, inter, phys, win, sslots, rows, cu, xq, x_bct]
         peer_extra["sglang"] = {"method_bytes": b * ((t + 1) * state_bytes(sdt) + 48 * KIB + t * 56 * KIB
-                                                     + t * c * 2)}
+                                                     + t * c * 2), "agrees_with_netra": agree}
     for pr in providers:
         pr.hold = hold
         pr.min_calls = 8
     ok = warm(providers, f"verify b{b} t{t}", failures)
-    stats = interleave(ok, samples=samples, deadline_s=3.0)
+    stats = interleave(ok, samples=samples, deadline_s=2.0)
     shape = {"batch": b, "block_tokens": t, "v_heads": hv, "k_dim": dk, "v_dim": dv, "channels": c, "layers": 1}
     dt = f"state {str(sdt).removeprefix('torch.')}"
     return [row("gdn_verify", shape, dt, name, st, floor_bytes=verify_floor(b, t, sdt), copy_bps=copy_bps,
@@ -469,10 +482,12 @@ def time_commit(b: int, t: int, sdt: torch.dtype, commit: dict[str, Any], peers:
         stash = blk["qkv"].contiguous()  # the engine's stash is its own buffer (consumed by the commit)
         slots = [torch.arange(1 + i * b, 1 + (i + 1) * b, dtype=torch.int64, device="cuda") for i in range(n)]
         count = torch.full((b,), t, dtype=torch.int32, device="cuda")
-        args: dict[str, Any] = {"qkv_stash": stash, "a_stash": blk["a"], "b_stash": blk["b"], "conv_weights": lay["conv_weights"],
-                "a_log": lay["a_log"], "dt_bias": lay["dt_bias"], "conv_pool": lay["conv_pool"],
-                "ssm_pool": lay["ssm_pool"], "count": count, "tokens": t}
+        args: dict[str, Any] = {
+            "qkv_stash": stash, "a_stash": blk["a"], "b_stash": blk["b"], "conv_weights": lay["conv_weights"],
+            "a_log": lay["a_log"], "dt_bias": lay["dt_bias"], "conv_pool": lay["conv_pool"],
+            "ssm_pool": lay["ssm_pool"], "count": count, "tokens": t}
         label = "netra" if n_layers == GDN_LAYERS else f"netra@{n_layers}"
+
         def ours(i: int, a: dict[str, Any] = args, s: list[torch.Tensor] = slots) -> Any:
             return entry(doc["launch"], **a, slots=s[i])
 
@@ -501,7 +516,7 @@ def time_commit(b: int, t: int, sdt: torch.dtype, commit: dict[str, Any], peers:
             pr.hold = hold
             pr.min_calls = 2 if b * n_layers >= 512 else 8
         ok = warm(providers, f"commit b{b} t{t} L{n_layers}", failures)
-        stats = interleave(ok, samples=samples, deadline_s=4.0)
+        stats = interleave(ok, samples=samples, deadline_s=3.0)
         shape = {"batch": b, "block_tokens": t, "count": t, "layers": n_layers, "v_heads": hv, "k_dim": dk,
                  "v_dim": dv, "channels": c}
         out_rows += [row("gdn_commit", shape, dt, name, st, floor_bytes=commit_floor(b, t, n_layers, sdt),
@@ -641,6 +656,42 @@ def main() -> int:
     checks = run_checks(batches, tokens, verify, commit, failures, args.check_layers, one_per_contract=args.cpu_smoke)
     log(f"checks done ({time.monotonic() - t0:.0f} s): {sum(1 for c in checks.values() if c and c['ok'])}/"
         f"{len(checks)} ok")
+    def emit(rows: list[dict[str, Any]], partial: bool) -> dict[str, Any]:
+        """Build, validate and write the record (after the checks and after every batch: a step killed by its
+        timeout leaves what it measured)."""
+        all_ok = bool(checks) and all(c is not None and c["ok"] for c in checks.values())
+        failed = sum(1 for c in checks.values() if not (c and c["ok"]))
+        record: dict[str, Any] = {
+            "kind": "kernel", "family": "gdn_spec", "target": "sm90", "device": device, "git_sha": git_sha(),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "command": "timeout 420 python scripts/gpu/spec.py --out $OUT/spec   (carry .sglang_peer; or "
+                       "bash scripts/gpu/session.sh <sha> spec)" + (" [this record: --cpu-smoke]" if args.cpu_smoke
+                                                                    else ""),
+            "status": "measured" if rows else "not_run",
+            **({} if rows else {"reason": "CPU interpreter smoke run (--cpu-smoke: tiny shapes, no graphs, timing or "
+                                          "peers); the H200 run is pending" if args.cpu_smoke else
+                                "no timing rows: every timing step failed (see failures), or --no-timing"}),
+            "shape": dict(SHAPE, channels=channels(), gdn_layers=GDN_LAYERS), "copy_bandwidth_Bps": copy_bps,
+            "torch": torch.__version__, "prediction": prediction_outcome(rows),
+            "peers": {"sglang": "0.5.23 wheel files: causal_conv1d_update (intermediate_conv_window) + "
+                                "fused_sigmoid_gating_delta_rule_update (disable_state_update, intermediate_states_buffer)"
+                                " per layer for verify; fused_mamba_state_scatter_with_mask + "
+                                "fused_conv_window_scatter_multi for the accepted-state copy"
+                      if "sglang" in peers else "not loaded"},
+            "contracts": {n: {"launch": d["launch"], "numerics": d["numerics"]["policy"]}
+                          for n, (_, d) in {**verify, **commit}.items()},
+            "checks": {"all_ok": all_ok, "cases": len(checks), "failed": failed, "mismatches": failed,
+                       "eager_equals_replay": all(c is not None and c["eager_equals_replay"] is not False
+                                                  for c in checks.values()) if DEV[0] == "cuda" else None,
+                       "by_case": checks},
+            "failures": failures, "rows": rows, "speedups": speedups(rows), "verdict": "info",
+            "wall_s": round(time.monotonic() - t0, 1), "partial": partial, "log": LOG,
+        }
+        validate(record)
+        (args.out / "spec_h200.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+        return record
+
+    emit([], partial=not args.no_timing)
     rows: list[dict[str, Any]] = []
     if not args.no_timing:
         for sname in args.state_dtypes.split(","):
@@ -656,38 +707,9 @@ def main() -> int:
                                     peers, args.samples, copy_bps, args.peer_gib, failures) or []
                     torch.cuda.empty_cache()
                 log(f"timed {sname} b{b} ({time.monotonic() - t0:.0f} s)")
-    all_ok = bool(checks) and all(c is not None and c["ok"] for c in checks.values())
-    failed = sum(1 for c in checks.values() if not (c and c["ok"]))
-    from netra.records import git_sha, validate
-
-    record: dict[str, Any] = {
-        "kind": "kernel", "family": "gdn_spec", "target": "sm90", "device": device, "git_sha": git_sha(),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": "timeout 420 python scripts/gpu/spec.py --out $OUT/spec   (carry .sglang_peer; or "
-                   "bash scripts/gpu/session.sh <sha> spec)" + (" [this record: --cpu-smoke]" if args.cpu_smoke
-                                                                else ""),
-        "status": "measured" if rows else "not_run",
-        **({} if rows else {"reason": "CPU interpreter smoke run (--cpu-smoke: tiny shapes, no graphs, timing or "
-                                      "peers); the H200 run is pending" if args.cpu_smoke else
-                            "no timing rows: every timing step failed (see failures), or --no-timing"}),
-        "shape": dict(SHAPE, channels=channels(), gdn_layers=GDN_LAYERS), "copy_bandwidth_Bps": copy_bps,
-        "torch": torch.__version__, "prediction": prediction_outcome(rows),
-        "peers": {"sglang": "0.5.23 wheel files: causal_conv1d_update (intermediate_conv_window) + "
-                            "fused_sigmoid_gating_delta_rule_update (disable_state_update, intermediate_states_buffer)"
-                            " per layer for verify; fused_mamba_state_scatter_with_mask + "
-                            "fused_conv_window_scatter_multi for the accepted-state copy"
-                  if "sglang" in peers else "not loaded"},
-        "contracts": {n: {"launch": d["launch"], "numerics": d["numerics"]["policy"]}
-                      for n, (_, d) in {**verify, **commit}.items()},
-        "checks": {"all_ok": all_ok, "cases": len(checks), "failed": failed, "mismatches": failed,
-                   "eager_equals_replay": all(c is not None and c["eager_equals_replay"] is not False
-                                              for c in checks.values()) if DEV[0] == "cuda" else None,
-                   "by_case": checks},
-        "failures": failures, "rows": rows, "speedups": speedups(rows), "verdict": "info",
-        "wall_s": round(time.monotonic() - t0, 1), "log": LOG,
-    }
-    validate(record)
-    (args.out / "spec_h200.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+                emit(rows, partial=True)
+    record = emit(rows, partial=False)
+    all_ok = record["checks"]["all_ok"]
     for k, v in checks.items():
         if not (v and v["ok"]):
             print(f"  ! check {k}: {json.dumps(v, default=str)[:300]}")
