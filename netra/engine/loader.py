@@ -157,6 +157,8 @@ class _Reader:
         return Weight(torch.stack(data), None if scale is None else torch.stack(scale))
 
     def leaf(self, leaf: Leaf, prefix: str) -> torch.Tensor | Weight:
+        """A leaf of the tree as the engine holds it (`build_weights`' ``make``): shapes checked, the
+        tensors marked used, BF16 but ``A_log`` (FP32)."""
         name = prefix + leaf.name
         if leaf.kind.projection:
             return self.projection(leaf, prefix)
