@@ -10,9 +10,10 @@ peers (tests/bench/test_spec_script.py).
 
 Steps (each failure is recorded and the run goes on; the device session puts a ``timeout`` around the whole):
 
-1. **Checks**, per contract of kernels/sm90/gdn/gdn_{verify,commit}_*.contract.json, at B = 1, 8, 32, 64, 128 (those
-   its range covers) and T = 4, 8, 12, 16, the engine's layouts (pre-conv rows as strided views of a wider
-   projection, a | b strided views of one), pad rows (slot 0) every 8th row, commit counts mixed over 0..T:
+1. **Checks**, per contract gdn_{verify,commit}_{f32_small,f32,bf16}_hv32 (kernels/sm90/gdn/gdn_replay.contract.json,
+   looked up by name), at B = 1, 8, 32, 64, 128 (those its range covers) and T = 4, 8, 12, 16, the engine's layouts
+   (pre-conv rows as strided views of a wider projection, a | b strided views of one), pad rows (slot 0) every 8th
+   row, commit counts mixed over 0..T:
    - outputs poisoned (NaN) before every run (verify's ``out`` and its post-conv scratch);
    - **bitwise** against the op's reference run with the decode tactics the kernels repeat as steps (the Triton
      conv update, then the one-pass GDN decode tile at the contract's BV and warps: `netra.ops.gdn._decode_pairing`);
@@ -117,15 +118,10 @@ def channels() -> int:
 
 
 def contract(name: str) -> dict[str, Any]:
-    """Contract ``name``'s document: its own file where there is one, else the catalog's expanded entry (a file
-    holding a family of variants)."""
-    path = ROOT / "kernels/sm90" / ("conv" if name.startswith("conv") else "gdn") / f"{name}.contract.json"
-    if path.is_file():
-        return _triton.read_contract(path)
-    from netra import catalog
+    """Contract ``name``'s document (the catalog's expanded variant: netra.catalog.contract_doc)."""
+    from netra.catalog import contract_doc
 
-    doc: dict[str, Any] = catalog.contract_doc(name)  # type: ignore[attr-defined]
-    return doc
+    return contract_doc(name)
 
 
 def sync() -> None:
