@@ -306,3 +306,16 @@ def test_repo_family_files() -> None:
     """Issue 34: one file per kernel source (a family's contracts as variants), at most 16 under sm90."""
     files = sorted((REPO_ROOT / "kernels" / "sm90").glob("*/*.contract.json"))
     assert len(files) <= 16, [f.name for f in files]
+
+
+def test_notes_carry_no_measurements_and_history_is_cited() -> None:
+    """Issue 34: notes say what the code is and why; figures live in records and the docs/ notes that a
+    contract's evidence cites (each such note names the contract)."""
+    import re
+
+    figure = re.compile(r"\d[\d,.]*\s*(?:us|µs|ms|ns|%|GB/s|TB/s)(?![\w/])|\d\.\d+x\b")  # times, shares, speedups
+    for c in Catalog.load().contracts:
+        notes = str(c.raw.get("notes", ""))
+        assert not figure.search(notes), (c.name, figure.search(notes))
+        for doc in (e for e in c.evidence if e.startswith("docs/")):
+            assert c.name in (REPO_ROOT / doc).read_text(), (c.name, doc)
