@@ -1,4 +1,4 @@
-"""`netra bench <kernels|serve|sweep|compare|step|engine|wirebytes|synthetic>`.
+"""`netra bench <kernels|serve|sweep|compare|step|engine|spec|wirebytes|synthetic>`.
 
 Each verb lives in its own module exposing ``add_arguments(parser)`` and an entry point
 ``ENTRY(args) -> int``. Only the module of the verb being run is imported (its parser needs it), so
@@ -21,6 +21,8 @@ VERBS: dict[str, tuple[str, str, str]] = {
     "step": ("netra.bench.step", "main", "the engine's full-shape decode step in graph replay, against its byte floor"),
     "engine": ("netra.engine.bench", "cli", "the embedded engine alone: tokens/s and the scheduler's per-step "
                "overhead"),
+    "spec": ("netra.bench.spec", "cli", "speculative decoding: tokens/s against the acceptance length (forced "
+             "acceptance), with the tau = 1 floor and plain decoding in the same run"),
     "wirebytes": ("netra.bench.wirebytes", "cli", "bytes on the wire per token through the response layer, "
                   "cumulative vs incremental worker"),
     "synthetic": ("netra.bench.synthetic", "cli", "a synthetic worker at a fixed token rate (instrument checks)"),
