@@ -514,7 +514,8 @@ class Scheduler:
         self._spec_finish(reqs, launched)
 
     def _spec_mixed_step(self, reqs: list[Request]) -> None:
-        """The decode rows' verify step, then the chunks' prefill forward launched behind it; one wait."""
+        """The decode rows' verify step, then the chunks' prefill forward launched behind it (``--mixed-chunk
+        fused`` too: a verify batch does not fuse with prompt chunks); one wait."""
         assert self.spec is not None
         launched = self.spec.verify(reqs)
         batch, chunks, _ = self._plan_chunks(self.opt.chunked_prefill_size)

@@ -118,7 +118,8 @@ class SpecStep:
             acc = Accepted(count, torch.where(j < count[:, None], tokens, REJECTED))
         live = slots != PAD_SLOT
         committed = torch.where(live, acc.count, 0)
-        self.model.commit_gdn(out.gdn_stash, slots, committed, t)  # type: ignore[arg-type]
+        assert out.gdn_stash is not None
+        self.model.commit_gdn(out.gdn_stash, slots, committed, t)
         commit_counts(sampler.counts, sampler.out_len, slots, acc, live & ~solo_mask)
         if self.drafter.capture_layers:
             assert out.features is not None
