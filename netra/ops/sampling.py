@@ -54,13 +54,11 @@ def uniform_noise_ref(seeds: torch.Tensor, steps: torch.Tensor, token_ids: torch
     return u.clamp(max=_BELOW_ONE)
 
 
-def sample_ref(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-               min_p: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-    """``logits [B, V]`` (FP32); per-row ``temperature`` (0 = greedy), ``top_k`` (-1 or ≥1), ``top_p``,
-    ``min_p``, ``seeds``, ``steps`` -> token ids ``[B]`` int64."""
-    # No early return for an all-greedy batch: that test would synchronise with the host, and this
-    # op runs inside captured decode graphs (the scheduler sends all-greedy batches to `greedy`).
-    greedy = _argmax(logits)
+def filtered_sorted_logprobs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                             top_p: torch.Tensor, min_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distribution `sample_ref` draws from: ``logits [B, V]`` at each row's temperature (1 for greedy
+    rows), cut by top-k, top-p and min-p, as log-probabilities in descending order (``-inf`` for cut
+    tokens) with the token id of each position. The speculative acceptance reads the same values."""
     vocab = logits.shape[-1]
     temp = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
     sorted_logits, sorted_ids = torch.sort(logits.float() / temp[:, None], dim=-1, descending=True, stable=True)
@@ -72,7 +70,17 @@ def sample_ref(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Ten
     keep = keep & (before < top_p[:, None])
     keep = keep & (probs >= min_p[:, None] * probs[:, :1])
     keep[:, 0] = True
-    logp = torch.log_softmax(sorted_logits.masked_fill(~keep, float("-inf")), dim=-1)
+    return torch.log_softmax(sorted_logits.masked_fill(~keep, float("-inf")), dim=-1), sorted_ids
+
+
+def sample_ref(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+               min_p: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """``logits [B, V]`` (FP32); per-row ``temperature`` (0 = greedy), ``top_k`` (-1 or ≥1), ``top_p``,
+    ``min_p``, ``seeds``, ``steps`` -> token ids ``[B]`` int64."""
+    # No early return for an all-greedy batch: that test would synchronise with the host, and this
+    # op runs inside captured decode graphs (the scheduler sends all-greedy batches to `greedy`).
+    greedy = _argmax(logits)
+    logp, sorted_ids = filtered_sorted_logprobs(logits, temperature, top_k, top_p, min_p)
     u = uniform_noise_ref(seeds, steps, sorted_ids)
     gumbel = -torch.log(-torch.log(u))
     pick = torch.argmax(logp + gumbel, dim=-1)

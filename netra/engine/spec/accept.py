@@ -132,20 +132,9 @@ def processed_logits(logits: torch.Tensor, drafts: torch.Tensor, rows: RowSampli
 def filtered_logprobs(x: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                       min_p: torch.Tensor) -> torch.Tensor:
     """``x [N, V]`` (processed logits) -> the log-probabilities `sampling.sample_ref` draws from, in
-    vocabulary order (``-inf`` for filtered tokens): its steps, op for op, so the values are bitwise the
-    ones its Gumbel-max reads. Rows with temperature 0 get the temperature-1 distribution (unused)."""
-    vocab = x.shape[-1]
-    temp = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
-    sorted_logits, sorted_ids = torch.sort(x.float() / temp[:, None], dim=-1, descending=True, stable=True)
-    rank = torch.arange(vocab, device=x.device)[None, :]
-    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
-    keep = rank < k[:, None]
-    probs = torch.softmax(sorted_logits.masked_fill(~keep, float("-inf")), dim=-1)
-    before = probs.cumsum(dim=-1) - probs  # mass strictly above this token
-    keep = keep & (before < top_p[:, None])
-    keep = keep & (probs >= min_p[:, None] * probs[:, :1])
-    keep[:, 0] = True
-    logp = torch.log_softmax(sorted_logits.masked_fill(~keep, float("-inf")), dim=-1)
+    vocabulary order (``-inf`` for filtered tokens): the same function computes both, so the values are
+    bitwise the ones its Gumbel-max reads. Rows with temperature 0 get the temperature-1 distribution (unused)."""
+    logp, sorted_ids = sampling.filtered_sorted_logprobs(x, temperature, top_k, top_p, min_p)
     return torch.empty_like(logp).scatter_(1, sorted_ids, logp)
 
 
