@@ -18,7 +18,7 @@ def _require_interpreter() -> None:
 
 @pytest.fixture
 def interp_entry() -> Callable[[str], tuple[Any, dict[str, Any]]]:
-    """``interp_entry(contract_path)`` -> (the Triton tactic's entry under Triton's CPU interpreter,
+    """``interp_entry(contract_name)`` -> (the Triton tactic's entry under Triton's CPU interpreter,
     the contract's JSON). Skips with the reason when triton is not importable or not interpreting."""
     _require_interpreter()
     from netra.catalog import contract_doc

@@ -12,7 +12,7 @@ from netra.ops._triton import tolerance_report
 
 pytestmark = pytest.mark.triton_interp
 
-CONTRACT = "kernels/sm90/conv/conv1d_update_c8192_w4.contract.json"
+CONTRACT = "conv1d_update_c8192_w4"
 
 
 def make(bsz: int, channels: int, seed: int, n_slots: int = 9) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -111,7 +111,7 @@ def test_reference_pad_rows_leave_the_pool_alone() -> None:
     assert torch.equal(y[0], torch.zeros_like(y[0])) and torch.equal(y[2], torch.zeros_like(y[2]))
 
 
-PREFILL = "kernels/sm90/conv/conv1d_prefill_c8192_w4.contract.json"
+PREFILL = "conv1d_prefill_c8192_w4"
 
 
 def check_prefill(entry, doc, x: torch.Tensor, w: torch.Tensor, pool: torch.Tensor, slots: list[int],

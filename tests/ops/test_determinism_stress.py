@@ -54,7 +54,7 @@ def test_labels_and_signatures_tell_the_projections_apart(stress: Any) -> None:
 
 
 def test_pre_fix_conv_is_the_tree_kernel_less_its_barrier(stress: Any, interp_entry: Any) -> None:
-    entry, doc = interp_entry("kernels/sm90/conv/conv1d_update_c8192_w4.contract.json")
+    entry, doc = interp_entry("conv1d_update_c8192_w4")
     pre = stress.pre_fix_conv_module()
     src = stress.CONV_SOURCE.read_text()
     assert src.count("tl.debug_barrier()") == 1

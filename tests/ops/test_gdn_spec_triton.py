@@ -18,11 +18,11 @@ from netra.ops import _triton, gdn
 
 pytestmark = pytest.mark.triton_interp
 
-VERIFY = ["kernels/sm90/gdn/gdn_verify_f32_small_hv32.contract.json",
-          "kernels/sm90/gdn/gdn_verify_f32_hv32.contract.json",
-          "kernels/sm90/gdn/gdn_verify_bf16_hv32.contract.json"]
+VERIFY = ["gdn_verify_f32_small_hv32",
+          "gdn_verify_f32_hv32",
+          "gdn_verify_bf16_hv32"]
 COMMIT = [p.replace("verify", "commit") for p in VERIFY]
-CONV = "kernels/sm90/conv/conv1d_update_c8192_w4.contract.json"
+CONV = "conv1d_update_c8192_w4"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 HK, HV, DK, DV, K = 2, 4, 128, 128, 4
 C = 2 * HK * DK + HV * DV

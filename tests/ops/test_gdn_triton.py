@@ -12,10 +12,10 @@ from netra.ops._triton import tolerance_report
 
 pytestmark = pytest.mark.triton_interp
 
-CONTRACTS = ["kernels/sm90/gdn/gdn_decode_f32_hv32.contract.json",
-             "kernels/sm90/gdn/gdn_decode_bf16_hv32.contract.json",
-             "kernels/sm90/gdn/gdn_decode_f32_small_hv32.contract.json",
-             "kernels/sm90/gdn/gdn_decode_bf16_small_hv32.contract.json"]
+CONTRACTS = ["gdn_decode_f32_hv32",
+             "gdn_decode_bf16_hv32",
+             "gdn_decode_f32_small_hv32",
+             "gdn_decode_bf16_small_hv32"]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Small head counts keep the interpreter quick; head dims are the model's (the kernel's tile shape).
 HK, HV, DK, DV = 2, 4, 128, 128

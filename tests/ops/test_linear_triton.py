@@ -62,7 +62,7 @@ def with_meta(doc: dict[str, Any], **meta: int) -> dict[str, Any]:
 @pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("quant_in,swap", [(0, 1), (1, 1), (0, 0)])
 def test_fp8_buckets_against_the_reference(interp_entry, name: str, split: bool, quant_in: int, swap: int) -> None:
-    entry, doc = interp_entry(D + name + ".contract.json")
+    entry, doc = interp_entry(name)
     w = fp8_weight(256, 512, seed=1)
     # TARGET_CTAS 1: no split; 64: the column tiles split K 4 ways (the ticket sum); QUANT_IN: x quantized in the
     # GEMM (1) or by the pre-kernel (0); SWAP: the weight as the MMA's M side (1) or N side (0)
@@ -78,7 +78,7 @@ def test_fp8_buckets_against_the_reference(interp_entry, name: str, split: bool,
 def test_fp8_split_is_repeatable_and_leaves_the_counters_zero(interp_entry) -> None:
     from netra.runtime import grid_size
 
-    entry, doc = interp_entry(D + "linear_fp8_block_decode_m64.contract.json")
+    entry, doc = interp_entry("linear_fp8_block_decode_m64")
     mod = __import__("sys").modules[entry.__module__]  # the interpreted source module
     w = fp8_weight(384, 1024, seed=2)
     x = x_of(33, 1024, seed=3)
@@ -99,7 +99,7 @@ def test_fp8_row_tile_first_order_is_bitwise_the_plain_order(interp_entry, swap:
     """``MFAST`` (the CTAs of one column tile launched side by side: the row tiles walked first) only renames the
     CTAs: the same tiles, the same split order, so the output is bitwise the plain order's, with and without the K
     split's ticket sum (TARGET_CTAS 64: 4 column tiles x 2 row tiles x split 8), and the tickets end zero."""
-    entry, doc = interp_entry(D + "linear_fp8_block_decode_m128.contract.json")
+    entry, doc = interp_entry("linear_fp8_block_decode_m128")
     mod = __import__("sys").modules[entry.__module__]
     w = fp8_weight(256, 1024, seed=11)
     x = x_of(100, 1024, seed=12)
@@ -115,7 +115,7 @@ def test_fp8_row_tile_first_order_is_bitwise_the_plain_order(interp_entry, swap:
 
 @pytest.mark.parametrize("case", ["huge", "tiny", "zero_rows", "one_hot"])
 def test_fp8_adversarial_magnitudes(interp_entry, case: str) -> None:
-    entry, doc = interp_entry(D + "linear_fp8_block_decode.contract.json")
+    entry, doc = interp_entry("linear_fp8_block_decode")
     w = fp8_weight(128, 256, seed=4)
     x = x_of(6, 256, seed=5).float()
     if case == "huge":
@@ -143,7 +143,7 @@ def test_fp8_adversarial_magnitudes(interp_entry, case: str) -> None:
 
 @pytest.mark.parametrize("name,m", [("linear_group_fp8_decode", 3), ("linear_group_fp8_decode_m128", 70)])
 def test_fp8_group_outputs_are_the_per_weight_projections(interp_entry, name: str, m: int) -> None:
-    entry, doc = interp_entry(D + name + ".contract.json")
+    entry, doc = interp_entry(name)
     ws = [fp8_weight(256, 256, seed=6), fp8_weight(128, 256, seed=7)]
     x = x_of(m, 256, seed=8)
     outs = entry(with_meta(doc, TARGET_CTAS=32), x=x, weights=ws, out_dtype=torch.bfloat16)
@@ -154,7 +154,7 @@ def test_fp8_group_outputs_are_the_per_weight_projections(interp_entry, name: st
 
 
 def test_bf16_group_b_a(interp_entry) -> None:
-    entry, doc = interp_entry(D + "linear_group_bf16_decode.contract.json")
+    entry, doc = interp_entry("linear_group_bf16_decode")
     g = torch.Generator().manual_seed(9)
     ws = [Weight((torch.randn(32, 512, generator=g) / 16).bfloat16()) for _ in range(2)]
     x = torch.randn(3, 512, generator=g).bfloat16()
@@ -171,7 +171,7 @@ def test_bf16_group_ticket_sum_is_bitwise_the_second_pass(interp_entry) -> None:
     sum (`_split_sum_kernel`, the same additions in the same order), repeatably, and leaves the counters zero."""
     from netra.ops._triton import load_source
 
-    entry, doc = interp_entry(D + "linear_group_bf16_decode.contract.json")
+    entry, doc = interp_entry("linear_group_bf16_decode")
     assert doc["launch"]["meta"]["TICKET"] == 1
     g = torch.Generator().manual_seed(12)
     ws = [Weight((torch.randn(32, 1024, generator=g) / 16).bfloat16()) for _ in range(2)]
@@ -190,7 +190,7 @@ def test_bf16_group_ticket_sum_is_bitwise_the_second_pass(interp_entry) -> None:
 
 def test_bf16_lm_head_entry(interp_entry) -> None:
     """The BF16 path as the lm_head contract launches it (FP32 logits), with and without the K split."""
-    entry, doc = interp_entry(D + "linear_bf16_decode.contract.json")
+    entry, doc = interp_entry("linear_bf16_decode")
     g = torch.Generator().manual_seed(10)
     w = Weight((torch.randn(200, 512, generator=g) / 16).bfloat16())
     for m, target in ((1, 1), (5, 64), (20, 1)):
@@ -237,7 +237,7 @@ def test_fp8_prefill_plan_is_the_compute_bound_launch(interp_entry) -> None:
     from netra.runtime import grid_size
 
     for name in PREFILL:
-        entry, doc = interp_entry(D + name + ".contract.json")
+        entry, doc = interp_entry(name)
         mod = __import__("sys").modules[entry.__module__]
         launch = doc["launch"]
         assert launch["meta"]["SWAP"] == 0 and launch["block"] == 256
@@ -249,7 +249,7 @@ def test_fp8_prefill_plan_is_the_compute_bound_launch(interp_entry) -> None:
 
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
 def test_fp8_prefill_against_the_reference(interp_entry, out_dtype: torch.dtype) -> None:
-    entry, doc = interp_entry(D + "linear_fp8_block_prefill.contract.json")
+    entry, doc = interp_entry("linear_fp8_block_prefill")
     w = fp8_weight(384, 512, seed=11)
     for m in PREFILL["linear_fp8_block_prefill"]:
         x = prefill_x(m, 512, seed=m)
@@ -261,7 +261,7 @@ def test_fp8_prefill_against_the_reference(interp_entry, out_dtype: torch.dtype)
 
 def test_fp8_prefill_leading_dims_and_repeatable(interp_entry) -> None:
     """``x [..., K]`` as the engine passes it; two calls bitwise equal (no split: one K order per output)."""
-    entry, doc = interp_entry(D + "linear_fp8_block_prefill.contract.json")
+    entry, doc = interp_entry("linear_fp8_block_prefill")
     w = fp8_weight(256, 256, seed=12)
     x = x_of(2 * 70, 256, seed=13).reshape(2, 70, 256)
     a = entry(doc["launch"], x=x, weight=w, out_dtype=torch.bfloat16)
@@ -271,7 +271,7 @@ def test_fp8_prefill_leading_dims_and_repeatable(interp_entry) -> None:
 
 
 def test_fp8_group_prefill_outputs_are_the_per_weight_projections(interp_entry) -> None:
-    entry, doc = interp_entry(D + "linear_group_fp8_prefill.contract.json")
+    entry, doc = interp_entry("linear_group_fp8_prefill")
     ws = [fp8_weight(256, 384, seed=14), fp8_weight(128, 384, seed=15), fp8_weight(128, 384, seed=16)]
     for m in PREFILL["linear_group_fp8_prefill"]:
         x = prefill_x(m, 384, seed=17)
@@ -355,7 +355,7 @@ def test_bf16_group_at_prefill_rows_through_cublas() -> None:
     from netra.ops._triton import entry
     from netra.ops.linear import Weight, linear_group_ref
 
-    doc = read_contract("kernels/sm90/linear/linear_group_bf16_prefill.contract.json")
+    doc = read_contract("linear_group_bf16_prefill")
     g = torch.Generator().manual_seed(4)
     x = (torch.randn(200, 2048, generator=g) * 2).bfloat16()
     x[0] *= 1e3

@@ -19,7 +19,7 @@ from netra.ops import fp8
 from netra.ops.linear import Weight
 from netra.ops.moe import MoEWeights, explain_signatures, moe_ref, moe_route_ref
 
-CONTRACT = "kernels/sm90/moe/moe_block_prefill.contract.json"
+CONTRACT = "moe_block_prefill"
 E, K, H, WIDTH = 16, 4, 256, 128
 
 

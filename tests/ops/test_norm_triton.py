@@ -10,8 +10,6 @@ from netra.ops import norm
 
 pytestmark = pytest.mark.triton_interp
 
-BASE = "kernels/sm90/norm/"
-
 
 def rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
     return float((got.double() - ref.double()).norm() / ref.double().norm().clamp(min=1e-300))
@@ -33,7 +31,7 @@ def inputs(rows: int, width: int, seed: int) -> tuple[torch.Tensor, ...]:
 def test_norm_contract_geometry(interp_source, name: str) -> None:
     from netra.catalog import contract_doc as read_contract
 
-    doc = read_contract(BASE + name + ".contract.json")
+    doc = read_contract(name)
     entry = getattr(interp_source(doc["kernel"]["source"]), doc["kernel"]["symbol"])  # BF16 rounding mended
     gated = name.startswith("gated")
     rows, width = (203, 128) if gated else (131, 2048)  # not a multiple of the contract's ROWS
@@ -83,7 +81,7 @@ def test_gated_norm_reads_the_engine_strided_z_in_place(interp_source, name: str
     stride 2 x heads x width); the kernel reads it in place, and a z it cannot read so (last dim strided) is copied."""
     from netra.catalog import contract_doc as read_contract
 
-    doc = read_contract(BASE + name + ".contract.json")
+    doc = read_contract(name)
     mod = interp_source(doc["kernel"]["source"])
     entry = getattr(mod, doc["kernel"]["symbol"])
     tokens, heads, width = 5, 3, 128
@@ -129,8 +127,8 @@ def test_fp8_norms_write_the_plain_rows_and_their_quantization(interp_source, na
     from netra.catalog import contract_doc as read_contract
     from netra.ops import fp8
 
-    doc = read_contract(BASE + name + ".contract.json")
-    plain = read_contract(BASE + name.replace("_fp8", "") + ".contract.json")
+    doc = read_contract(name)
+    plain = read_contract(name.replace("_fp8", ""))
     assert doc["launch"]["block"] == plain["launch"]["block"]
     assert doc["launch"]["meta"]["ROWS"] == plain["launch"]["meta"]["ROWS"]
     mod = interp_source(doc["kernel"]["source"])
@@ -165,7 +163,7 @@ def test_projection_behind_an_fp8_norm_reads_its_rows_bitwise(interp_source) -> 
     from netra.ops import fp8
     from netra.ops.linear import Weight
 
-    ndoc = read_contract(BASE + "add_rmsnorm_gemma_fp8_rows.contract.json")
+    ndoc = read_contract("add_rmsnorm_gemma_fp8_rows")
     nmod = interp_source(ndoc["kernel"]["source"])
     g = torch.Generator().manual_seed(5)
     ws = [Weight(*fp8.block_quantize_weight(torch.randn(n, 2048, generator=g) * 2048 ** -0.5)) for n in (128, 64)]
@@ -174,7 +172,7 @@ def test_projection_behind_an_fp8_norm_reads_its_rows_bitwise(interp_source) -> 
         x, r, _, w = adversarial_rows(m, 2048, seed=m)
         rows, q, s, _ = getattr(nmod, ndoc["kernel"]["symbol"])(ndoc["launch"], x=x, residual=r, weight=w, eps=1e-6)
         for cname, kw in ((lname, {"weight": ws[0]}), (gname, {"weights": ws})):
-            doc = read_contract("kernels/sm90/linear/" + cname + ".contract.json")
+            doc = read_contract(cname)
             entry = getattr(interp_source(doc["kernel"]["source"]), doc["kernel"]["symbol"])
             plain = entry(doc["launch"], x=rows, out_dtype=torch.bfloat16, **kw)
             pre = entry(doc["launch"], x=rows, out_dtype=torch.bfloat16, xq=q, xs=s, **kw)
