@@ -22,4 +22,4 @@ sed -i 's/defaultSandboxOOMAdj int = -998/defaultSandboxOOMAdj int = 0/' "$S/pkg
 sed -i 's/guaranteedOOMScoreAdj int = -997/guaranteedOOMScoreAdj int = 0/' "$S/pkg/kubelet/qos/policy.go"
 export GOROOT=$OUT/root/usr/lib/go-1.19 PATH=$OUT/shim:$OUT/root/usr/lib/go-1.19/bin:$PATH GOCACHE=$OUT/gocache GOPROXY=off CGO_ENABLED=0
 cd "$S" && nice make WHAT="${WHAT:-cmd/kube-apiserver cmd/kube-controller-manager cmd/kube-scheduler cmd/kubelet}" KUBE_BUILD_PLATFORMS=linux/amd64 GOLDFLAGS="-s -w"
-ls -la "$S/_output/local/bin/linux/amd64/"; "$OUT/root/usr/bin/etcd" --version | head -1
+ls -la "$S/_output/local/bin/linux/amd64/"; "$OUT/root/usr/bin/etcd" --version | sed -n 1p
