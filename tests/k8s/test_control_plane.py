@@ -180,7 +180,7 @@ def _router(api: cluster.ControlPlane, files: dict[str, list[dict[str, Any]]], u
     env.pop("KUBERNETES_SERVICE_HOST", None)
     assert SMG is not None
     with log_path.open("wb") as log:
-        proc = subprocess.Popen([SMG, *argv[1:], "--health-check-interval-secs", "1", "--log-level", "warn"],
+        proc = subprocess.Popen([SMG, *argv[1:], "--health-check-interval-secs", "1", "--shutdown-grace-period-secs", "1", "--log-level", "warn"],
                                 env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             yield f"http://127.0.0.1:{port}"

@@ -83,7 +83,7 @@ def router(tmp_path: Path) -> Iterator[Router]:
     proc = subprocess.Popen([SMG, "launch", "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
                              "--discovery-provider", "file", "--discovery-file", str(manifest),
                              "--discovery-check-interval-secs", "1", "--prometheus-port", str(metrics),
-                             "--health-check-interval-secs", "1", "--log-level", "warn"],
+                             "--health-check-interval-secs", "1", "--shutdown-grace-period-secs", "1", "--log-level", "warn"],
                             stdout=log, stderr=subprocess.STDOUT)
     r = Router(f"http://127.0.0.1:{port}", manifest, proc)
     deadline = time.monotonic() + 30
