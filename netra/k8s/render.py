@@ -23,6 +23,7 @@ and RoleBinding to get/list/watch pods in the namespace).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ SMG_PORTS = "smg.ai/worker-ports"
 PLAN_MOUNT = "/etc/netra/plan"
 AUDIT_DIR = "/run/netra-pod"
 HF_CACHE = "/root/.cache/huggingface"
+CONTAINER_RUN_ROOT = "/run/netra"
 # The sysfs fixture each target is planned on (numa/): a render is the same wherever it runs.
 REFERENCE_TOPOLOGY = {"sm90": "numa/dual-socket-8x-h200", "gfx950": "numa/dual-socket-8x-mi350x",
                       "cpu": "numa/no-numa-2x-h200"}
@@ -120,9 +122,37 @@ def _probe(port: int, period: int, failures: int) -> dict[str, Any]:
             "failureThreshold": failures}
 
 
+def reference_plan(profile: Any, topology_dir: str | None = None) -> Any:
+    """The plan a render uses: on `topology_dir`, or the target's reference fixture, named by its relative
+    path (the plan hash must not depend on where the checkout is); the run dir is the container path."""
+    from dataclasses import replace
+
+    from netra.deploy.plan import Overrides, make_plan
+    from netra.deploy.topology import read_topology
+    from netra.resources import DataMissing, require_data
+
+    if profile.target not in REFERENCE_TOPOLOGY:
+        raise K8sError(f"profile {profile.name!r}: no Kubernetes rendering for target {profile.target}")
+    try:
+        topo = topology_dir or str(require_data(*REFERENCE_TOPOLOGY[profile.target].split("/")))
+    except DataMissing as exc:
+        raise K8sError(f"{exc}; pass --topology (a sysfs tree as under numa/)") from None
+    topology = replace(read_topology(topo), source=topology_dir or REFERENCE_TOPOLOGY[profile.target])
+    # Paths under the run dir (a relative engine.model_path) are the container's, not this machine's.
+    saved = os.environ.get("NETRA_RUN_DIR")
+    os.environ["NETRA_RUN_DIR"] = CONTAINER_RUN_ROOT
+    try:
+        return make_plan(profile, topo, Overrides(run_dir=Path(CONTAINER_RUN_ROOT) / profile.name),
+                         topology=topology)
+    finally:
+        if saved is None:
+            del os.environ["NETRA_RUN_DIR"]
+        else:
+            os.environ["NETRA_RUN_DIR"] = saved
+
+
 def build(args: RenderArgs) -> dict[str, list[dict[str, Any]]]:
     """File name -> its documents, in `FILES` order."""
-    from netra.deploy.plan import Overrides, make_plan
     from netra.deploy.profile import load_profile
 
     if args.layout not in LAYOUTS:
@@ -130,15 +160,7 @@ def build(args: RenderArgs) -> dict[str, list[dict[str, Any]]]:
     if args.nodes < 1:
         raise K8sError(f"--nodes {args.nodes}: at least one node")
     profile = load_profile(args.profile)
-    if profile.target not in REFERENCE_TOPOLOGY:
-        raise K8sError(f"profile {profile.name!r}: no Kubernetes rendering for target {profile.target}")
-    from netra.resources import DataMissing, require_data
-
-    try:
-        topo = args.topology or str(require_data(*REFERENCE_TOPOLOGY[profile.target].split("/")))
-    except DataMissing as exc:
-        raise K8sError(f"{exc}; pass --topology (a sysfs tree as under numa/)") from None
-    plan = make_plan(profile, topo, Overrides(run_dir=Path("/run/netra") / profile.name))
+    plan = reference_plan(profile, args.topology)
     plan_json = plan.canonical_json()
     plan_sha = plan.sha256()
     short = plan_sha[:12]

@@ -150,12 +150,8 @@ def test_images_equal_the_lock(profile: str, layout: str) -> None:
 
 @pytest.mark.parametrize(("profile", "layout"), CASES)
 def test_selectors_ports_and_hashes(profile: str, layout: str) -> None:
-    from netra.deploy.plan import Overrides, make_plan
-    from netra.resources import data_path
-
     prof = load_profile(profile)
-    plan = make_plan(prof, data_path(kr.REFERENCE_TOPOLOGY[prof.target]),
-                     Overrides(run_dir=Path("/run/netra") / prof.name))
+    plan = kr.reference_plan(prof)
     sha = plan.sha256()
     docs = _docs(profile, layout)
     for d in docs:
@@ -211,11 +207,8 @@ def test_selectors_ports_and_hashes(profile: str, layout: str) -> None:
 
 
 def test_ordinal_runs_its_worker_on_the_pod_ports() -> None:
-    from netra.deploy.plan import Overrides, make_plan
-    from netra.resources import data_path
-
     prof = load_profile("dp8-h200-throughput128")
-    plan = make_plan(prof, data_path(kr.REFERENCE_TOPOLOGY["sm90"]), Overrides(run_dir=Path("/run/netra") / prof.name))
+    plan = kr.reference_plan(prof)
     d = plan.to_dict()
     c = pod_commands(d, 11, gpu_target=True)  # second node, worker 3
     assert c["worker"] == 3
