@@ -294,6 +294,7 @@ def assemble_context(entry: il.ImageEntry, ctx: Path, *, root: Path = REPO_ROOT,
 
     Refuses (ImageBuildError) when a code object the image carries is missing from the build dir or
     differs from the kernel lock."""
+    from netra.contract import expand
     from netra.kernel_lock import read_lock
 
     build = Path(build_dir) if build_dir is not None else Path(settings.get("NETRA_BUILD_DIR"))
@@ -318,10 +319,11 @@ def assemble_context(entry: il.ImageEntry, ctx: Path, *, root: Path = REPO_ROOT,
             shutil.copytree(src, ctx / rel, ignore=ignore)
         else:
             shutil.copy2(src, ctx / rel)
-    # The result records that accepted contracts cite: the catalog refuses an accepted contract whose
-    # evidence is not on disk.
+    # The result records (and notes) that the contracts cite, each variant's included: the catalog refuses an
+    # accepted contract whose evidence is not on disk.
     for contract in sorted((root / "kernels").rglob("*.contract.json")):
-        for rel in json.loads(contract.read_text()).get("evidence") or []:
+        cited = {rel for doc in expand(json.loads(contract.read_text()), contract) for rel in doc.get("evidence") or []}
+        for rel in sorted(cited):
             if (root / rel).is_file() and not (ctx / rel).exists():
                 (ctx / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(root / rel, ctx / rel)
