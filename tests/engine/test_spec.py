@@ -20,30 +20,21 @@ import torch
 from netra.engine.engine import Engine, build_engine
 from netra.engine.grammar import Grammar, grammar_tokenizer
 from netra.engine.options import EngineOptions
-from netra.engine.request import Output, Request, SamplingParams
+from netra.engine.request import Request, SamplingParams
 from netra.engine.spec.oracle import OracleDrafter, Schedule
 from netra.engine.spec.step import SpecStep
 from netra.tokenizers import ByteTokenizer
+from tests.engine.test_scheduler import Collector
 
 GREEDY = SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True)
 PROMPTS = [[(i * 31 + j * 7) % 256 for j in range(5 + 3 * i)] for i in range(5)]
 Job = tuple[str, list[int], SamplingParams]
 
 
-class Run:
+class Run(Collector):
     def __init__(self, engine: Engine) -> None:
+        super().__init__()
         self.engine = engine
-        self.events: dict[str, list[Output]] = {}
-
-    def sink(self, out: Output) -> None:
-        self.events.setdefault(out.rid, []).append(out)
-
-    def ids(self, rid: str) -> list[int]:
-        return [t for ev in self.events[rid] for t in ev.new_ids]
-
-    def final(self, rid: str) -> Output:
-        assert self.events[rid][-1].finish_reason is not None
-        return self.events[rid][-1]
 
 
 def _engine(**kw: object) -> Engine:
