@@ -17,9 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = textwrap.dedent("""
     import importlib.util, json, os, sys
     os.environ["TRITON_INTERPRET"] = "1"
-    spec = importlib.util.spec_from_file_location("ops_conftest", sys.argv[1])
-    conftest = importlib.util.module_from_spec(spec); spec.loader.exec_module(conftest)
-    conftest.interpreter_fixes()
+    from netra.ops import _interp
+    _interp.interpreter_fixes()
     import torch
     from netra.bench.peers import sglang_loader
     from netra.bench.peers.sglang_attention import SglangDecodeAttention
