@@ -243,7 +243,7 @@ async def run_client(spec: dict[str, Any]) -> int:
     conc = max(1, min(spec["concurrency"], len(reqs))) if reqs else 1
     # One AsyncClient with a single kept-alive connection per stream, not one pool of C connections:
     # httpcore's pool re-scans every connection of the pool whenever a request is queued or
-    # released (quadratic in the pool size); at C=128 in one process that scan took 90% of the
+    # released (quadratic in the pool size); at C=128 in one process that scan took most of the
     # client's CPU in a profile (docs/bench.md). A stream sends its requests one after another, so
     # its own connection is reused by every request it sends.
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1, keepalive_expiry=600)

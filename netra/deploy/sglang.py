@@ -15,7 +15,8 @@ abbreviation), with a value SGLang accepts, and that it lands on the field Netra
 Why a subprocess: the pinned wheel is installed with ``--no-deps`` (its full dependency set is
 CUDA/ROCm-only), so importing its parser needs two documented shims that must not leak into the
 caller's process (see `_import_server_args`), and ``prepare_server_args`` reconfigures the root
-logger. One child process parses a whole batch of commands (~3 s, mostly ``import torch``).
+logger. One child process parses a whole batch of commands (a child's start is slow, mostly ``import torch``:
+results/serving/NOTES.md).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Why llguidance (docs/engine.md, "Structured output"): its wheel has no Python dependencies and
 installs on any CPU machine; it computes each step's token mask lazily from a token trie (its
-authors quote about 50 µs per mask for a 128k vocabulary) with no per-grammar pass over the
+authors' per-mask figure: results/serving/NOTES.md) with no per-grammar pass over the
 vocabulary, so a new schema costs milliseconds; it takes JSON schema, regex and Lark (with embedded ``%json``) grammars; it
 is one of SGLang 0.5.23's grammar backends (``--grammar-backend llguidance``), so the embedded
 engine and an SGLang worker read the same grammar text the same way. xgrammar needs torch,
@@ -55,7 +55,8 @@ _cache_lock = threading.Lock()
 
 
 def grammar_tokenizer(tok: Tokenizer, vocab_size: int, eos_ids: tuple[int, ...]) -> llguidance.LLTokenizer:
-    """The llguidance view of the engine's tokenizer, built once (about 1 s for a 248k vocabulary)."""
+    """The llguidance view of the engine's tokenizer, built once (slow for a large vocabulary:
+    results/serving/NOTES.md)."""
     key = (tok.name, vocab_size, eos_ids)
     with _cache_lock:
         if key not in _cache:

@@ -307,9 +307,9 @@ class ModelRunner:
         * a one-token prompt;
 
         then every decode bucket's graph and its greedy sampling graph. At the full shape on an H200 the first
-        prompt otherwise waited ~70 s (Triton compiles, fla autotuning), the first step of each bucket waited for
-        its capture, and the compiles of the other shapes stalled every running stream for up to 1.2 s in the
-        first C=128 run (results/serving/dp1-h200-20261202-prefill)."""
+        prompt otherwise waited for Triton compiles and fla autotuning, the first step of each bucket waited for
+        its capture, and the compiles of the other shapes stalled every running stream (measured:
+        docs/engine.md, results/serving/NOTES.md; run results/serving/dp1-h200-20261202-prefill)."""
         t0 = time.perf_counter()
         n = self.opt.chunked_prefill_size
         piece = max(1, min(n, 1024, self.pools.context_length - 1))

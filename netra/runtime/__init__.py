@@ -398,8 +398,8 @@ def grid_size(rule: list[str], env: dict[str, int]) -> list[int]:
 
 @functools.lru_cache(maxsize=256)
 def _parse_axis(axis: str) -> Any:
-    """One grid axis expression parsed once (a launch evaluates it; parsing on every launch was about 9 ms of host
-    time per prefill forward on the H200, 500 parses: scripts/gpu/prefill_profile.py's host profile)."""
+    """One grid axis expression parsed once (a launch evaluates it; parsing on every launch showed in the host
+    profile of a prefill forward, scripts/gpu/prefill_profile.py: results/serving/NOTES.md)."""
     import ast
 
     return ast.parse(axis, mode="eval")

@@ -13,8 +13,8 @@ Two launches, so that no program overwrites a state another program still reads:
    tokens ``[j·BT, (j+1)·BT)`` of sequence ``i`` on channels ``[k·BC, (k+1)·BC)`` (tiles past the sequence's end
    return at once), one token after another with the last three inputs in registers, so each input row is read
    once (plus the three before the tile). A tap before the sequence's first token reads the old state; only tile 0
-   has such taps. (The first version loaded each tap as a shifted [BT, BC] tile, four reads per input: 243 us at
-   8 x 1024 tokens on the H200 against SGLang's causal_conv1d_fn at 127 us, 0.26 of the floor.)
+   has such taps. (The first version loaded each tap as a shifted [BT, BC] tile, four reads per input, and was
+   well behind SGLang's causal_conv1d_fn: results/sm90/NOTES.md.)
 2. ``_conv1d_state_kernel``, grid ``[sequences, cdiv(C, BS)]``: writes each sequence's new state (stream-ordered
    after every read of the old one).
 
@@ -22,9 +22,9 @@ Sequences must have distinct slots (the scheduler's prefill batch never repeats 
 the chunk offsets and slots reach the device through pinned memory, asynchronously.
 
 Byte floor (Qwen3.6-35B-A3B: 8192 channels, bf16): x read once + out written once = 4 bytes per token-channel,
-8192 tokens: 268 MB ≈ 63 µs at 4.2 TB/s (the taps re-read x from L1/L2). The FP32 reference it replaces runs a
-Python loop per sequence and a dozen full-size FP32 ops (≈ 2 ms per layer at 8192 tokens on the H200,
-scripts/gpu/prefill_profile.py, 2026-12-02).
+8192 tokens: 268 MB (the taps re-read x from L1/L2). The FP32 reference it replaces runs a Python loop per
+sequence and a dozen full-size FP32 ops (its cost in a prefill forward, scripts/gpu/prefill_profile.py:
+results/sm90/NOTES.md).
 """
 
 from __future__ import annotations

@@ -19,17 +19,15 @@ channel. The re-reads (``old[m+1]``, ``x[m//3]``) hit lines this program just lo
 
 The first version (``[BB rows, BC channels]`` tiles, 4 warps over an ``[8, 256]`` tile) put 8
 consecutive channels on a thread, so one warp instruction of a stride-3 tap load or state store
-touched 12 cache lines for 64 useful bytes: 25.3 µs at B = 128 on the H200 (0.16 of the floor)
-against SGLang's 8.7 µs (results/sm90/gdn_h200.json, 2026-12-02).
+touched 12 cache lines for 64 useful bytes, and ran far behind SGLang's kernel (results/sm90/NOTES.md).
 
 ``USE_PDL`` (meta ``PDL``): launched as a programmatic dependent (``griddepcontrol``): the program
 waits for its predecessor grid before reading anything, then lets its own dependents launch, so
 back-to-back launches overlap their prologues (SGLang's causal_conv1d_update does the same on sm90).
 
 Byte floor (Qwen3.6-35B-A3B, 8192 channels, bf16): per row x 16 KB + state 48 KB read, state 48 KB +
-out 16 KB written = 128 KB; B = 128: 16.8 MB (≈ 4.0 µs at 4.23 TB/s), B = 1: 131 KB (launch-bound).
-Prediction before the second H200 run (this version): B = 128 ≈ 6.5–8 µs (0.5–0.6 of the floor;
-SGLang 8.7), B = 1 ≈ 2.0 µs with PDL (SGLang 2.0, also PDL).
+out 16 KB written = 128 KB; B = 128: 16.8 MB, B = 1: 131 KB (launch-bound). The floors in time, the
+prediction before this version's H200 record and the outcome: results/sm90/NOTES.md, results/kernel-history.md (conv).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ output traffic. Verify of T tokens reads the state once (fp32 2 MiB, bf16 1 MiB)
 per token reads x (16 KiB), writes and re-reads the post-conv row (2 × 16 KiB) and writes o (8 KiB): fp32
 2 MiB + 48 KiB + T · 56 KiB (T = 16: 2.9 MiB, against 16 decode steps' 66.4 MiB). Commit of n tokens reads and
 writes the state once (fp32 4 MiB, bf16 2 MiB) and the window (96 KiB), and per token reads x, writes y over it and
-re-reads y (48 KiB): fp32 4 MiB + 96 KiB + n · 48 KiB. Timing on the H200 is pending (no GPU lent).
+re-reads y (48 KiB): fp32 4 MiB + 96 KiB + n · 48 KiB. Timing: results/sm90/NOTES.md.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 accumulation, output rounded once to the activation dtype), for the GDN's b and a projections (2048 -> 32 + 32).
 
 At prefill the FP32 reference converted the chunk's activations to FP32 once per projection and ran an FP32 GEMM
-(about 3.6 ms of device time per 8,192-token prefill forward on the H200: 60 FP32 GEMMs and 60 conversions of
-[8192, 2048], scripts/gpu/prefill_profile.py, 2026-12-02). Contract ``linear_group_bf16_prefill``; ``launch``
+(60 FP32 GEMMs and 60 conversions of [8192, 2048] per 8,192-token prefill forward; their device time,
+scripts/gpu/prefill_profile.py: results/sm90/NOTES.md). Contract ``linear_group_bf16_prefill``; ``launch``
 carries no tunables. No Triton kernel: the entry is the host function dispatch calls, like ``linear_cublas``.
 """
 

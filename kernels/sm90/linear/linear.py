@@ -10,9 +10,8 @@ Contracts (configuration per m-bucket is contract data: ``launch.meta``, the gri
   `_linear_kernel`; ``linear_bf16_cublas_decode`` (lm_head, m 33..128): `linear_cublas` (torch.mm, FP32 out).
 
 Byte floor: decode projections are weight-bound (M <= 128 rows against N x K weights): the floor is N*K bytes (FP8) or
-2*N*K (BF16) over the copy rate (4.14 TB/s measured): GDN qkv|z 12288 x 2048 (25.2 MB) 6.07 us, attention q|gate,k,v
-9216 x 2048 (18.9 MB) 4.56 us, GDN out / attention o 2048 x 4096 (8.4 MB) 2.03 us, lm_head 248320 x 2048 BF16 (1.02 GB)
-245 us, GDN b|a 64 x 2048 BF16 (0.26 MB) 0.06 us (launch-bound: a kernel launch in a graph is ~2 us).
+2*N*K (BF16) over the copy rate measured in the same run; GDN b|a (64 x 2048 BF16) is launch-bound. Each projection's
+floor: results/sm90/NOTES.md.
 
 FP8 design (`_fp8_gemm_kernel`): swap AB -- the weight tile ``[BLOCK_N, 128]`` is the MMA's M side (wgmma needs 64 rows)
 and the activation rows ``[128, BM]`` (BM = 16..128) its N side, so one decode row costs a 16-wide MMA instead of a
@@ -24,13 +23,13 @@ Activation quantization (``QUANT_IN=0``, every contract): one small pre-kernel (
 once (E4M3 rows + FP32 group scales) and the GEMM reads them -- or the norm in front wrote them with its rows
 (kernels/sm90/norm, the ``*_fp8_*`` contracts; ``xq`` / ``xs``), and no pre-kernel runs. ``QUANT_IN=1`` (each CTA quantizes its rows' K block in
 the loop) is kept as a launch option: the per-element IEEE divisions sit on every iteration's critical path and
-measured 3-5x slower (r1: 55 us at m = 1 for qkv|z). Launch options (contract meta), measured in
+it measured slower (results/sm90/dense_fp8_h200.md). Launch options (contract meta), measured in
 results/sm90/dense_fp8_h200_tune1.json: ``SWAP=0`` (the activation rows as the MMA's M side, SGLang's orientation:
 the winner at m 17..128 for the groups and at 65..128 for o / out); ``MFAST=1`` (the CTA order walks a column tile's
 row tiles first, so the CTAs reading one weight tile run side by side; same tiles, same sums: bitwise the plain
-order); ``PDL=1`` (the GEMM launched as the quantization kernel's programmatic dependent: 0.4-0.9 us less per call at
-m = 1..128, bitwise the same output; slower for o / out at m = 128, left off there); ``PREFETCH=1`` (each CTA's
-weight slice prefetched into L2 at entry, ahead of the PDL wait: 1-4 us slower everywhere, kept off).
+order); ``PDL=1`` (the GEMM launched as the quantization kernel's programmatic dependent: faster at m = 1..128, bitwise the
+same output; slower for o / out at m = 128, left off there); ``PREFETCH=1`` (each CTA's
+weight slice prefetched into L2 at entry, ahead of the PDL wait: slower everywhere, kept off).
 
 FP8 numerics (netra/ops/linear.py linear_ref): the activation is quantized per token in groups of 128 (amax,
 scale = max(amax, 1e-10) / 448 and q = e4m3(clamp(x / scale)) with IEEE divisions, as netra/ops/fp8.py), each K
@@ -39,18 +38,10 @@ block's scale, blocks summed in K order within a split and the splits' partials 
 to the output dtype. BF16: FP32 accumulation of exact BF16 products. The contracts declare a relative-L2 tolerance
 against the FP32 references (the tensor cores' internal accumulation order differs from a CPU/cuBLAS GEMM).
 
-Prediction (before the H200 run of this design): m <= 16: qkv|z ~9 us (0.65 of the floor), q|gate,k,v ~7.5 us (0.6),
-o / out ~4 us (0.5: short per-CTA loops, the ticket's round trip); m = 128: qkv|z ~12 us (0.5) with the quant
-pre-kernel, o ~6 us (0.35). The SGLang peer (`w8a8_block_fp8_matmul`, no tuned H200 file for these N,K: its default
-64 x 128 x 128 tile, 3 stages, no split) predicted ~25-40 us at m = 1 for qkv|z, slower than ours everywhere.
-
-Outcome (results/sm90/dense_fp8_h200_r1.json, _r2.json; the contracts' launches): m = 1: qkv|z 11.9 us (0.51 of the
-floor; SGLang's linear 29.3), q|gate,k,v 10.9 (0.42; 24.6), o 9.1 (0.22; 23.4); m = 128: qkv|z 18.6 (0.33; 17.3),
-q|gate,k,v 18.4 (0.25; 16.9), o 15.7 (0.13; 23.1). Ahead of the peer at small m everywhere and for o / out at every m;
-behind it by 1-3 us on the column-heavy groups at m >= 4..128 (its 64 x 128 tiles move more bytes per CTA
-iteration). Far from the prediction: the floor needs ~36 GB/s per SM, and a 64 x 128 E4M3 tile per pipelined step
-(4 stages) with a wgmma wait per K block (the block scale is applied before the next block) keeps too few bytes in
-flight; the pre-kernel's launch is another ~2 us. See results/sm90/dense_fp8_h200.md.
+The design stays well below the floor: a 64 x 128 E4M3 tile per pipelined step with a wgmma wait per K block (the
+block scale is applied before the next block) keeps too few bytes in flight per SM, and the quantization pre-kernel is
+one more launch. The prediction made before the H200 records, the contracts' launches measured against SGLang's linear,
+and the analysis: results/sm90/NOTES.md and results/sm90/dense_fp8_h200.md.
 """
 
 from __future__ import annotations

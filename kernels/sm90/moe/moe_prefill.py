@@ -6,8 +6,8 @@ Pipeline (eager only: prefill is never captured; no host synchronisation, no ``.
 1. `_router_kernel`: BF16 logits ``[T, E + 1]`` = bf16(x . [router; shared_gate]ᵀ), FP32 accumulation (column E is
    the shared expert's gate logit).
 2. Routing and sort/align in four small kernels (`route_align`; no host synchronisation, four launches where about
-   45 torch ops per layer ran before: a host cost of ~0.8 ms and ~0.2 ms of sorts on the device per layer at 8,192
-   tokens, results/serving/dp1-h200-20261202-prefill/prefill_profile.json):
+   45 torch ops per layer ran before, with their host cost and device sorts: measured in
+   results/serving/dp1-h200-20261202-prefill/prefill_profile.json, see results/sm90/NOTES.md):
    `_topk_kernel`: per 8 tokens the oracle's selection (the top k logits, ties to the lowest expert: the order of
    a stable descending sort), FP32 softmax over all experts gathered at the k ids and renormalised, the shared
    expert as route k (expert id E, weight sigmoid(bf16 gate logit)), and the block's count of routes per expert;
@@ -27,17 +27,11 @@ Pipeline (eager only: prefill is never captured; no host synchronisation, no ``.
    BF16 row per route in route order (``[T * (k + 1), H]``).
 6. `_combine_kernel`: out[t] = bf16(sum of the k + 1 routes of t in FP32 in rank order, shared last).
 
-Byte floor (H200, 4.1 TB/s copy rate): at 1K..8K tokens every one of the 256 experts is hit, so the routed weights
-are read at least once: 256 x (2 MB w13 + 1 MB w2) + scales = 805 MB -> 196 us; plus x in, y out (the route rows
-are written and read once: 9 x 4 KB per token, 74 KB/token in all with hq) -> 1K tokens ~ +18 us, 4K ~ +74 us.
-FP8 tensor work: 9 routes x 3 x 2 x 2048 x 512 flop per token = 56.6 MFLOP/token: 1K tokens 58 TFLOP-us, 4K 232;
-at ~800 TFLOP/s sustained for a Triton FP8 GEMM (about 0.4 of the dense FP8 peak) 72 us / 290 us.
-
-Prediction (before any H200 run of this source, launch meta BLOCK_M 64, BLOCK_N 128, 4 warps, 3 stages):
-1K tokens ~ 330 us (weights read about twice: 32 rows per expert fit one tile, but the gather of x rows and the
-small per-expert tiles keep the GEMMs memory-latency bound; router + sort/align ops ~ 40 us); 4K tokens ~ 650 us
-(compute-bound gate_up with 128 routes per expert, 2 row tiles). SGLang 0.5.23's block (its fused_experts with the
-default config for E=256, N=512 on H200: BLOCK_M 64) is predicted within +-20 % of ours: the same W8A8 tile design.
+Byte floor: at 1K..8K tokens every one of the 256 experts is hit, so the routed weights are read at least once:
+256 x (2 MB w13 + 1 MB w2) + scales = 805 MB; plus x in, y out (the route rows are written and read once: 9 x 4 KB per
+token, 74 KB/token in all with hq). FP8 tensor work: 9 routes x 3 x 2 x 2048 x 512 flop per token = 56.6 MFLOP/token.
+The floors in time, the prediction made before any H200 run of this source (against SGLang 0.5.23's block, the same
+W8A8 tile design) and the records: results/sm90/NOTES.md.
 """
 
 from __future__ import annotations

@@ -7,20 +7,19 @@ the residual add writes the new residual (rounded to BF16, as torch's BF16 add) 
 as the reference does. FP32 inside; the row's mean of squares is a tree reduction (the reference's order differs,
 so the contracts declare a relative-L2 tolerance at BF16 resolution). The gated norm reads z in place from the
 engine's strided view of the in-projection (it copied z contiguous first: one more launch per GDN layer, 30 copies
-taking 122 us of the 128-row decode step on the H200, results/serving/decode_step_h200_float32.json; at one row the
-view is already contiguous).
+in the 128-row decode step, results/serving/decode_step_h200_float32.json; at one row the view is already
+contiguous).
 
 FP8 output (contracts ``*_fp8_rows`` / ``*_fp8_prefill``, dispatch quant ``fp8_e4m3_group128``): the same kernel also
 writes the BF16 rows' per-token-group E4M3 form (amax of each 128 values of the rounded row, scale = max(amax, 1e-10) /
 448, q = e4m3(clamp(y / scale)) with IEEE divisions), the arithmetic of linear.py's `_act_quant_kernel`, so an FP8
 projection reading them skips that kernel: one launch less per projection input (70 of the decode step's 80
-quantization launches, 155 us at one row on the H200 in results/serving/decode_step_h200_float32.json). The BF16 rows
+quantization launches, results/serving/decode_step_h200_float32.json). The BF16 rows
 are still written (GDN's b|a projection and the references read them). ``PDL``: the kernel releases its programmatic
 dependent (the GEMM, launched so by its contract) at entry, as the quantization kernel did; the GEMM's wait still
 sees every write of this grid.
 
-Prediction (before any H200 run of the FP8 output): the decode step at one row 2.53 -> about 2.42 ms (70 launches of
-~1.9 us gone, the norm ~0.2 us longer each); at 128 rows 16.2 -> about 16.0 ms.
+The prediction for the decode step made before any H200 run of the FP8 output: results/sm90/NOTES.md.
 """
 
 from __future__ import annotations
