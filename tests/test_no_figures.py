@@ -1,7 +1,8 @@
 """Issue 34: docstrings and comments say what the code is and why; measured figures live in records.
 
-Every docstring (module, class, function: ``ast``) and comment (``tokenize``) under netra/ and kernels/ is
-scanned for a measured figure: a time or a rate with its unit (``12 µs``, ``4.2 TB/s``, ``900 tok/s``), a
+Every docstring (module, class, function: ``ast``) and comment (``tokenize``) of the Python files under netra/
+and kernels/, and every comment of the CUDA sources under kernels/ (``//`` and ``/* */``), is scanned for a
+measured figure: a time or a rate with its unit (``12 µs``, ``4.2 TB/s``, ``900 tok/s``), a
 speedup (``1.3×``, ``2.1x faster``), a share of a floor (``0.85 of the floor``, ``20 % faster``), a round or
 session note (``round 3``, ``session 5``, ``the second H200 run``) or a dated note (``2026-12-02``). Such
 text belongs in the record that measured it (results/**.json) and the notes beside it (results/sm90/NOTES.md,
@@ -45,8 +46,8 @@ _D = r"\d+(?:,\d{3})*(?:\.\d+)?"
 _N = rf"(?<![\w.]){_D}(?:\s?[–-]\s?{_D})?"  # 12, 1,024, 0.4-0.9, 6.5–8
 FIGURE = re.compile("|".join((
     # a time or a rate: 12 µs, 3.6 ms, ~70 s, 4.2 TB/s, 800 TFLOP/s, 900 tok/s
-    _N + r"\s?(?:ns|us|µs|ms|s|sec|secs|seconds?|minutes?|min|[KMGT]i?B/s|TFLOP/s|TFLOPS|tok/s|tokens/s|req/s)"
-         r"(?![\w/])",
+    _N + r"(?:\s?(?:ns|us|µs|ms|secs?|seconds?|minutes?|min|[KMGT]i?B/s|TFLOP/s|TFLOPS|tok/s|tokens/s|req/s)|\ss)"
+         r"(?![\w/])",  # (a bare s only after a space: 4s is a CUDA comment's algebra)
     _N + r"(?:x|\s?×)(?!\s?\d)(?!\w)",  # a speedup: 1.3×, 2.1x faster (not a shape: 64 x 128, 2 × 16 KiB)
     _N + r"\s?%\s?(?i:of|faster|slower|less|more|lower|higher|ahead|behind|better|worse)\b",  # a share
     r"\d\.\d+\)?\s+(?i:of\s+(?:the\s+)?(?:copy[- ]?(?:rate|bandwidth)?\s+)?(?:floor|peak|roofline))",  # 0.85 of the floor
@@ -70,6 +71,11 @@ def _excluded(rel: str) -> bool:
     return any(rel == e or (e.endswith("/") and rel.startswith(e)) for e in EXCLUDED)
 
 
+def _cuda_comments(src: str) -> list[tuple[int, str]]:
+    """(line, text) of every comment of a CUDA source (string literals hold no ``//`` in these sources)."""
+    return [(src.count("\n", 0, m.start()) + 1, m.group(0)) for m in re.finditer(r"//[^\n]*|/\*.*?\*/", src, re.S)]
+
+
 def _texts(src: str) -> list[tuple[int, str]]:
     """(line, text) of every docstring and comment of a Python source."""
     out = []
@@ -89,11 +95,12 @@ def figures(roots: tuple[str, ...] = SCANNED) -> list[tuple[str, int, str]]:
     """(file, line, figure) of every figure in a docstring or comment under ``roots``, exclusions left out."""
     hits = []
     for root in roots:
-        for path in sorted((ROOT / root).rglob("*.py")):
+        for path in sorted(p for p in (ROOT / root).rglob("*") if p.suffix in (".py", ".cu", ".cuh")):
             rel = path.relative_to(ROOT).as_posix()
             if _excluded(rel):
                 continue
-            for line, text in _texts(path.read_text()):
+            src = path.read_text()
+            for line, text in _texts(src) if path.suffix == ".py" else _cuda_comments(src):
                 hits += [(rel, line, " ".join(m.group(0).split())) for m in FIGURE.finditer(text)]
     return hits
 
@@ -102,7 +109,7 @@ def figures(roots: tuple[str, ...] = SCANNED) -> list[tuple[str, int, str]]:
     "12 µs", "128.6 µs at 4.2 TB/s", "3.6 ms", "~70 s", "0.4-0.9 us", "6.5–8 µs", "800 TFLOP/s", "36 GB/s",
     "900 tok/s", "1.3×", "2.1x faster", "3-5x slower", "2.39x", "20 % of ours", "83.8% of the floor",
     "0.85 of the floor", "(0.51 of the\nfloor", "round 3", "session 5 measured", "the second H200 run",
-    "measured 2026-12-02",
+    "measured 2026-12-02", "took 3 s",
 ])
 def test_figure_found(text: str) -> None:
     assert FIGURE.search(text), text
@@ -110,7 +117,7 @@ def test_figure_found(text: str) -> None:
 
 @pytest.mark.parametrize("text", [
     "64 x 128 tiles", "max(4 x target, 4096)", "2 × 16 KiB", "float32", "sm_90a", "x4", "2 MiB", "Hv = 32",
-    "the 95% interval", "1e-10", "2.2 MB at B=1, S=132", "1,024 MS", "scale = max(amax, 1e-10) / 448", "128 rows", "round-robin", "v1.2",
+    "the 95% interval", "1e-10", "2.2 MB at B=1, S=132", "1,024 MS", "warps 2s, 2s + 1", "columns 4s, 4s+1", "scale = max(amax, 1e-10) / 448", "128 rows", "round-robin", "v1.2",
 ])
 def test_not_a_figure(text: str) -> None:
     assert not FIGURE.search(text), (text, FIGURE.search(text))

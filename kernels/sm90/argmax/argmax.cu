@@ -20,9 +20,9 @@
 // Per element the hot loop does one NaN-propagating max (bf16: half of one, on packed pairs). Per
 // batch of kUnroll loads, the thread compares the batch maximum m with its best; only when m wins
 // (a NaN, a strictly larger value, or the first batch) does it locate m's first occurrence in the
-// batch, with select chains over the per-load maxima and then over one load's elements. The first
-// H200 run rescanned the whole batch element by element instead: with ~6 batches per thread at 128
-// rows that happened in ~40% of batches and made bf16 compute-bound (29.9 us against a 15 us floor).
+// batch, with select chains over the per-load maxima and then over one load's elements. Rescanning
+// the whole batch element by element instead (an earlier version) made bf16 compute-bound at 128 rows:
+// a winning batch is frequent there (results/sm90/NOTES.md, argmax).
 //
 // Cross-block fold (graph-safe, one launch): each block atomicMax-es its key into the row's slot
 // of a persistent workspace, fences, and bumps the row's counter; the block that brings the counter

@@ -3,8 +3,8 @@
 //
 // Contract: kernels/sm90/argmax/argmax_f32_cluster.contract.json (launch: cluster 8, PDL).
 //
-// Why. The chunked kernel (argmax.cu) at 16 rows spends ~2.6 us beyond the launch node and the
-// byte floor: its 256 blocks x 256 threads x 8 x 16 B = 8.4 MB first load wave does not cover the
+// Why. The chunked kernel (argmax.cu) at 16 rows spends measurably more than the launch node and the
+// byte floor (results/sm90/NOTES.md, argmax): its 256 blocks x 256 threads x 8 x 16 B = 8.4 MB first load wave does not cover the
 // 15.9 MB input, so a second, dependent wave waits for the first; and its cross-block fold is a
 // chain of global atomics (RED, acq_rel arrival, exchange: several L2 round trips). Here:
 //   * one CTA per SM (128 KB of dynamic shared memory per CTA), C = cluster size CTAs per row

@@ -132,13 +132,8 @@ extern "C" __device__ unsigned int netra_params_layout[] = {
 
 #define ML_CNT_WORD 256               // the per-chunk counters: workspace words [256, 256 + MAX_GCHUNKS)
 
-// (round 9 also tried, and removed: warp-0 tables from rolled loops; fragment loads without bank conflicts (odd-g lanes
-// swapping their 16-byte halves: 1.005 / 1.015 of the time at 8 / 128 tokens); the weight producer not waiting for the x
-// copies (up to 1.011); a spinning count poll (no gain): results/sm90/moe_runs/run18_ring)
-// (round 10 also tried, and removed: a down split balancing each CTA's item total, per-(token, 64-row) arrival counters in
-// place of the last barrier, one-warp-per-row and one-round quantizations, an exact reciprocal quotient, splits weighted by
-// the CTAs' speeds in the previous launch, early weight copies ahead of the x rows: run19_end/README.md; the source with
-// those flags is kernels/sm90/moe/rejected/moe_ml_round10_flags.cu.txt)
+// (Variants tried against this layout and removed, with their records: results/sm90/NOTES.md, moe_layer_stream.cu;
+// results/sm90/moe_runs/run18_ring and run19_end.)
 #define ML_DN_ROT_MIN_M 32
 
 namespace {

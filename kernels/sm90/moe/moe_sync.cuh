@@ -50,7 +50,7 @@ __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, unsigned by
       "l"(src), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
 }
-// bulk_g2s with an L2 cache policy (createpolicy: l2_evict_first / l2_evict_last below), issue 7 round 10
+// bulk_g2s with an L2 cache policy (createpolicy: l2_evict_first / l2_evict_last below), issue 7
 __device__ __forceinline__ void bulk_g2s_hint(void* dst, const void* src, unsigned bytes, uint64_t* bar, uint64_t pol) {
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
