@@ -14,7 +14,8 @@
 #       tests    the GPU tests of the scheduler (decode overlap included), fla prefill and SDPA attention prefill
 #       overlap  the next launch sets engine.decode_overlap=true, if `tests` passed
 #   LAUNCH_SET="KEY=VALUE ..." overrides profile keys at launch (an A/B: LAUNCH_SET="engine.decode_overlap=true").
-#       prefill  scripts/gpu/prefill_ops.py (the prefill tactics checked and timed beside reference and peer), then
+#       prefill  the prefill_ops spec (python -m netra.bench.harness prefill_ops: the prefill tactics checked and timed
+#                beside reference and peer), then
 #                scripts/gpu/prefill_profile.py, each in its own process, no deployment up (where a prefill chunk's time goes)
 #   carry: build .whl .nginx .sglang_peer is not needed. .whl holds the Python wheels the image lacks
 #   (fastapi, starlette, uvicorn, orjson, pydantic(+core), annotated-types, typing-inspection,
@@ -85,7 +86,7 @@ for part in "${PARTS[@]}"; do
       else echo "overlap skipped: the GPU tests did not pass (rc ${tests_rc:-none})" | tee -a "$summary"; fi ;;
     prefill)
       if [[ $on -eq 1 ]]; then stop on; on=0; fi
-      step prefill_ops 180 python3 scripts/gpu/prefill_ops.py --out "$OUT/prefill"
+      step prefill_ops 180 python3 -m netra.bench.harness prefill_ops --out "$OUT/prefill_ops" --git-sha "$SHA"
       step prefill 300 python3 scripts/gpu/prefill_profile.py --out "$OUT/prefill" ;;
     off)
       if [[ $on -eq 1 ]]; then stop on; on=0; fi

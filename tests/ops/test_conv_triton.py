@@ -52,7 +52,7 @@ def test_fresh_random_with_pad_rows(interp_entry, seed: int) -> None:
 
 def test_sixteen_rows_pad_every_eighth(interp_entry) -> None:
     """The H200 check's shape of slots (B >= 8: every 8th row on the pad slot, the rest a permutation),
-    with a NaN/Inf/extreme row, as scripts/gpu/gdn.py builds it."""
+    with a NaN/Inf/extreme row, as netra/bench/specs/gdn_decode.py builds it."""
     entry, doc = interp_entry(CONTRACT)
     x, w, pool = make(16, 8192, seed=5, n_slots=19)
     x[0, :4] = torch.tensor([float("nan"), float("inf"), 3e38, -3e38]).bfloat16()

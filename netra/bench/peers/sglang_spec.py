@@ -1,5 +1,5 @@
 """SGLang 0.5.23's GDN speculative-verify kernels and its accepted-state copy, loaded unchanged from the pinned
-wheel's files (the peers of scripts/gpu/spec.py).
+wheel's files (the peers of the gdn_replay spec, netra/bench/specs/gdn_replay.py).
 
 What SGLang runs for a DFlash / EAGLE target verify of a hybrid GDN model on CUDA with its defaults
 (``--linear-attn-backend triton``, no ReplaySSM flags): ``GDNAttnBackend.forward_extend`` in target-verify mode
