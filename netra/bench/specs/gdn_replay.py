@@ -29,7 +29,7 @@ Providers (GPU, graph replay, input sets rotated over distinct pool slots past t
   the most layers (<= 30) whose per-step state buffer fits ``--replay-peer-gib``; where that is fewer than the
   model's 30 GDN layers, a case without a contract times ours at 30 (the prediction's cell).
 - ``decode_gdn`` (no contract): one non-speculative decode token's GDN part, conv update + GDN decode through the
-  dispatching ops over the 30 layers (what a commit replaces, per accepted token).
+  dispatching ops (minimum maturity ``experiment``) over the 30 layers (what a commit replaces, per accepted token).
 
 Byte floors (per request and GDN layer; docs/kernels.md): verify of T tokens ``S + 48 KiB + T·56 KiB``; commit of n
 tokens ``2·S + 96 KiB + n·48 KiB`` (S the state's bytes). Targets: the prediction written before any GPU run
@@ -358,14 +358,14 @@ def verify_case(doc: dict[str, Any], b: int, t: int) -> Case:
         providers["sglang"] = sglang_verify
         hold += [spool, sconv, inter, phys, win, sslots, rows, cu, xq, x_bct]
         info["sglang_method_bytes"] = b * ((t + 1) * state_bytes(d, sdt) + 48 * KIB + t * 56 * KIB + t * c * 2)
-    dropped: dict[str, str] = {}
-    providers = warm(providers, dropped)
     if "sglang" in providers:
-        try:  # the same job: SGLang's outputs against ours from the same states (reported, not deciding)
+        try:  # the same job from the same states, before any call rolls its conv window (reported, not deciding)
             mine = fn(doc["launch"], **common, slots=slots[0]).clone()
             info["sglang_against_netra"] = compare(TORCH_REF, providers["sglang"](0).reshape(b * t, hv, dv), mine)
         except Exception as exc:
             info["sglang_against_netra"] = f"{type(exc).__name__}: {exc}"[:300]
+    dropped: dict[str, str] = {}
+    providers = warm(providers, dropped)
 
     def check() -> dict[str, Any]:
         return {**check_verify(doc, d, b, t, "cuda"), **info, **({"providers_dropped": dropped} if dropped else {})}
@@ -546,6 +546,10 @@ def setup(opts: argparse.Namespace) -> dict[str, Any]:
     PEERS.clear()
     if getattr(opts, "smoke", False):
         return {"peers": "none (smoke path)", "dims": asdict(SMOKE)}
+    from netra import dispatch
+
+    # the decode reference case dispatches its ops: the experiment decode tactics too (the conv update is verified)
+    dispatch.reset(dispatch.Dispatcher(min_maturity="experiment"))
     try:
         from netra.bench.peers import sglang_spec
 
@@ -556,7 +560,7 @@ def setup(opts: argparse.Namespace) -> dict[str, Any]:
                  "accepted-state copy")
     except Exception as exc:
         peers = f"not loaded: {type(exc).__name__}: {exc}"[:300]
-    return {"peers": {"sglang": peers}, "dims": asdict(FULL), "gdn_layers": GDN_LAYERS}
+    return {"peers": {"sglang": peers}, "dims": asdict(FULL), "gdn_layers": GDN_LAYERS, "min_maturity": "experiment"}
 
 
 SPEC = Spec(name="gdn_replay", family="gdn", doc="GDN speculative verify/commit beside SGLang's verify and state copy",
