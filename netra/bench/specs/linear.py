@@ -6,20 +6,21 @@ qkv|z 12288 x 2048 (FP8 group 8192 + 4096), GDN b|a 64 x 2048 (BF16 group 32 + 3
 FP32 logits). Rows: 1, 8, 64, 128 (one per decode m-bucket) and 1024, 8192 (prefill; not lm_head), or
 ``--linear-rows``.
 
-Check, through the op as the engine calls it (dispatch at maturity ``experiment`` picks the m-bucket's contract and
-the case records it). The inputs are fresh random rows with an outlier group, and the output is poisoned first.
-Each output part is judged by `compare` under the contract's numerics against `linear_ref` / `linear_group_ref`,
-and eager must equal CUDA-graph replay bitwise. FP8 shapes add adversarial rows (1e30, 0, 1e-30, one-hot), judged
-row by row (at prefill: rows 0..3 one by one, the rest as one block). They also add the tactic's output in FP32
-(the accumulation alone), reported beside the check. Providers: ``netra``; ``sglang`` (SGLang 0.5.23's block-FP8
-linear, its quantization + ``w8a8_block_fp8_matmul``: netra.bench.peers.sglang_gemm); ``cublas_bf16`` (torch.matmul
-on the dequantized BF16 weight: twice the weight bytes); ``cublas_f32out`` for lm_head (cuBLAS with the FP32 logits).
+Check, through the op as the engine calls it (dispatch at maturity ``experiment`` must pick the m-bucket's
+contract). The inputs are fresh random rows with an outlier group, and the output is poisoned first. Each output
+part is judged by `compare` under the contract's numerics against `linear_ref` / `linear_group_ref`, and eager must
+equal CUDA-graph replay bitwise (the one eager-only contract, b|a at prefill rows, is checked and timed eagerly).
+FP8 shapes add adversarial rows (1e30, 0, 1e-30, one-hot), judged row by row (at prefill: rows 0..3 one by one, the
+rest as one block), and the tactic's output in FP32 (the accumulation alone), reported beside the check. Providers:
+``netra``; ``sglang`` (SGLang 0.5.23's block-FP8 linear, its quantization + ``w8a8_block_fp8_matmul``:
+netra.bench.peers.sglang_gemm); ``cublas_bf16`` (torch.matmul on the dequantized BF16 weight: twice the weight
+bytes); ``cublas_f32out`` for lm_head (cuBLAS with the FP32 logits).
 A second case per FP8 shape and row count, ``x=e4m3``, times the call on activations a fused norm already
 quantized (`fp8.GroupQuantized`: no quantization kernel), beside SGLang's matmul on the same E4M3 rows; its output
 must equal the BF16-input call's bitwise. The weights rotate over copies past the L2, so every call reads them from
 HBM. The floor is the weight bytes plus x and the output.
 
-``--linear-explore`` adds one exploration case per FP8 shape and decode bucket (no contract: they promote nothing).
+``--linear-explore`` adds one exploration case per FP8 shape and row count (no contract: they promote nothing).
 These are launch candidates (meta overrides of the bucket's contract launch: tiles, stages, SWAP, MFAST, split
 target, PDL, PREFETCH), each checked like the contract and dropped from the timing if it fails, timed beside SGLang
 and the quantization pre-kernel alone. This is the tuning sweep folded into the spec: it shares the shapes, inputs,
@@ -198,6 +199,13 @@ def pick(op: str, quant: str, m: int) -> str:
     raise LookupError(f"no linear contract for {op} {quant} at m={m}")
 
 
+def eager_only(name: str) -> bool:
+    """The contract declares no capture phase (dispatch takes the fallback inside a graph): checked and timed eagerly."""
+    from netra.catalog import contract_doc
+
+    return "capture" not in contract_doc(name)["match"].get("graph_phases", ["eager", "capture"])
+
+
 def tactic(name: str) -> tuple[Callable[..., Any], dict[str, Any]]:
     """A contract's entry (its source loaded as is: compiled on a GPU, interpreted under ``--smoke``) and document."""
     from netra.catalog import contract_doc
@@ -210,7 +218,7 @@ def tactic(name: str) -> tuple[Callable[..., Any], dict[str, Any]]:
 def check(p: Proj, m: int, gpu: bool) -> dict[str, Any]:
     """The bucket's contract (dispatch must pick it on a GPU; its entry is called on the CPU) against the reference
     under its numerics: fresh rows (output poisoned on a GPU), adversarial rows one by one (FP8), the output in FP32
-    (reported), and on a GPU eager == replay."""
+    (reported), and on a GPU eager == replay (where the contract serves a capture)."""
     import torch
 
     from netra.bench.timing import capture
@@ -238,7 +246,9 @@ def check(p: Proj, m: int, gpu: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"contract": name, "m": m,
                            "parts": [compare(num, a, b) for a, b in zip(got, as_list(p.ref(x)), strict=True)]}
     ok = all(v["ok"] for v in out["parts"])
-    if gpu:
+    if gpu and eager_only(name):
+        out["eager_only"] = True
+    elif gpu:
         g, rep = capture(lambda: op(x))
         g.replay()
         torch.cuda.synchronize()
@@ -311,7 +321,7 @@ def main_case(shape: tuple[Any, ...], m: int) -> Case:
     name = pick(p.op_name, p.quant, m)  # the contract the row range names; the check records dispatch's choice
     return Case(key=f"{p.label} m={m}", op=p.label, shape={"n": list(p.ns), "k": p.k, "m": m}, dtype=p.dtype,
                 providers=provs, check=run_check, contract=name, n_inputs=p.copies, floor_bytes=floor_bytes(p, m),
-                hold=(p, xs, stacks, dq))
+                hold=(p, xs, stacks, dq), graph=not eager_only(name))
 
 
 def prequant_case(shape: tuple[Any, ...], m: int) -> Case:
