@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from netra.ops import attention, fp8, norm, rope
+from netra.validate.compare import rel_l2
 
 pytestmark = pytest.mark.triton_interp
 
@@ -33,11 +34,6 @@ def contract(name: str) -> dict[str, Any]:
 DECODE = contract("attention_decode_fp8_gqa16x2_d256")
 GATED = contract("attention_decode_gated_fp8_gqa16x2_d256")
 PROLOGUE = contract("qk_norm_rope_store_fp8_h16x2_d256_r64")
-
-
-def rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
-    g, r = got.double(), ref.double()
-    return float((g - r).norm() / r.norm().clamp_min(1e-300))
 
 
 def assert_close(got: torch.Tensor, ref: torch.Tensor, rtol: float) -> None:

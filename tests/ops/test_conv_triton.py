@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from netra.ops import conv
-from netra.ops._triton import tolerance_report
+from netra.validate.compare import compare
 
 pytestmark = pytest.mark.triton_interp
 
@@ -34,7 +34,7 @@ def check(entry, doc, x: torch.Tensor, w: torch.Tensor, pool: torch.Tensor, slot
     mine, ref = pool.clone(), pool.clone()
     y = entry(launch or doc["launch"], x=x, weight=w, state_pool=mine, slots=slots)
     y_ref = conv.causal_conv1d_update_ref(x, w, ref, slots)
-    rep = tolerance_report(y, y_ref, doc["numerics"]["rtol"], doc["numerics"]["atol"])
+    rep = compare(doc["numerics"], y, y_ref)
     assert rep["ok"], rep
     assert bits_equal(mine, ref), "state pool differs from the reference's (the shift must be exact)"
     pad = slots == conv.PAD_SLOT
@@ -99,7 +99,7 @@ def test_consecutive_steps_are_the_reference(interp_entry) -> None:
         x, _, _ = make(2, 8192, seed=10 + step)
         y = entry(doc["launch"], x=x, weight=w, state_pool=mine, slots=slots)
         y_ref = conv.causal_conv1d_update_ref(x, w, ref, slots)
-        assert tolerance_report(y, y_ref, doc["numerics"]["rtol"], doc["numerics"]["atol"])["ok"], step
+        assert compare(doc["numerics"], y, y_ref)["ok"], step
         assert bits_equal(mine, ref), step
 
 
@@ -119,7 +119,7 @@ def check_prefill(entry, doc, x: torch.Tensor, w: torch.Tensor, pool: torch.Tens
     mine, ref = pool.clone(), pool.clone()
     y = entry(launch or doc["launch"], x=x, weight=w, state_pool=mine, seq_slots=slots, q_lens=lens)
     y_ref = conv.causal_conv1d_prefill_ref(x, w, ref, slots, lens)
-    rep = tolerance_report(y, y_ref, doc["numerics"]["rtol"], doc["numerics"]["atol"])
+    rep = compare(doc["numerics"], y, y_ref)
     assert rep["ok"], rep
     assert y.is_contiguous() and y.dtype == x.dtype
     assert bits_equal(mine, ref), "state pool differs from the reference's (the new state moves values)"
@@ -161,7 +161,7 @@ def test_prefill_then_decode_is_one_sequence(interp_entry) -> None:
     y3 = upd(udoc["launch"], x=x[11:], weight=w, state_pool=mine, slots=torch.tensor([2]))
     y_ref, st = conv.causal_conv1d_ref(x, w, ref[2])
     got = torch.cat([y1, y2, y3])
-    assert tolerance_report(got, y_ref, doc["numerics"]["rtol"], doc["numerics"]["atol"])["ok"]
+    assert compare(doc["numerics"], got, y_ref)["ok"]
     assert bits_equal(mine[2], st)
 
 

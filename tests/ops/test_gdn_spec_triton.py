@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from netra.catalog import contract_doc
-from netra.ops import _triton, gdn
+from netra.ops import gdn
+from netra.validate.compare import compare
 
 pytestmark = pytest.mark.triton_interp
 
@@ -83,7 +84,8 @@ def test_verify_is_bitwise_the_decode_kernels_looped(interp_source: Any, path: s
     assert torch.equal(o, want)
     assert torch.equal(o.unflatten(0, (3, tokens))[1], torch.zeros(tokens, HV, DV, dtype=o.dtype))
     # and within the decode contracts' tolerance of the PyTorch decode steps (one bf16 ulp per element)
-    rep = _triton.tolerance_report(o, gdn.gdn_verify_ref(**block, **layer, slots=slots, tokens=tokens), 0.01, 1e-5)
+    rep = compare(contract_doc("gdn_decode_f32_hv32")["numerics"], o,
+                  gdn.gdn_verify_ref(**block, **layer, slots=slots, tokens=tokens))
     assert rep["rel_l2"] < 0.01, rep
 
 

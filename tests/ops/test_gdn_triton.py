@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from netra.ops import gdn
-from netra.ops._triton import tolerance_report
+from netra.validate.compare import compare
 
 pytestmark = pytest.mark.triton_interp
 
@@ -47,11 +47,10 @@ def run_both(entry, doc, args: dict[str, torch.Tensor], slots: torch.Tensor):
 
 
 def assert_close(doc, o, o_ref, mine, ref, slots: torch.Tensor, before: torch.Tensor) -> None:
-    rtol, atol = doc["numerics"]["rtol"], doc["numerics"]["atol"]
-    rep = tolerance_report(o, o_ref, rtol, atol)
+    rep = compare(doc["numerics"], o, o_ref)
     assert rep["ok"], f"output off the reference: {rep}"
     live = sorted({int(s) for s in slots if int(s) != gdn.PAD_SLOT})
-    rep = tolerance_report(mine[live], ref[live], rtol, atol)
+    rep = compare(doc["numerics"], mine[live], ref[live])
     assert rep["ok"], f"state off the reference: {rep}"
     untouched = [i for i in range(mine.shape[0]) if i not in live]
     assert torch.equal(mine[untouched], before[untouched]), "a pool row outside slots (or slot 0) changed"
@@ -143,14 +142,14 @@ def test_consecutive_steps_follow_the_reference(interp_entry, path: str) -> None
     pool = make(2, sd, seed=20)["state_pool"]
     mine, ref = pool.clone(), pool.clone()
     slots = torch.tensor([6, 3])
-    rtol, atol = doc["numerics"]["rtol"], doc["numerics"]["atol"]
+    rtol = doc["numerics"]["rtol"]
     for step in range(3):
         args = make(2, sd, seed=30 + step)
         common = {k: v for k, v in args.items() if k != "state_pool"}
         o = entry(doc["launch"], **common, state_pool=mine, slots=slots)
         o_ref = gdn.gdn_decode_fused_ref(**common, state_pool=ref, slots=slots)
         for got, want in ((o, o_ref), (mine, ref)):
-            rep = tolerance_report(got, want, rtol, atol)
+            rep = compare(doc["numerics"], got, want)
             if sd == torch.float32 or step == 0:
                 assert rep["ok"], (step, rep)
             else:

@@ -15,6 +15,7 @@ import torch
 
 from netra.ops import fp8
 from netra.ops.linear import Weight, linear_group_ref, linear_ref
+from netra.validate.compare import rel_l2
 
 pytestmark = pytest.mark.triton_interp
 
@@ -34,10 +35,6 @@ def interp_entry(interp_source: Any) -> Any:
         return getattr(interp_source(doc["kernel"]["source"]), doc["kernel"]["symbol"]), doc
 
     return load
-
-
-def rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((got.double() - ref.double()).norm() / ref.double().norm().clamp(min=1e-300))
 
 
 def fp8_weight(n: int, k: int, seed: int) -> Weight:

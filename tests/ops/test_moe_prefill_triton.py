@@ -18,6 +18,7 @@ from netra.dispatch import plan
 from netra.ops import fp8
 from netra.ops.linear import Weight
 from netra.ops.moe import MoEWeights, explain_signatures, moe_ref, moe_route_ref
+from netra.validate.compare import rel_l2
 
 CONTRACT = "moe_block_prefill"
 E, K, H, WIDTH = 16, 4, 256, 128
@@ -57,10 +58,6 @@ def prefill(interp_source: Any) -> tuple[Any, dict[str, Any], Any]:
     doc = contract_doc(CONTRACT)
     mod = interp_source(doc["kernel"]["source"])
     return getattr(mod, doc["kernel"]["symbol"]), doc, mod
-
-
-def rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((got.double() - ref.double()).norm() / ref.double().norm().clamp(min=1e-300))
 
 
 # SiLU of a large negative gate: exp overflows to inf in NumPy and g / inf = -0, as on the GPU

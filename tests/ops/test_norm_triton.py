@@ -7,12 +7,9 @@ import pytest
 import torch
 
 from netra.ops import norm
+from netra.validate.compare import rel_l2
 
 pytestmark = pytest.mark.triton_interp
-
-
-def rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((got.double() - ref.double()).norm() / ref.double().norm().clamp(min=1e-300))
 
 
 def inputs(rows: int, width: int, seed: int) -> tuple[torch.Tensor, ...]:
