@@ -651,27 +651,38 @@ def inputs_then(check: Callable[..., dict[str, Any]], make: Callable[[], Any], *
 
 
 def cases(opts: argparse.Namespace) -> Iterator[CaseBuilder]:
-    """The check-only cases first (short; they decide the oracle), then the timed shapes, the issue's first."""
+    """Ordered for ``--deadline`` (no case starts after it): every kind of case early, the issue's shapes first:
+    the timed decode at the two issue shapes (plain, gated) and two prologue sizes, the check-only cases, the
+    accuracy table at the issue's shapes, then the other shapes of each."""
+    issue, others = BENCH[:2], BENCH[2:]
+    for b, ctx in issue:
+        yield partial(decode_case, b, ctx, False)
+        yield partial(decode_case, b, ctx, True)
+    for t in (PRO_BENCH[0], PRO_BENCH[-1]):
+        yield partial(prologue_case, t)
     for key, gated, make, replay in adversarial(GPU_SIZES, "cuda"):
         yield checked(f"decode {key}", "attention_decode", C_GATED if gated else C_DECODE,
                       inputs_then(decode_check, make, gated, gpu=True, replay=replay))
     for b, ctx in ((1, GPU_SIZES.long_context), (GPU_SIZES.batch, GPU_SIZES.context)):
         yield checked(f"decode PDL merge B={b} L={ctx}", "attention_decode", C_GATED, partial(pdl_check, b, ctx),
                       batch=b, context=ctx)
-    for t in PRO_CHECK:
-        yield checked(f"prologue T={t} (check)", "qk_norm_rope_store", C_PRO,
-                      inputs_then(prologue_check, partial(prologue_inputs, t, *PRO_POOL, "cuda", t), gpu=True), tokens=t)
     for key, pro in prologue_adversarial("cuda"):
         yield checked(f"prologue {key}", "qk_norm_rope_store", C_PRO, inputs_then(prologue_check, pro, gpu=True))
-    for b, ctx in BENCH:
-        yield partial(decode_case, b, ctx, False)
-        yield partial(decode_case, b, ctx, True)
-    for t in PRO_BENCH:
-        yield partial(prologue_case, t)
-    for b, ctx in BENCH:
-        for peaked in (False, True):
-            yield checked(f"accuracy B={b} L={ctx} {'peaked' if peaked else 'flat'}", "attention_decode", C_DECODE,
-                          partial(accuracy_check, b, ctx, peaked), batch=b, context=ctx)
+    for shapes in (issue, others):
+        for b, ctx in shapes:
+            for peaked in (False, True):
+                yield checked(f"accuracy B={b} L={ctx} {'peaked' if peaked else 'flat'}", "attention_decode",
+                              C_DECODE, partial(accuracy_check, b, ctx, peaked), batch=b, context=ctx)
+        if shapes is issue:
+            for b, ctx in others:
+                yield partial(decode_case, b, ctx, False)
+                yield partial(decode_case, b, ctx, True)
+            for t in PRO_BENCH[1:-1]:
+                yield partial(prologue_case, t)
+            for t in PRO_CHECK:
+                yield checked(f"prologue T={t} (check)", "qk_norm_rope_store", C_PRO,
+                              inputs_then(prologue_check, partial(prologue_inputs, t, *PRO_POOL, "cuda", t), gpu=True),
+                              tokens=t)
     if getattr(opts, "attention_explore", False):
         for b, ctx in BENCH:
             yield partial(explore_case, b, ctx)
