@@ -147,7 +147,7 @@ def shadow_moe(engine: Any, fb: Any) -> dict[str, Any]:
     the tactic's rel-L2 against `moe_ref` on the tactic's own routing, and the routing's agreement with the
     reference's (differences at BF16 near-ties are legitimate; any other is an error)."""
     import netra.engine.model as model_mod
-    from netra.bench.kernels_moe import tactic_routing
+    from netra.bench.specs.moe import tactic_routing
     from netra.ops.linear import linear_ref
     from netra.ops.moe import moe, moe_ref, moe_route_ref, routing_agreement
 

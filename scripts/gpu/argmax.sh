@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One device call for the argmax family (H200): verify code objects against the lock, sanitize one
-# small call of the cluster tactic, run the GPU tests, run the benchmark (new cluster tactic, old
-# chunked tactic, torch, the no-PDL row, the floor probes, interleaved); logs and the record land in
-# $OUT (7 files), a short table prints last. Every step has its own timeout; a failing step does not
-# stop the others. Budget: < 4 minutes.
-#   usage (device): bash scripts/gpu/argmax.sh <git sha measured> [extra bench args...]
+# small call of each tactic (memcheck, racecheck), run the GPU tests, then the spec
+# (`python -m netra.bench.harness argmax`: checks, then the tactics timed beside torch.argmax);
+# logs and the record (argmax.json) land in $OUT, a short summary prints last. Every step has its
+# own timeout; a failing step does not stop the others. Budget: < 4 minutes.
+#   usage (device): bash scripts/gpu/argmax.sh <git sha measured> [extra harness args, e.g.
+#                   --argmax-explore pdl,u16,u16pdl,probe]
 # The working tree travels with build/ carried (code objects built here by `netra kernels build`).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -56,13 +57,6 @@ for rows in (2, 5, 1):
     torch.cuda.synchronize()
     print("rows", rows, t.contract.name, "exact", ok)
 PY
-# Each exploration entry point on its own (eager, synchronised, own process) under memcheck.
-for v in contract pdl u16 u16pdl probe; do
-  timeout 60 compute-sanitizer --tool memcheck --show-backtrace no --print-limit 4 \
-    python3 scripts/gpu/argmax_variants.py "$v" 2>&1 | grep -vE "^=========\s*$" | tail -12
-  echo "variant $v rc=${PIPESTATUS[0]}"
-done > "$OUT/variants.log" 2>&1
-grep -E "WRONG|Invalid|ERROR SUMMARY|rc=" "$OUT/variants.log"
 for tool in memcheck racecheck; do
   step "compute-sanitizer $tool"
   timeout 60 compute-sanitizer --tool "$tool" --show-backtrace no --print-limit 6 python3 /tmp/argmax_small.py 2>&1 | tail -25
@@ -73,29 +67,9 @@ grep -E "ERROR SUMMARY|RACECHECK SUMMARY|rc=|exact" "$OUT/sanitizer.log"
 step "pytest gpu"
 timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ops/test_argmax.py tests/kernels 2>&1 \
   | tee "$OUT/pytest_gpu.log" | tail -6
-# Each launch variant in a graph, alone, under memcheck (names the faulting kernel, if any).
-for v in contract pdl u16 u16pdl probe; do
-  timeout 60 compute-sanitizer --tool memcheck --show-backtrace device --print-limit 2 \
-    python3 scripts/gpu/argmax_graph_diag.py "$v" 1 2>&1 | grep -vE "^=========\s*$|cuGetProcAddress" | tail -14
-  echo "graph-diag $v rc=${PIPESTATUS[0]}"
-done > "$OUT/graph_diag.txt" 2>&1
-grep -E "graph |rc=|Invalid|illegal" "$OUT/graph_diag.txt"
-# Each exploration row alone in a short graph-replay run (own process): one whose graph faults
-# cannot take the others down; the full run below keeps only those that passed.
-ok_rows=""
-for e in netra:chunked+pdl netra:chunked-u16 netra:chunked-u16+pdl probe:nofold; do
-  if timeout 60 python3 -m netra.bench.kernels --family argmax --rows 1,16 --dtypes float32 --samples 3 \
-      --skip-checks --no-record --pdl --explore "$e" > "$OUT/explore_$(echo "$e" | tr ':+' '__').log" 2>&1; then
-    ok_rows="$ok_rows${ok_rows:+,}$e"; echo "explore $e: ok"
-  else
-    echo "explore $e: FAILED"; tail -3 "$OUT/explore_$(echo "$e" | tr ':+' '__').log"
-  fi
-done 2>&1 | tee "$OUT/explore.txt"
-ok_rows=$(grep -oP "^explore \K\S+(?=: ok)" "$OUT/explore.txt" | paste -sd,)
-cat "$OUT"/explore_*.log > "$OUT/explore_logs.txt" 2>/dev/null; rm -f "$OUT"/explore_*.log
 step "bench"
-timeout 240 python3 -m netra.bench.kernels --family argmax --git-sha "$SHA" --out "$OUT" --stem argmax_h200 \
-  --rows 1,2,4,8,16,128,256 --pdl --explore "${ok_rows:-none}" --samples 60 "$@" > "$OUT/bench.log" 2>&1
+timeout 240 python3 -m netra.bench.harness argmax --git-sha "$SHA" --out "$OUT" --deadline 200 "$@" \
+  > "$OUT/bench.log" 2>&1
 echo "bench rc=$?" >> "$OUT/bench.log"
 step "done"
 echo "== sanitizer =="

@@ -24,7 +24,8 @@ for part in "${PARTS[@]}"; do
       done ;;
     argmax) step argmax "${ARGMAX_LIMIT:-240}" bash scripts/gpu/argmax.sh "$SHA" ;;
     moe-tests) step moe_tests "${MOE_TESTS_LIMIT:-240}" python3 -m pytest -q -m gpu tests/ops/test_moe_sm90.py ;;
-    moe) step moe "${MOE_LIMIT:-300}" python3 -m netra.bench.kernels_moe --out "$OUT/moe" --git-sha "$SHA" ;;
+    moe) step moe "${MOE_LIMIT:-300}" python3 -m netra.bench.harness moe moe_prefill --out "$OUT/moe" \
+           --git-sha "$SHA" --deadline 130 ;;
     step) step step "${STEP_LIMIT:-300}" python3 -m netra.bench.step --batches "${STEP_BATCHES:-1,8,64}" \
             --out "$OUT/step" --git-sha "$SHA" ;;
     plugin) step plugin "${PLUGIN_LIMIT:-150}" python3 scripts/gpu/plugin_h200.py --sglang-root .sglang_peer --git-sha "$SHA" ;;

@@ -43,8 +43,8 @@ def test_peer_kernel_sequence_on_cpu(tmp_path: Path) -> None:
             import tvm_ffi
         except ImportError:
             sys.modules["tvm_ffi"] = types.ModuleType("tvm_ffi")
-        sys.argv = ["moe_peer.py", "--dry-run", "--root", {str(root)!r}, "--tokens", "1,64"]
-        runpy.run_path({str(REPO / "scripts/gpu/moe_peer.py")!r}, run_name="__main__")
+        sys.argv = ["sglang_moe_dry", "--dry-run", "--root", {str(root)!r}, "--tokens", "1,64"]
+        runpy.run_module("netra.bench.peers.sglang_moe_dry", run_name="__main__")
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
     assert r.returncode == 0, r.stderr[-3000:]

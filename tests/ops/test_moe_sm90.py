@@ -1,6 +1,6 @@
 """GPU tests of the MoE family's contracts (sm90): each contract against its own oracle and policy, on the seeded
 full Qwen3.6 layer, with adversarial inputs, poisoned outputs, and eager == graph replay == run to run bitwise
-(netra.bench.kernels_moe.check_contract); and the engine-facing dispatch (what `moe()` picks, and the fallback)."""
+(netra.bench.specs.moe.check_contract); and the engine-facing dispatch (what `moe()` picks, and the fallback)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(scope="module")
 def layer() -> Any:
     from netra import dispatch
-    from netra.bench.kernels_moe import moe_layer, with_router_ties
+    from netra.bench.specs.moe import moe_layer, with_router_ties
 
     dispatch.reset(dispatch.Dispatcher(min_maturity="experiment"))
     w = moe_layer()
@@ -30,7 +30,7 @@ def _moe_contracts() -> list[str]:
 
 @pytest.mark.parametrize("name", _moe_contracts())
 def test_contract_against_its_oracle(name: str, layer: Any) -> None:
-    from netra.bench.kernels_moe import check_contract
+    from netra.bench.specs.moe import check_contract
     from netra.catalog import Catalog
 
     w, ties = layer

@@ -320,16 +320,16 @@ def check_contract(contract: Any, w: Any, ties: Any, tokens: tuple[int, ...] = T
     if contract.op == OPS["block"] and contract.name == "moe_block_prefill":
         from netra.bench.specs import moe_prefill
 
-        res = [moe_prefill.check(m, w, ties, "cuda", moe_prefill.engine_run(), expect=True)
-               for m in tokens if contract.dims["tokens"].contains(m)]
+        res = {m: moe_prefill.check(m, w, ties, "cuda", moe_prefill.engine_run(), kinds=moe_prefill.KINDS,
+                                    expect=True) for m in tokens if contract.dims["tokens"].contains(m)}
     else:
         section = "block" if contract.op == OPS["block"] else "routed"
         run = tactic_run(section, contract.name)
         own = tactic_routing if section == "block" else None
-        res = [check(section, m, contract.name, w, ties, run, "cuda", own_routing=own)
-               for m in tokens if contract.dims["tokens"].contains(m)]
-    failing = [{"tokens": i, **r} for i, r in enumerate(res) if not r["ok"]]
-    return {"contract": contract.name, "cases": sum(len(r["cases"]) for r in res), "failing": failing,
+        res = {m: check(section, m, contract.name, w, ties, run, "cuda", own_routing=own)
+               for m in tokens if contract.dims["tokens"].contains(m)}
+    failing = [{"tokens": m, **r} for m, r in res.items() if not r["ok"]]
+    return {"contract": contract.name, "cases": sum(len(r["cases"]) for r in res.values()), "failing": failing,
             "ok": bool(res) and not failing}
 
 
