@@ -1,21 +1,21 @@
 """Attention decode over the FP8 E4M3 KV cache (GQA 16/2, head dim 256, with and without the output gate) and its
 fused prologue, q/k Gemma RMSNorm + partial RoPE + the K/V store (kernels/sm90/attention; issue 19, item 3).
 
-Decode, at (batch, context) = (1, 4096), (8, 4096), (64, 4096), (128, 4096), (1, 49152): each shape's check
-goes through the op (dispatch at maturity ``experiment``). It checks that dispatch chose the contract. The
-tactic's launcher writes into a NaN-filled output at the contract's split count, with the allocator's free memory
-poisoned first (the split partials come from there), and that output is judged by `compare` under the contract's
-numerics against the FP32 oracle. The op's output must equal the launcher's bitwise. Eager must equal CUDA-graph
-replay bitwise, and a replay with new lengths written into the captured ``seq_lens`` must equal an eager call at
-those lengths. Providers, ungated: ``netra``, ``fallback`` (the
-oracle as the op's fallback runs it) and ``sglang_triton`` (SGLang 0.5.23's Triton decode from the pinned wheel:
-netra.bench.peers.sglang_attention); gated: ``netra`` (the gate in the epilogue), ``unfused`` (the ungated tactic then
-the output gate: the op without the gated contract) and ``fallback``. The floor: K and V once (E4M3) plus q, o (and the
-gate) in BF16. Check-only cases: adversarial inputs (length 1, padded rows with mixed lengths, huge and tiny logits,
-k/v scales, tied scores, saturated cache values, a dominant token at the last position and at a split edge, a
-262144-token pool, the merge kernel launched with PDL) and the accuracy table the issue asks for. That table gives
-ours, the oracle on q cast to E4M3 (FlashInfer XQA's numerics, emulated) and SGLang's decode (which casts q and the
-probabilities to E4M3) against the FP32 oracle, and against FP64 at batch <= 8, on flat and peaked inputs.
+Decode, at (batch, context) = (1, 4096), (8, 4096), (64, 4096), (128, 4096), (1, 49152): each shape's check goes
+through the op (dispatch at maturity ``experiment``) and fails unless dispatch chose the contract. The tactic's
+launcher writes into a NaN-filled output at the contract's split count, the allocator's free memory poisoned first
+(the split partials come from there), and that output is judged by `compare` under the contract's numerics against
+the FP32 oracle; the op's output must equal the launcher's bitwise, eager must equal CUDA-graph replay bitwise, and a
+replay with new lengths written into the captured ``seq_lens`` must equal an eager call at those lengths. Providers,
+ungated: ``netra``, ``fallback`` (the oracle, as the op's fallback runs it) and ``sglang_triton`` (SGLang 0.5.23's
+Triton decode from the pinned wheel: netra.bench.peers.sglang_attention); gated: ``netra`` (the gate in the
+epilogue), ``unfused`` (the ungated tactic, then the output gate: the op without the gated contract) and
+``fallback``. The floor: K and V once (E4M3) plus q, o (and the gate) in BF16. Check-only cases: adversarial inputs
+(length 1, padded rows with mixed lengths, huge and tiny logits, k/v scales, tied scores, saturated cache values, a
+dominant token at the last position and at a split edge, a 262144-token pool, the merge kernel launched with PDL)
+and the accuracy table the issue asks for: ours, the oracle on q cast to E4M3 (FlashInfer XQA's numerics, emulated)
+and SGLang's decode (which casts q and the probabilities to E4M3) against the FP32 oracle, and against FP64 at
+batch <= 8, on flat and peaked inputs.
 
 Prologue, at 1, 8, 64, 128 tokens timed (2048, 32768 checked too) plus adversarial inputs: q and the written K rows
 under the contract's numerics, V rows bitwise (a conversion), no cache row but the written ones touched, eager ==
