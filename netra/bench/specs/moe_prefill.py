@@ -14,8 +14,8 @@ routing judged apart: the tactic's own router kernel's logits ranked as the orac
 oracle's ids (`routing_agreement`: near-ties allowed, errors not); on the GPU dispatch must pick the contract.
 
 Providers (eager: the contract claims no capture, and the engine runs prefill eagerly; 2 rotated inputs, the
-expert weights being far past the L2): ``netra`` (the tactic dispatch picks, its entry called with the contract's
-launch) and ``sglang`` (the peer's ``block``: its fused_experts pipeline with its tuned configs). Floor: every
+expert weights being far past the L2): ``netra`` (the engine's op, dispatch picking the contract, as checked)
+and ``sglang`` (the peer's ``block``: its fused_experts pipeline with its tuned configs). Floor: every
 expert's, the shared expert's and the router's bytes once, x in and out, over the copy rate of the run.
 
 Smoke (CPU, ``--smoke``): the same `check` with the contract's Triton entry under the interpreter (router with the
@@ -128,7 +128,7 @@ def gpu_case(m: int, timed: bool) -> Case:
                 graph=False, min_calls=4)
     if timed:
         xs = [moe.inputs(m, 7 * i + m) for i in range(2)]
-        run = entry_run()
+        run = engine_run()
         provs: dict[str, Callable[[int], Any]] = {"netra": lambda i: run(xs[i], w)}
         peer = moe._STATE.get("peer")
         if peer is not None:
