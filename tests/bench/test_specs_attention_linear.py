@@ -1,6 +1,7 @@
 """The attention, linear and norm specs (netra/bench/specs): each one's smoke path (CPU, Triton's interpreter) passes
 through the harness, and its checks fail when the tactic's output is corrupted (a check that cannot fail is no
-check). Each run is a fresh process: the interpreter must be on before triton is imported."""
+check), each run in a fresh process (the interpreter must be on before triton is imported); and their GPU grids
+cover the contracts each one pins, and their issue targets read a record's rows."""
 
 from __future__ import annotations
 
@@ -12,8 +13,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-pytestmark = pytest.mark.triton_interp
 
 REPO = Path(__file__).resolve().parents[2]
 SPECS = ("attention", "linear", "norm")
@@ -75,6 +74,7 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
 
 
+@pytest.mark.triton_interp
 @pytest.mark.parametrize("name", SPECS)
 def test_smoke_path_passes(name: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "netra.bench.harness", name, "--smoke"], cwd=REPO, env=_env(),
@@ -83,6 +83,7 @@ def test_smoke_path_passes(name: str) -> None:
     assert f"{name}: " in proc.stdout and " 0 failed" in proc.stdout, proc.stdout[-2000:]
 
 
+@pytest.mark.triton_interp
 @pytest.mark.parametrize("name", SPECS)
 def test_smoke_checks_fail_on_a_corrupted_output(name: str, tmp_path: Path) -> None:
     """Every entry of the spec's kernels returns its first row scaled by 1.5: each chosen smoke case must fail, and
@@ -98,3 +99,42 @@ def test_smoke_checks_fail_on_a_corrupted_output(name: str, tmp_path: Path) -> N
     assert out["cases"] == sorted(keys), out  # every chosen case ran
     assert out["failed"] == sorted(keys), proc.stdout[-3000:]
     assert out["refused_by_compare"] == sorted(keys), proc.stdout[-3000:]  # the comparison itself caught it
+
+
+def test_gpu_grids_cover_the_contracts_they_pin() -> None:
+    """The default GPU grid reaches every contract the spec pins (the linear one: every linear contract of the
+    catalog, each by its row range), so no contract goes unmeasured by omission."""
+    import argparse
+
+    from netra.bench.specs import attention, linear, norm
+    from netra.catalog import contract_docs
+
+    assert set(linear.CONTRACTS) == set(contract_docs("sm90", "linear"))
+    opts = argparse.Namespace(linear_rows="")
+    reached = {linear.pick(*linear.op_of(s[3], s[4]), m)
+               for m in linear.rows_of(opts) for s in linear.SHAPES if linear.in_range(s, m)}
+    assert reached == set(linear.CONTRACTS)
+    assert set(attention.CONTRACTS) <= set(contract_docs("sm90", "attention"))
+    assert set(norm.CONTRACTS) <= set(contract_docs("sm90", "norm"))
+    builders = {name: list(spec.cases(argparse.Namespace(linear_rows="", linear_explore=True, attention_explore=True)))
+                for name, spec in (("attention", attention.SPEC), ("linear", linear.SPEC), ("norm", norm.SPEC))}
+    assert all(builders.values())
+
+
+def test_targets_read_the_issue_shapes_from_the_rows() -> None:
+    from netra.bench.specs import attention, linear
+
+    def row(op: str, shape: dict[str, int], provider: str, us: float) -> dict[str, object]:
+        return {"op": op, "shape": shape, "provider": provider, "median_us": us, "floor_fraction": 0.5}
+
+    rec = {"rows": [row("attention_decode", {"batch": 128, "context": 4096}, "netra", 10.0),
+                    row("attention_decode", {"batch": 128, "context": 4096}, "sglang_triton", 20.0),
+                    row("attention_decode", {"batch": 1, "context": 49152}, "netra", 30.0),
+                    row("attention_decode", {"batch": 1, "context": 49152}, "sglang_triton", 20.0)]}
+    t = attention.targets(rec)
+    assert t["B=128 L=4096: netra <= sglang_triton"]["pass"] and not t["B=1 L=49152: netra <= sglang_triton"]["pass"]
+    rec = {"rows": [row("o_proj", {"n": [2048], "k": 4096, "m": 1}, "netra", 5.0),  # type: ignore[dict-item]
+                    row("o_proj", {"n": [2048], "k": 4096, "m": 1}, "sglang", 9.0)]}  # type: ignore[dict-item]
+    t = linear.targets(rec)
+    assert t["o_proj m=1: netra <= sglang"]["pass"]
+    assert not t["o_proj m=128: netra <= sglang"]["pass"]  # not measured is not a pass

@@ -108,6 +108,12 @@ def adversarial(m: int, k: int, device: str) -> Any:
     return x.to(torch.bfloat16)
 
 
+def op_of(fp: bool, group: bool) -> tuple[str, str]:
+    """The dispatch op and quant of a projection (as `netra.ops.linear` routes it)."""
+    return ("linear_group" if group else ("linear_fp8_block" if fp else "linear_bf16"),
+            "fp8_e4m3_block128" if fp else "none")
+
+
 def launch_of(base: dict[str, Any], ov: dict[str, Any]) -> dict[str, Any]:
     ln = copy.deepcopy(base)
     ln["meta"].update({a: b for a, b in ov.items() if a != "block"})
@@ -144,11 +150,11 @@ class Proj:
 
     @property
     def op_name(self) -> str:
-        return "linear_group" if self.group else ("linear_fp8_block" if self.fp else "linear_bf16")
+        return op_of(self.fp, self.group)[0]
 
     @property
     def quant(self) -> str:
-        return "fp8_e4m3_block128" if self.fp else "none"
+        return op_of(self.fp, self.group)[1]
 
     def op(self, x: Any, c: int = 0) -> Any:
         from netra.ops.linear import linear, linear_group
