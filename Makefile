@@ -58,8 +58,9 @@ wheel-test: setup nginx
 test: lint typecheck pytest wheel-test
 
 # The Kubernetes tiers that need a control plane or a node built here (tests/k8s/tools/build-k8s.sh,
-# cached under ~/.cache/netra/k8s-1.20.2); the render and router tiers also run in `make test`.
-k8s-test: setup
+# cached under ~/.cache/netra/k8s-1.20.2; the node tier runs a kubelet on the local Docker Engine and
+# builds the CPU image); the render and router tiers also run in `make test`.
+k8s-test: setup docker-engine
 	NETRA_K8S=1 $(BIN)/python -m pytest -q tests/k8s
 
 kernels: setup

@@ -200,6 +200,10 @@ def node(tmp_path_factory: pytest.TempPathFactory, image: dict[str, str]) -> Ite
         subprocess.run(["docker", "rmi", TAMPERED_TAG], capture_output=True, timeout=60, check=False)
         TIMES["whole tier (image, cluster, tests, cleanup)"] = time.monotonic() - t_tier
         print("\nnode tier times: " + ", ".join(f"{k} {v:.0f} s" for k, v in TIMES.items()), file=sys.stderr)
+        times = Path(settings.get("NETRA_CACHE_DIR")) / "k8s-node-tier" / "times.json"
+        times.parent.mkdir(parents=True, exist_ok=True)
+        times.write_text(json.dumps({"finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                     "seconds": {k: round(v, 1) for k, v in TIMES.items()}}, indent=1) + "\n")
         assert left == [], f"the node left state behind: {left}"
 
 
