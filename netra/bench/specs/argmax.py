@@ -324,4 +324,4 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 SPEC = Spec(name="argmax", family="argmax", doc="row argmax over the vocabulary against torch.argmax",
             cases=cases, smoke=smoke, setup=setup, targets=targets, add_arguments=add_arguments,
-            contracts=("argmax_f32_v248320", "argmax_bf16_v248320", "argmax_f32_cluster_v248320"))
+            contracts=("argmax_f32_v248320", "argmax_bf16_v248320"))  # the rejected cluster tactic is not run
