@@ -145,7 +145,8 @@ def n_sets(bytes_per_set: int, target: int = 192 << 20, most: int = 1024) -> int
     return max(2, min(most, -(-target // max(1, bytes_per_set))))
 
 
-def warm(providers: dict[str, Callable[[int], Any]], dropped: dict[str, str]) -> dict[str, Callable[[int], Any]]:
+def warm(providers: dict[str, Callable[[int], Any]], dropped: dict[str, str],
+         device: str = "cuda") -> dict[str, Callable[[int], Any]]:
     """First use (compiles, loads) of each provider but ours, one at a time: a peer that fails is left out and named
     in ``dropped`` (the case's check records it) instead of failing the case."""
     import torch
@@ -157,7 +158,8 @@ def warm(providers: dict[str, Callable[[int], Any]], dropped: dict[str, str]) ->
             continue
         try:
             fn(0)
-            torch.cuda.synchronize()
+            if device == "cuda":
+                torch.cuda.synchronize()
             out[name] = fn
         except Exception as exc:  # a peer's failure is recorded, never hidden, and never fails our case
             dropped[name] = f"{type(exc).__name__}: {exc}"[:300]
@@ -386,17 +388,18 @@ def conv_launches(doc: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             for bc, warps, pdl in CONV_SWEEP if (bc, warps, pdl) != base}
 
 
-def gdn_case(doc: dict[str, Any], bsz: int, sweep: bool) -> Case:
+def gdn_case(doc: dict[str, Any], bsz: int, sweep: bool, d: Dims = FULL, device: str = "cuda") -> Case:
     """One (state dtype, batch) on the GPU: the contract's entry beside the peers (or, ``sweep``, beside its launch
-    variants, no contract), over input sets on distinct pool slots."""
+    variants, no contract), over input sets on distinct pool slots. (``d``, ``device``: the same code at other
+    heads or on the CPU, where the tests call it.)"""
     import torch
 
-    d, fn, sdt = FULL, tactic(doc), state_dtype(doc)
+    fn, sdt = tactic(doc), state_dtype(doc)
     sbytes = torch.empty((), dtype=sdt).element_size()
-    n = n_sets(bsz * d.hv * d.dk * d.dv * sbytes)
-    t = gdn_inputs(d, bsz, sdt, 1, bsz, "cuda")
-    pool = torch.empty(n * bsz + 1, d.hv, d.dk, d.dv, dtype=sdt, device="cuda").normal_().mul_(0.3)
-    slots = [torch.arange(1 + i * bsz, 1 + (i + 1) * bsz, dtype=torch.int64, device="cuda") for i in range(n)]
+    n = n_sets(bsz * d.hv * d.dk * d.dv * sbytes) if device == "cuda" else 2
+    t = gdn_inputs(d, bsz, sdt, 1, bsz, device)
+    pool = torch.empty(n * bsz + 1, d.hv, d.dk, d.dv, dtype=sdt, device=device).normal_().mul_(0.3)
+    slots = [torch.arange(1 + i * bsz, 1 + (i + 1) * bsz, dtype=torch.int64, device=device) for i in range(n)]
     args = {k: t[k] for k in GDN_ARGS}
     hold: list[Any] = [pool, t, slots]
 
@@ -408,10 +411,10 @@ def gdn_case(doc: dict[str, Any], bsz: int, sweep: bool) -> Case:
     for label, la in launches.items():
         providers[label] = ours(la)
     if "sglang" in PEERS and not sweep:
-        spool = torch.empty(n * bsz + 1, d.hv, d.dv, d.dk, dtype=sdt, device="cuda").normal_().mul_(0.3)
+        spool = torch.empty(n * bsz + 1, d.hv, d.dv, d.dk, dtype=sdt, device=device).normal_().mul_(0.3)
         sslots = [s.to(torch.int32) for s in slots]
         mixed = t["qkvz"][:, :d.channels]
-        out = torch.empty(bsz, 1, d.hv, d.dv, dtype=torch.bfloat16, device="cuda")
+        out = torch.empty(bsz, 1, d.hv, d.dv, dtype=torch.bfloat16, device=device)
         dec = PEERS["sglang"]["decode"]
         providers["sglang"] = lambda i: dec(
             mixed_qkv=mixed, a=t["a"], b=t["b"], A_log=t["a_log"], dt_bias=t["dt_bias"], scale=d.dk ** -0.5,
@@ -420,7 +423,7 @@ def gdn_case(doc: dict[str, Any], bsz: int, sweep: bool) -> Case:
     if "fla" in PEERS and not sweep:
         fq, fk, fv = (t[x].contiguous().unsqueeze(1) for x in ("q", "k", "v"))
         fa, fb = t["a"].contiguous().unsqueeze(1), t["b"].contiguous().unsqueeze(1)
-        h0 = [torch.empty(bsz, d.hv, d.dk, d.dv, dtype=sdt, device="cuda").normal_().mul_(0.3) for _ in range(n)]
+        h0 = [torch.empty(bsz, d.hv, d.dk, d.dv, dtype=sdt, device=device).normal_().mul_(0.3) for _ in range(n)]
         frd = PEERS["fla"]
         providers["fla-core"] = lambda i: frd(
             fq, fk, fv, g=fa, beta=fb, scale=d.dk ** -0.5, initial_state=h0[i], output_final_state=True,
@@ -428,12 +431,12 @@ def gdn_case(doc: dict[str, Any], bsz: int, sweep: bool) -> Case:
             use_beta_sigmoid_in_kernel=True)
         hold += [h0, fq, fk, fv, fa, fb]
     dropped: dict[str, str] = {}
-    providers = warm(providers, dropped)
+    providers = warm(providers, dropped, device)
 
     def check() -> dict[str, Any]:
-        res = check_gdn(doc, doc["launch"], d, bsz, "cuda")
+        res = check_gdn(doc, doc["launch"], d, bsz, device)
         if sweep:  # every timed variant checked too: a faster launch is only worth adopting if it is right
-            res["variants"] = {label: check_gdn(doc, la, d, bsz, "cuda") for label, la in launches.items()}
+            res["variants"] = {label: check_gdn(doc, la, d, bsz, device) for label, la in launches.items()}
             res["ok"] = res["ok"] and all(v["ok"] for v in res["variants"].values())
         return {**res, **({"providers_dropped": dropped} if dropped else {})}
 
@@ -444,16 +447,16 @@ def gdn_case(doc: dict[str, Any], bsz: int, sweep: bool) -> Case:
                 floor_bytes=gdn_floor_bytes(d, bsz, sbytes), hold=hold)
 
 
-def conv_case(doc: dict[str, Any], bsz: int, sweep: bool) -> Case:
+def conv_case(doc: dict[str, Any], bsz: int, sweep: bool, d: Dims = FULL, device: str = "cuda") -> Case:
     import torch
 
-    d, fn = FULL, tactic(doc)
+    fn = tactic(doc)
     c = d.channels
-    n = n_sets(bsz * c * (d.width - 1) * 2 * 2)
-    x = torch.randn(bsz, c + d.hv * d.dv, device="cuda").bfloat16()[:, :c]  # the in-projection's strided view
-    w = (torch.randn(c, d.width, device="cuda") * 0.5).bfloat16()
-    pool = torch.randn(n * bsz + 1, c, d.width - 1, device="cuda").bfloat16()
-    slots = [torch.arange(1 + i * bsz, 1 + (i + 1) * bsz, dtype=torch.int64, device="cuda") for i in range(n)]
+    n = n_sets(bsz * c * (d.width - 1) * 2 * 2) if device == "cuda" else 2
+    x = torch.randn(bsz, c + d.hv * d.dv, device=device).bfloat16()[:, :c]  # the in-projection's strided view
+    w = (torch.randn(c, d.width, device=device) * 0.5).bfloat16()
+    pool = torch.randn(n * bsz + 1, c, d.width - 1, device=device).bfloat16()
+    slots = [torch.arange(1 + i * bsz, 1 + (i + 1) * bsz, dtype=torch.int64, device=device) for i in range(n)]
     hold: list[Any] = [x, w, pool, slots]
 
     def ours(la: Mapping[str, Any]) -> Callable[[int], Any]:
@@ -469,12 +472,12 @@ def conv_case(doc: dict[str, Any], bsz: int, sweep: bool) -> Case:
         providers["sglang"] = lambda i: cu(x, pool, w, None, "silu", conv_state_indices=sslots[i])
         hold.append(sslots)
     dropped: dict[str, str] = {}
-    providers = warm(providers, dropped)
+    providers = warm(providers, dropped, device)
 
     def check() -> dict[str, Any]:
-        res = check_conv(doc, doc["launch"], d, bsz, "cuda")
+        res = check_conv(doc, doc["launch"], d, bsz, device)
         if sweep:
-            res["variants"] = {label: check_conv(doc, la, d, bsz, "cuda") for label, la in launches.items()}
+            res["variants"] = {label: check_conv(doc, la, d, bsz, device) for label, la in launches.items()}
             res["ok"] = res["ok"] and all(v["ok"] for v in res["variants"].values())
         return {**res, **({"providers_dropped": dropped} if dropped else {})}
 

@@ -241,7 +241,7 @@ def check_commit(doc: Mapping[str, Any], d: Dims, b: int, t: int, n_layers: int,
     return {**res, "ok": ok}
 
 
-def check_decode_dispatch(b: int) -> dict[str, Any]:
+def check_decode_dispatch(b: int, d: Dims = FULL, device: str = "cuda") -> dict[str, Any]:
     """The decode step's ops as the reference case runs them pick Triton tactics (a conv update contract and a GDN
     decode contract), and give what `gdn_decode_fused_ref` after `causal_conv1d_update_ref` gives under the GDN
     contract's numerics."""
@@ -251,11 +251,10 @@ def check_decode_dispatch(b: int) -> dict[str, Any]:
     from netra.ops import _common, conv, gdn
     from netra.validate.compare import compare
 
-    d = FULL
-    g = torch.Generator(device="cuda").manual_seed(b)
-    lay = {k: v[0] for k, v in make_layers(g, d, 1, b + 1, torch.float32, "cuda").items()}
-    blk = {k: v[0] for k, v in make_block(g, d, 1, b, "cuda").items()}
-    slots = torch.arange(1, b + 1, dtype=torch.int64, device="cuda")
+    g = torch.Generator(device=device).manual_seed(b)
+    lay = {k: v[0] for k, v in make_layers(g, d, 1, b + 1, torch.float32, device).items()}
+    blk = {k: v[0] for k, v in make_block(g, d, 1, b, device).items()}
+    slots = torch.arange(1, b + 1, dtype=torch.int64, device=device)
     _common.reset_decisions()
     pools = {k: lay[k].clone() for k in ("conv_pool", "ssm_pool")}
     o = decode_layer(d, blk["qkv"], blk["a"], blk["b"], lay["conv_weights"], lay["a_log"], lay["dt_bias"],
@@ -306,20 +305,20 @@ def dtype_label(sdt: Any) -> str:
     return f"state {str(sdt).removeprefix('torch.')}"
 
 
-def verify_case(doc: dict[str, Any], b: int, t: int) -> Case:
+def verify_case(doc: dict[str, Any], b: int, t: int, d: Dims = FULL, device: str = "cuda") -> Case:
     import torch
 
     from netra.validate.compare import compare
 
-    d, fn, sdt = FULL, tactic(doc), state_dtype(doc)
+    fn, sdt = tactic(doc), state_dtype(doc)
     c, hv, hk, dk, dv, w = d.channels, d.hv, d.hk, d.dk, d.dv, d.width
-    n = n_sets(b * state_bytes(d, sdt), most=64)
-    g = torch.Generator(device="cuda").manual_seed(b * 100 + t)
-    lay = {k: v[0] for k, v in make_layers(g, d, 1, n * b + 1, sdt, "cuda").items()}
-    blk = {k: v[0] for k, v in make_block(g, d, 1, b * t, "cuda").items()}
-    slots = [torch.arange(1 + i * b, 1 + (i + 1) * b, dtype=torch.int64, device="cuda") for i in range(n)]
-    out = torch.empty(b * t, hv, dv, dtype=torch.bfloat16, device="cuda")
-    scratch = torch.empty(b * t, c, dtype=torch.bfloat16, device="cuda")
+    n = n_sets(b * state_bytes(d, sdt), most=64) if device == "cuda" else 2
+    g = torch.Generator(device=device).manual_seed(b * 100 + t)
+    lay = {k: v[0] for k, v in make_layers(g, d, 1, n * b + 1, sdt, device).items()}
+    blk = {k: v[0] for k, v in make_block(g, d, 1, b * t, device).items()}
+    slots = [torch.arange(1 + i * b, 1 + (i + 1) * b, dtype=torch.int64, device=device) for i in range(n)]
+    out = torch.empty(b * t, hv, dv, dtype=torch.bfloat16, device=device)
+    scratch = torch.empty(b * t, c, dtype=torch.bfloat16, device=device)
     common = {"qkv": blk["qkv"], "a": blk["a"], "b": blk["b"], "conv_weight": lay["conv_weights"],
               "a_log": lay["a_log"], "dt_bias": lay["dt_bias"], "conv_pool": lay["conv_pool"],
               "ssm_pool": lay["ssm_pool"], "tokens": t, "out": out, "conv_out": scratch}
@@ -332,13 +331,13 @@ def verify_case(doc: dict[str, Any], b: int, t: int) -> Case:
         # [rows, T, Hv, V, K] and the deduplicated window [rows, C, T+K-2] seen as [rows, T, C, K-1]
         spool = lay["ssm_pool"].transpose(-1, -2).contiguous()  # our states in SGLang's layout
         sconv = lay["conv_pool"].clone()  # SGLang's verify rolls the window (its accepted-state copy restores it)
-        inter = torch.empty(n * b, t, hv, dv, dk, dtype=sdt, device="cuda")
+        inter = torch.empty(n * b, t, hv, dv, dk, dtype=sdt, device=device)
         wl = t + w - 2
-        phys = torch.zeros(n * b, c, wl, dtype=torch.bfloat16, device="cuda")
+        phys = torch.zeros(n * b, c, wl, dtype=torch.bfloat16, device=device)
         win = phys.as_strided((n * b, t, c, w - 1), (c * wl, 1, wl, 1))
         sslots = [s.to(torch.int32) for s in slots]
-        rows = [torch.arange(i * b, (i + 1) * b, dtype=torch.int32, device="cuda") for i in range(n)]
-        cu = torch.arange(0, (b + 1) * t, t, dtype=torch.int32, device="cuda")
+        rows = [torch.arange(i * b, (i + 1) * b, dtype=torch.int32, device=device) for i in range(n)]
+        cu = torch.arange(0, (b + 1) * t, t, dtype=torch.int32, device=device)
         xq = blk["qkv"].contiguous()  # SGLang's mixed_qkv [B·T, C], seen as [B, C, T] as forward_extend does
         x_bct = xq.view(b, t, c).transpose(1, 2)
 
@@ -365,10 +364,10 @@ def verify_case(doc: dict[str, Any], b: int, t: int) -> Case:
         except Exception as exc:
             info["sglang_against_netra"] = f"{type(exc).__name__}: {exc}"[:300]
     dropped: dict[str, str] = {}
-    providers = warm(providers, dropped)
+    providers = warm(providers, dropped, device)
 
     def check() -> dict[str, Any]:
-        return {**check_verify(doc, d, b, t, "cuda"), **info, **({"providers_dropped": dropped} if dropped else {})}
+        return {**check_verify(doc, d, b, t, device), **info, **({"providers_dropped": dropped} if dropped else {})}
 
     shape = {"batch": b, "block_tokens": t, "v_heads": hv, "k_dim": dk, "v_dim": dv, "channels": c, "layers": 1}
     return Case(key=f"verify {dtype_label(sdt)} b{b} t{t}", op="gdn_verify", shape=shape, dtype=dtype_label(sdt),
@@ -376,20 +375,21 @@ def verify_case(doc: dict[str, Any], b: int, t: int) -> Case:
                 floor_bytes=verify_floor(d, b, t, sdt), hold=hold, min_calls=8)
 
 
-def commit_case(doc: dict[str, Any], b: int, t: int, n_layers: int, peer: bool) -> Case:
+def commit_case(doc: dict[str, Any], b: int, t: int, n_layers: int, peer: bool, d: Dims = FULL,
+                device: str = "cuda") -> Case:
     """``n_layers`` GDN layers committing ``t`` tokens for every row; ``peer``: beside SGLang's accepted-state copy
     at the same layers (the contract's case), else ours alone (no contract)."""
     import torch
 
-    d, fn, sdt = FULL, tactic(doc), state_dtype(doc)
+    fn, sdt = tactic(doc), state_dtype(doc)
     c, hv, dk, dv, w = d.channels, d.hv, d.dk, d.dv, d.width
-    n = n_sets(n_layers * b * state_bytes(d, sdt), most=64)
-    g = torch.Generator(device="cuda").manual_seed(b * 1000 + t * 10 + n_layers)
-    lay = make_layers(g, d, n_layers, n * b + 1, sdt, "cuda")
-    blk = make_block(g, d, n_layers, b * t, "cuda")
+    n = n_sets(n_layers * b * state_bytes(d, sdt), most=64) if device == "cuda" else 2
+    g = torch.Generator(device=device).manual_seed(b * 1000 + t * 10 + n_layers)
+    lay = make_layers(g, d, n_layers, n * b + 1, sdt, device)
+    blk = make_block(g, d, n_layers, b * t, device)
     stash = blk["qkv"].contiguous()  # the engine's stash is its own buffer (consumed by the commit)
-    slots = [torch.arange(1 + i * b, 1 + (i + 1) * b, dtype=torch.int64, device="cuda") for i in range(n)]
-    count = torch.full((b,), t, dtype=torch.int32, device="cuda")
+    slots = [torch.arange(1 + i * b, 1 + (i + 1) * b, dtype=torch.int64, device=device) for i in range(n)]
+    count = torch.full((b,), t, dtype=torch.int32, device=device)
     args: dict[str, Any] = {
         "qkv_stash": stash, "a_stash": blk["a"], "b_stash": blk["b"], "conv_weights": lay["conv_weights"],
         "a_log": lay["a_log"], "dt_bias": lay["dt_bias"], "conv_pool": lay["conv_pool"], "ssm_pool": lay["ssm_pool"],
@@ -399,13 +399,13 @@ def commit_case(doc: dict[str, Any], b: int, t: int, n_layers: int, peer: bool) 
     info: dict[str, Any] = {}
     if peer and "sglang" in PEERS:
         p = PEERS["sglang"]
-        spool = torch.empty(n_layers, n * b + 1, hv, dv, dk, dtype=sdt, device="cuda").normal_().mul_(0.3)
-        inter = torch.empty(n_layers, b, t, hv, dv, dk, dtype=sdt, device="cuda").normal_().mul_(0.3)
+        spool = torch.empty(n_layers, n * b + 1, hv, dv, dk, dtype=sdt, device=device).normal_().mul_(0.3)
+        inter = torch.empty(n_layers, b, t, hv, dv, dk, dtype=sdt, device=device).normal_().mul_(0.3)
         wl = t + w - 2
-        phys = torch.zeros(n_layers, b, c, wl, dtype=torch.bfloat16, device="cuda")
+        phys = torch.zeros(n_layers, b, c, wl, dtype=torch.bfloat16, device=device)
         win = phys.as_strided((n_layers, b, t, c, w - 1), (b * c * wl, c * wl, 1, wl, 1))
         sslots = [s.to(torch.int32) for s in slots]
-        last = torch.full((b,), t - 1, dtype=torch.int64, device="cuda")  # last_correct_step_indices
+        last = torch.full((b,), t - 1, dtype=torch.int64, device=device)  # last_correct_step_indices
 
         def sglang_commit(i: int) -> None:
             p["scatter_ssm"](spool, inter, sslots[i], last)
@@ -415,10 +415,10 @@ def commit_case(doc: dict[str, Any], b: int, t: int, n_layers: int, peer: bool) 
         hold += [spool, inter, phys, win, sslots, last]
         info["sglang_method_bytes"] = n_layers * b * (2 * state_bytes(d, sdt) + 2 * c * (w - 1) * 2)
     dropped: dict[str, str] = {}
-    providers = warm(providers, dropped)
+    providers = warm(providers, dropped, device)
 
     def check() -> dict[str, Any]:
-        return {**check_commit(doc, d, b, t, CHECK_LAYERS, "cuda"), **info,
+        return {**check_commit(doc, d, b, t, CHECK_LAYERS, device), **info,
                 **({"providers_dropped": dropped} if dropped else {})}
 
     shape = {"batch": b, "block_tokens": t, "count": t, "layers": n_layers, "v_heads": hv, "k_dim": dk, "v_dim": dv,
@@ -429,18 +429,17 @@ def commit_case(doc: dict[str, Any], b: int, t: int, n_layers: int, peer: bool) 
                 min_calls=2 if b * n_layers >= 512 else 8)
 
 
-def decode_case(b: int, sdt: Any) -> Case:
+def decode_case(b: int, sdt: Any, d: Dims = FULL, device: str = "cuda") -> Case:
     """One decode token's GDN part over the 30 layers through the dispatching ops (a reference: no contract)."""
     import torch
 
     from netra.ops import conv, gdn
 
-    d = FULL
-    n = n_sets(GDN_LAYERS * b * state_bytes(d, sdt), most=64)
-    g = torch.Generator(device="cuda").manual_seed(b)
-    lay = make_layers(g, d, GDN_LAYERS, n * b + 1, sdt, "cuda")
-    blk = make_block(g, d, GDN_LAYERS, b, "cuda")
-    slots = [torch.arange(1 + i * b, 1 + (i + 1) * b, dtype=torch.int64, device="cuda") for i in range(n)]
+    n = n_sets(GDN_LAYERS * b * state_bytes(d, sdt), most=64) if device == "cuda" else 2
+    g = torch.Generator(device=device).manual_seed(b)
+    lay = make_layers(g, d, GDN_LAYERS, n * b + 1, sdt, device)
+    blk = make_block(g, d, GDN_LAYERS, b, device)
+    slots = [torch.arange(1 + i * b, 1 + (i + 1) * b, dtype=torch.int64, device=device) for i in range(n)]
 
     def step(i: int) -> None:
         for li in range(GDN_LAYERS):
@@ -452,7 +451,7 @@ def decode_case(b: int, sdt: Any) -> Case:
                               + d.hv * d.dv * 2)
     shape = {"batch": b, "layers": GDN_LAYERS, "v_heads": d.hv, "k_dim": d.dk, "v_dim": d.dv, "channels": d.channels}
     return Case(key=f"decode_gdn {dtype_label(sdt)} b{b} L{GDN_LAYERS}", op="decode_gdn", shape=shape,
-                dtype=dtype_label(sdt), providers={"netra": step}, check=partial(check_decode_dispatch, b),
+                dtype=dtype_label(sdt), providers={"netra": step}, check=partial(check_decode_dispatch, b, d, device),
                 n_inputs=n, floor_bytes=floor, hold=[lay, blk, slots], min_calls=2 if b >= 16 else 8)
 
 

@@ -109,16 +109,16 @@ def conv_launches(doc: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def conv_case(doc: dict[str, Any], lens: list[int], sweep: bool) -> Case:
+def conv_case(doc: dict[str, Any], lens: list[int], sweep: bool, c: int = CHANNELS, device: str = "cuda") -> Case:
     import torch
 
     from netra.ops import conv
 
-    c, t, fn = CHANNELS, sum(lens), tactic(doc)
-    n = n_sets(t * c * 2, most=8)
-    xs = [torch.randn(t, c + c // 2, device="cuda").bfloat16()[:, :c] for _ in range(n)]
-    w = (torch.randn(c, 4, device="cuda") * 0.5).bfloat16()
-    pool = torch.randn(len(lens) + 9, c, 3, device="cuda").bfloat16()
+    t, fn = sum(lens), tactic(doc)
+    n = n_sets(t * c * 2, most=8) if device == "cuda" else 2
+    xs = [torch.randn(t, c + c // 2, device=device).bfloat16()[:, :c] for _ in range(n)]
+    w = (torch.randn(c, 4, device=device) * 0.5).bfloat16()
+    pool = torch.randn(len(lens) + 9, c, 3, device=device).bfloat16()
     slots = [3 + i for i in range(len(lens))][::-1]
 
     def ours(la: Mapping[str, Any]) -> Callable[[int], Any]:
@@ -133,14 +133,14 @@ def conv_case(doc: dict[str, Any], lens: list[int], sweep: bool) -> Case:
         providers["reference"] = lambda i: conv.causal_conv1d_prefill_ref(xs[i], w, pool, slots, lens)
         if "sglang" in PEERS:
             peer = PEERS["sglang"]
-            qsl = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-            idx = torch.tensor(slots, dtype=torch.int32, device="cuda")
-            init = torch.ones(len(lens), dtype=torch.bool, device="cuda")
+            qsl = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+            idx = torch.tensor(slots, dtype=torch.int32, device=device)
+            init = torch.ones(len(lens), dtype=torch.bool, device=device)
             providers["sglang"] = lambda i: peer(xs[i].t(), w, None, pool, qsl, lens, cache_indices=idx,
                                                  has_initial_state=init, activation="silu")
             hold += [qsl, idx, init]
     dropped: dict[str, str] = {}
-    providers = warm(providers, dropped)
+    providers = warm(providers, dropped, device)
     if "sglang" in providers:
         try:  # the same job from the same state: SGLang's output against ours (reported, not deciding)
             start = pool.clone()
@@ -152,9 +152,9 @@ def conv_case(doc: dict[str, Any], lens: list[int], sweep: bool) -> Case:
             info["sglang_against_netra"] = f"{type(exc).__name__}: {exc}"[:300]
 
     def check() -> dict[str, Any]:
-        res = check_conv(doc, doc["launch"], c, lens, "cuda")
+        res = check_conv(doc, doc["launch"], c, lens, device)
         if sweep:
-            res["variants"] = {label: check_conv(doc, la, c, lens, "cuda") for label, la in launches.items()}
+            res["variants"] = {label: check_conv(doc, la, c, lens, device) for label, la in launches.items()}
             res["ok"] = res["ok"] and all(v["ok"] for v in res["variants"].values())
         return {**res, **info, **({"providers_dropped": dropped} if dropped else {})}
 
@@ -233,15 +233,15 @@ def check_norm(doc: Mapping[str, Any], op: str, rows: int, width: int, device: s
     return {**res, "ok": ok}
 
 
-def norm_case(doc: dict[str, Any], op: str, rows: int, width: int) -> Case:
+def norm_case(doc: dict[str, Any], op: str, rows: int, width: int, device: str = "cuda") -> Case:
     fn = tactic(doc)
-    n = n_sets(rows * width * 2 * 3, most=8)
-    sets = [norm_inputs(op, rows, width, "cuda", rows + i) for i in range(n)]
+    n = n_sets(rows * width * 2 * 3, most=8) if device == "cuda" else 2
+    sets = [norm_inputs(op, rows, width, device, rows + i) for i in range(n)]
     providers: dict[str, Callable[[int], Any]] = {"netra": lambda i: fn(doc["launch"], **sets[i], eps=EPS),
                                                   "reference": lambda i: norm_ref(op, sets[i])}
     reads = 3 if op != "rmsnorm_gemma" else 1
     return Case(key=f"{op} {rows}x{width}", op=op, shape={"rows": rows, "width": width}, dtype="bfloat16",
-                providers=providers, check=partial(check_norm, doc, op, rows, width, "cuda"), contract=doc["name"],
+                providers=providers, check=partial(check_norm, doc, op, rows, width, device), contract=doc["name"],
                 n_inputs=n, floor_bytes=rows * width * 2 * (reads + (2 if op == "add_rmsnorm_gemma" else 1)),
                 hold=sets, graph=False, min_calls=8)
 
@@ -283,18 +283,18 @@ def check_linear(doc: Mapping[str, Any], m: int, device: str) -> dict[str, Any]:
     return {**res, "ok": ok}
 
 
-def linear_case(doc: dict[str, Any], m: int) -> Case:
+def linear_case(doc: dict[str, Any], m: int, device: str = "cuda") -> Case:
     import torch
 
     from netra.ops.linear import linear_group_ref
 
     fn = tactic(doc)
-    x, ws = linear_inputs(m, "cuda")
+    x, ws = linear_inputs(m, device)
     return Case(key=f"linear_group {m}x2048->32+32", op="linear_group", shape={"m": m, "k": 2048, "n": [32, 32]},
                 dtype="bfloat16",
                 providers={"netra": lambda i: fn(doc["launch"], x=x, weights=ws, out_dtype=torch.bfloat16),
                            "reference": lambda i: linear_group_ref(x, ws)},
-                check=partial(check_linear, doc, m, "cuda"), contract=doc["name"],
+                check=partial(check_linear, doc, m, device), contract=doc["name"],
                 floor_bytes=m * 2048 * 2 + 64 * 2048 * 2 + m * 64 * 2, hold=[x, ws], graph=False, min_calls=8)
 
 
