@@ -137,6 +137,14 @@ def run_check(case: Case) -> dict[str, Any]:
     return res
 
 
+def _describe(build: CaseBuilder, i: int) -> str:
+    """A case builder not run, readably: its name, or its bound arguments (a lambda's defaults, a partial's args)."""
+    name = getattr(build, "__name__", "")
+    args = getattr(build, "__defaults__", None) or getattr(build, "args", None)
+    label = f"case {i}" + (f" {name}" if name and name != "<lambda>" else "")
+    return (label + (f" {args!r}" if args else ""))[:200]
+
+
 def _json(v: Any) -> Any:
     return json.loads(json.dumps(v, default=str))
 
@@ -150,9 +158,12 @@ def _finish(record: dict[str, Any], checks: dict[str, Any], contracts: Mapping[s
                         "eager_equals_replay": all(c.get("eager_equals_replay") is not False for c in checks.values())
                         and bool(checks), "by_case": _json(checks)}
     by_contract: dict[str, Any] = {}
+    cut = record.get("skipped_past_deadline")
     for name in sorted(set(contracts.values())):
         mine = [c for k, c in checks.items() if contracts.get(k) == name]
         by_contract[name] = promote(mine, timings.get(name, {}), ours.get(name, "netra"))
+        if cut and by_contract[name]["pass"]:  # a skipped case may have been this contract's: not evidence
+            by_contract[name] = {**by_contract[name], "pass": False, "cut": f"{len(cut)} cases skipped past the deadline"}
     record.update(judge(by_contract))
 
 
@@ -187,7 +198,7 @@ def run(spec: Spec, opts: argparse.Namespace) -> dict[str, Any]:
     deadline = float(getattr(opts, "deadline", 0) or 0)
     for i, build in enumerate(spec.smoke() if smoke else spec.cases(opts)):
         if deadline and time.monotonic() - t0 > deadline:
-            skipped.append(getattr(build, "__name__", str(i)))
+            skipped.append(_describe(build, i))
             continue
         try:
             case = build()
@@ -254,7 +265,8 @@ def summary(record: Mapping[str, Any]) -> str:
     for name, g in record.get("promotion", {}).items():
         lines.append(f"  promote {name}: PASS over {len(g['shapes'])} shapes")
     for name, g in record.get("not_promoted", {}).items():
-        why = "oracle" if not g["oracle"] else f"slower at {[x['shape'] for x in g['lost']]}"
+        why = ("oracle" if not g["oracle"] else g["cut"] if "cut" in g
+               else f"slower at {[x['shape'] for x in g['lost']]}" if g["lost"] else "not timed")
         lines.append(f"  not promoted {name}: {why}")
     return "\n".join(lines)
 

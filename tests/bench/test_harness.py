@@ -152,11 +152,29 @@ def test_harness_refuses_a_timed_run_without_a_gpu(capsys: pytest.CaptureFixture
     assert "--smoke" in capsys.readouterr().err
 
 
-FAMILIES_WITH_GPU_SCRIPTS = {"norm", "gdn", "conv", "attention", "linear", "argmax", "moe"}
+def test_every_sm90_contract_is_measured_by_a_spec() -> None:
+    """Every sm90 contract dispatch may select (plans and declarations alike; a rejected one never is) is one a spec
+    checks and times, so the one harness is the way any of them gets a record."""
+    from netra.catalog import Catalog
+
+    covered = {c for s in harness.specs().values() for c in s.contracts}
+    wanted = {c.name for c in Catalog.load().contracts if c.target == "sm90" and c.maturity != "rejected"}
+    assert wanted <= covered, sorted(wanted - covered)
+    names = {c.name for c in Catalog.load().contracts}
+    assert covered <= names, sorted(covered - names)  # no spec names a contract that does not exist
 
 
-def test_every_family_has_a_spec() -> None:
-    assert FAMILIES_WITH_GPU_SCRIPTS <= {s.family for s in harness.specs().values()}
+def test_a_deadline_cut_promotes_nothing() -> None:
+    spec = _toy_spec(False)
+    rec: dict[str, object] = {"skipped_past_deadline": ["case 3"]}
+    checks = {"n=16": {"ok": True}}
+    harness._finish(rec, checks, {"n=16": "toy_contract"}, {"toy_contract": {"n=16": {"netra": 1.0, "torch": 2.0}}},
+                    {"toy_contract": "netra"})
+    assert rec["verdict"] == "info" and "cut" in rec["not_promoted"]["toy_contract"]  # type: ignore[index]
+    rec = {}
+    harness._finish(rec, checks, {"n=16": "toy_contract"}, {"toy_contract": {"n=16": {"netra": 1.0, "torch": 2.0}}},
+                    {"toy_contract": "netra"})
+    assert rec["verdict"] == "accepted" and spec.name == "toy"
 
 
 @pytest.mark.parametrize("name", sorted(harness.specs()))

@@ -3,7 +3,9 @@ checked and timed as the engine calls them (the activation quantization folded i
 
 Pairs (the model's): the input norm (residual add + Gemma RMSNorm, rows of 2048) -> the GDN in-projection qkv|z
 (FP8 group 8192 + 4096) and -> the attention q|gate,k,v (8192 + 512 + 512); GDN's gated output norm (32 heads of 128
-per token) -> the out-projection 2048 x 4096. Rows: 1, 8, 32, 64, 128 (decode buckets) and 1024, 8192 (prefill).
+per token) -> the out-projection 2048 x 4096; and the plain Gemma RMSNorm's FP8 output, which no projection of the
+model reads (its final norm feeds the BF16 lm_head), in front of a 4096 x 2048 FP8 projection so that its contracts
+are measured the same way. Rows: 1, 8, 32, 64, 128 (decode buckets) and 1024, 8192 (prefill).
 
 Check, through `netra.ops` (dispatch at experiment maturity picks the contracts; the decisions are recorded): the
 fused norm's BF16 rows bitwise the plain norm's, its E4M3 rows and scales bitwise the projection's own quantization
@@ -26,11 +28,12 @@ from netra.bench.harness import Case, CaseBuilder, Spec, entry
 
 # (label, producer, FP8 projection parts' N, K)
 PAIRS = [("gdn_in", "add", (8192, 4096), 2048), ("attn_in", "add", (8192, 512, 512), 2048),
-         ("gdn_out", "gated", (2048,), 4096)]
+         ("gdn_out", "gated", (2048,), 4096), ("plain", "plain", (4096,), 2048)]
 ROWS = (1, 8, 32, 64, 128, 1024, 8192)
 L2_BYTES = 120 << 20
 CONTRACTS = ("add_rmsnorm_gemma_fp8_rows", "add_rmsnorm_gemma_fp8_prefill", "gated_rmsnorm_fp8_rows",
-             "gated_rmsnorm_fp8_prefill")
+             "gated_rmsnorm_fp8_prefill", "rmsnorm_gemma_fp8_rows", "rmsnorm_gemma_fp8_prefill")
+PREFIX = {"add": "add_rmsnorm_gemma", "gated": "gated_rmsnorm", "plain": "rmsnorm_gemma"}
 
 
 def inputs(producer: str, m: int, k: int, seed: int, device: str) -> tuple[Any, ...]:
@@ -74,7 +77,8 @@ class Pair:
         self.copies = max(2, min(8, -(-L2_BYTES // wbytes)))
         self.ws = [weights(ns, k, 100 * c, "cuda") for c in range(self.copies)]
         self.ins = [inputs(producer, m, k, c, "cuda") for c in range(self.copies)]
-        self.floor_bytes = wbytes + sum(t.numel() * t.element_size() for t in self.ins[0]) * 2
+        read = self.ins[0] if producer != "plain" else (self.ins[0][0], self.ins[0][2])  # no residual read
+        self.floor_bytes = wbytes + sum(t.numel() * t.element_size() for t in read) * 2
 
     def norm(self, i: int, quant: str) -> Any:
         from netra.ops import norm
@@ -83,6 +87,8 @@ class Pair:
         if self.producer == "gated":
             z = b[:, 32 * 128:].reshape(self.m, 32, 128)  # the engine's strided view of the in-projection
             return norm.gated_rmsnorm_quant(a, z, w, 1e-6, quant).reshape(self.m, 32 * 128)
+        if self.producer == "plain":
+            return norm.rmsnorm_quant(a, w, 1e-6, quant)
         return norm.add_rmsnorm_quant(a, b, w, 1e-6, quant)[0]
 
     def project(self, rows: Any, i: int) -> list[Any]:
@@ -133,9 +139,9 @@ class Pair:
 
 
 def fused_contract(producer: str, m: int) -> str:
-    rows_limit = 128 if producer == "add" else 4096
-    rows = m if producer == "add" else m * 32
-    return f"{'add_rmsnorm_gemma' if producer == 'add' else 'gated_rmsnorm'}_fp8_{'rows' if rows <= rows_limit else 'prefill'}"
+    """The FP8-output contract dispatch picks for ``m`` tokens (the gated norm's rows are tokens x 32 heads)."""
+    rows, limit = (m * 32, 4096) if producer == "gated" else (m, 128)
+    return f"{PREFIX[producer]}_fp8_{'rows' if rows <= limit else 'prefill'}"
 
 
 def gpu_case(label: str, producer: str, ns: tuple[int, ...], k: int, m: int) -> Case:
@@ -164,8 +170,13 @@ def smoke_check(producer: str, m: int) -> dict[str, Any]:
     name = fused_contract(producer, m)
     fused, _ = entry(name)
     plain, _ = entry(name.replace("_fp8", ""))
-    k = 2048 if producer == "add" else 128
-    if producer == "gated":
+    k = 128 if producer == "gated" else 2048
+    if producer == "plain":
+        x, _, w = inputs("plain", m, k, 0, "cpu")
+        rows, q, s = fused(x=x, weight=w, eps=1e-6)
+        want = plain(x=x, weight=w, eps=1e-6)
+        res = {}
+    elif producer == "gated":
         x, proj, w = inputs("gated", m, 4096, 0, "cpu")
         z = proj[:, 32 * 128:].reshape(m, 32, 128)
         rows, q, s = fused(x=x, z=z, weight=w, eps=1e-6)
@@ -187,7 +198,7 @@ def smoke_check(producer: str, m: int) -> dict[str, Any]:
 
 
 def smoke() -> Iterator[CaseBuilder]:
-    for producer, m in (("add", 5), ("gated", 3)):
+    for producer, m in (("add", 5), ("gated", 3), ("plain", 4)):
         yield lambda p=producer, m=m: Case(key=f"{p} m={m}", op="norm_" + p, shape={"m": m}, dtype="fp8",
                                            check=lambda: smoke_check(p, m), contract=fused_contract(p, m))
 
