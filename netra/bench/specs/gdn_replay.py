@@ -479,18 +479,19 @@ def cases(opts: argparse.Namespace) -> Iterator[CaseBuilder]:
         sdt = getattr(torch, sname)
         if PREDICTION["batch"] in batches:
             yield partial(decode_case, PREDICTION["batch"], sdt)
-        for b in batches:
-            for t in tokens:
-                v = covering(VERIFY, sdt, b, t)
-                if v is not None:
-                    yield partial(verify_case, v, b, t)
-                cm = covering(COMMIT, sdt, b, t)
-                if cm is None:
-                    continue
-                lp = peer_layers(FULL, b, t, sdt, gib) if "sglang" in PEERS else GDN_LAYERS
-                yield partial(commit_case, cm, b, t, lp, True)
-                if lp < GDN_LAYERS:
-                    yield partial(commit_case, cm, b, t, GDN_LAYERS, False)
+        cells = [(b, t) for b in batches for t in tokens]
+        cells.sort(key=lambda c: c != (PREDICTION["batch"], PREDICTION["tokens"]))  # the prediction's cell first
+        for b, t in cells:
+            v = covering(VERIFY, sdt, b, t)
+            if v is not None:
+                yield partial(verify_case, v, b, t)
+            cm = covering(COMMIT, sdt, b, t)
+            if cm is None:
+                continue
+            lp = peer_layers(FULL, b, t, sdt, gib) if "sglang" in PEERS else GDN_LAYERS
+            yield partial(commit_case, cm, b, t, lp, True)
+            if lp < GDN_LAYERS:
+                yield partial(commit_case, cm, b, t, GDN_LAYERS, False)
 
 
 def check_case(key: str, op: str, doc: Mapping[str, Any], check: Callable[[], Mapping[str, Any]], **shape: Any) -> Case:
