@@ -248,12 +248,12 @@ def norm_case(doc: dict[str, Any], op: str, rows: int, width: int, device: str =
 
 # ---- the b|a projections through cuBLAS ------------------------------------------------------------------------
 
-def linear_inputs(m: int, device: str) -> tuple[Any, list[Any]]:
+def linear_inputs(m: int, device: str, seed: int = 0) -> tuple[Any, list[Any]]:
     import torch
 
     from netra.ops.linear import Weight
 
-    g = torch.Generator(device=device).manual_seed(m)
+    g = torch.Generator(device=device).manual_seed(m + 1000 * seed)
     x = (torch.randn(m, 2048, generator=g, device=device) * 2).bfloat16()
     ws = [Weight((torch.randn(32, 2048, generator=g, device=device) * 2048 ** -0.5).bfloat16()) for _ in range(2)]
     return x, ws
@@ -289,13 +289,15 @@ def linear_case(doc: dict[str, Any], m: int, device: str = "cuda") -> Case:
     from netra.ops.linear import linear_group_ref
 
     fn = tactic(doc)
-    x, ws = linear_inputs(m, device)
+    n = n_sets(m * 2048 * 2, most=8) if device == "cuda" else 2
+    sets = [linear_inputs(m, device, i) for i in range(n)]  # distinct activations past the L2, each its weights
     return Case(key=f"linear_group {m}x2048->32+32", op="linear_group", shape={"m": m, "k": 2048, "n": [32, 32]},
                 dtype="bfloat16",
-                providers={"netra": lambda i: fn(doc["launch"], x=x, weights=ws, out_dtype=torch.bfloat16),
-                           "reference": lambda i: linear_group_ref(x, ws)},
-                check=partial(check_linear, doc, m, device), contract=doc["name"],
-                floor_bytes=m * 2048 * 2 + 64 * 2048 * 2 + m * 64 * 2, hold=[x, ws], graph=False, min_calls=8)
+                providers={"netra": lambda i: fn(doc["launch"], x=sets[i][0], weights=sets[i][1],
+                                                 out_dtype=torch.bfloat16),
+                           "reference": lambda i: linear_group_ref(sets[i][0], sets[i][1])},
+                check=partial(check_linear, doc, m, device), contract=doc["name"], n_inputs=n,
+                floor_bytes=m * 2048 * 2 + 64 * 2048 * 2 + m * 64 * 2, hold=sets, graph=False, min_calls=8)
 
 
 # ---- the spec --------------------------------------------------------------------------------------------------
