@@ -11,8 +11,8 @@ Started by the serve role of `netra.k8s.pod` (the pod shares one PID namespace),
 * its CPU set is whole cores (every SMT sibling of each CPU), all on one NUMA node, and that node is
   the GPU's (where the container sees its GPU); as many CPUs as the pod requested (``NETRA_ENGINE_CPUS``);
 * its memory is allowed only on that node (on a machine of several nodes);
-* the code objects under the build dir equal the kernel lock (the entrypoint checked them at start;
-  a later change is caught here);
+* the code objects under the build dir equal the kernel lock, in this container and in the engine's
+  (through ``/proc/PID/root``) (the entrypoints checked them at start; a later change is caught here);
 * where SGLang runs with tactics, the plugin's evidence (`netra.deploy.audit.audit_plugin`).
 """
 
@@ -87,6 +87,15 @@ def cpu_problems(cpus: list[int], want_count: int | None, sys_root: Path = Path(
     return problems
 
 
+def _same_root(pid: int) -> bool:
+    """Whether process `pid` sees this process's root filesystem (false: another container's)."""
+    try:
+        theirs, ours = os.stat(f"/proc/{pid}/root"), os.stat("/")
+    except OSError:
+        return True
+    return (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino)
+
+
 def gpu_numa_node(sys_root: Path = Path("/sys")) -> int | None:
     """The NUMA node of the one GPU this container sees (the NVIDIA runtime shows only the assigned ones)."""
     gpus = sorted(Path("/proc/driver/nvidia/gpus").glob("*")) if Path("/proc/driver/nvidia/gpus").is_dir() else []
@@ -110,9 +119,9 @@ def audit_pod(plan: dict[str, Any], ordinal: int, *, engine_cpus: int | None = N
                     problems.append(f"engine /health answers {r.status}")
         except OSError as exc:
             problems.append(f"engine /health does not answer: {exc}")
-    if build_dir is not None:
-        from netra.build import verify_lock
+    from netra.build import verify_lock
 
+    if build_dir is not None:
         problems += [f"code objects: {p}" for p in verify_lock(build_dir)]
     argv = resolve_argv(cmds["engine_argv"])
     pid = find_process(argv)
@@ -124,6 +133,11 @@ def audit_pod(plan: dict[str, Any], ordinal: int, *, engine_cpus: int | None = N
         mems = _status_list(pid, "Mems_allowed_list")
     except OSError as exc:
         return [*problems, f"engine pid {pid} cannot be audited: {exc}"]
+    if build_dir is not None and not _same_root(pid):
+        # The engine runs in its own container: its code objects are the ones in its filesystem, read
+        # through /proc/PID/root (the pod shares one PID namespace), not this container's copy.
+        engine_build = Path(f"/proc/{pid}/root") / build_dir.relative_to(build_dir.anchor)
+        problems += [f"engine's code objects: {p}" for p in verify_lock(engine_build)]
     for key, want in sorted(cmds["engine_env"].items()):
         if env.get(key) != want:
             problems.append(f"engine environment {key}: the plan sets {want!r}, the engine has {env.get(key)!r}")

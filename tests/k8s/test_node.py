@@ -8,6 +8,8 @@ manager) on the local Docker Engine through dockershim (tests/k8s/tools/build-k8
   /proc/PID/status of every process of each container, the PIDs from `docker top`);
 * chat through SMG (on the host, the rendered router's command, as the router's service account) with the
   `openai` SDK returns tokens, answered by the pod's response layer;
+* a code object changed under the running engine (its container's build dir): the in-pod audit fails,
+  the pod leaves Ready and SMG's rotation;
 * the same StatefulSet rolled to an image whose build dir holds a tampered code object: the pod never
   becomes Ready (the entrypoint refuses, exit 3), and SMG never lists it;
 * everything the node wrote (pods, containers, /var/lib/kubelet, /var/log/pods, kubepods cgroups,
@@ -306,6 +308,12 @@ def test_engine_cpus_are_exclusive_and_the_response_layers_are_shared(worker: Wo
     assert set(parse_cpulist(state["defaultCpuSet"])) == s
 
 
+def _smg_registered(url: str) -> list[str]:
+    """Every worker SMG knows, healthy or not."""
+    with urllib.request.urlopen(url + "/workers", timeout=10) as r:
+        return sorted(w["url"] for w in json.load(r)["workers"])
+
+
 def _serve_chats(pod_ip: str, port: int) -> int:
     import re
 
@@ -315,7 +323,7 @@ def _serve_chats(pod_ip: str, port: int) -> int:
     return int(float(m.group(1))) if m else 0
 
 
-def test_chat_through_smg_and_a_tampered_build_dir_never_becomes_ready(worker: Worker, tmp_path: Path) -> None:
+def test_chat_through_smg_and_tampered_code_objects_never_routed_to(worker: Worker, tmp_path: Path) -> None:
     import openai
 
     user = f"system:serviceaccount:{worker.ns}:netra-router"
@@ -335,14 +343,34 @@ def test_chat_through_smg_and_a_tampered_build_dir_never_becomes_ready(worker: W
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert _serve_chats(pod["status"]["podIP"], port) - before == 2  # the pod answered both
 
+        # A code object changed under the running engine (in its container's build dir): the in-pod audit
+        # (in the serve container, reading the engine's filesystem) fails, the pod leaves Ready, SMG drops it.
+        ids = _containers(worker.pod_name)
+        ls = subprocess.run(["docker", "exec", ids["engine"], "sh", "-c",
+                             "find /opt/netra/build -name '*.cubin' | sort | head -1"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+        assert ls.startswith("/opt/netra/build/"), ls
+        subprocess.run(["docker", "exec", ids["engine"], "sh", "-c", f"printf x >> {ls}"], check=True)
+        t0 = time.monotonic()
+        left_ready = _wait(lambda: not _pod_ready(worker), 30, lambda: _why(worker))
+        # SMG's health check marks it unhealthy first; its discovery then drops the NotReady pod.
+        left_smg = _wait(lambda: _smg_registered(url) == [], 30, lambda: (tmp_path / "smg.log").read_text()[-3000:])
+        verdict = json.loads(subprocess.run(["docker", "exec", ids["serve"], "cat", "/run/netra-pod/audit.json"],
+                                            capture_output=True, text=True, check=True).stdout)
+        assert verdict["ok"] is False
+        assert [p for p in verdict["problems"] if p.startswith("engine's code objects:")], verdict
+        assert [p for p in verdict["problems"] if p.startswith("code objects:")] == []  # the serve copy is intact
+        with pytest.raises(openai.APIStatusError) as err:
+            client.chat.completions.create(model="netra-tiny", messages=[{"role": "user", "content": "Hi"}],
+                                           max_tokens=1)
+        assert "No worker available" in str(err.value)
+        print(f"engine's code object changed: NotReady in {left_ready:.1f} s, out of SMG in "
+              f"{time.monotonic() - t0:.1f} s ({left_smg:.1f} s after NotReady)", file=sys.stderr)
+
         # The same StatefulSet rolled to an image whose build dir holds one tampered code object.
         base = subprocess.run(["docker", "create", "--entrypoint", "sh", worker.sts["spec"]["template"]["spec"][
             "containers"][0]["image"], "-c", "true"], capture_output=True, text=True, check=True).stdout.strip()
         try:
-            ls = subprocess.run(["docker", "run", "--rm", "--entrypoint", "sh", worker.sts["spec"]["template"]["spec"][
-                "containers"][0]["image"], "-c", "find /opt/netra/build -name '*.cubin' | sort | head -1"],
-                capture_output=True, text=True, check=True).stdout.strip()
-            assert ls.startswith("/opt/netra/build/"), ls
             victim = tmp_path / "victim"
             subprocess.run(["docker", "cp", f"{base}:{ls}", str(victim)], check=True, capture_output=True)
             victim.write_bytes(victim.read_bytes() + b"\0")
@@ -371,8 +399,8 @@ def test_chat_through_smg_and_a_tampered_build_dir_never_becomes_ready(worker: W
         t0 = time.monotonic()
         while True:
             p = tampered()
-            workers = _smg_workers(url)
-            assert workers == [] or (workers == [url_of_pod] and p is None), workers
+            workers = _smg_registered(url)
+            assert workers == [], workers
             if p is not None:
                 assert not _ready(p), p["status"]
                 if p["status"].get("podIP"):
