@@ -29,10 +29,6 @@ for part in "${PARTS[@]}"; do
     step) step step "${STEP_LIMIT:-300}" python3 -m netra.bench.step --batches "${STEP_BATCHES:-1,8,64}" \
             --out "$OUT/step" --git-sha "$SHA" ;;
     plugin) step plugin "${PLUGIN_LIMIT:-150}" python3 scripts/gpu/plugin_h200.py --sglang-root .sglang_peer --git-sha "$SHA" ;;
-    norm-fp8) step norm_fp8 "${NORM_FP8_LIMIT:-150}" python3 scripts/gpu/norm_fp8.py --out "$OUT/norm_fp8" \
-                --deadline 110 ;;
-    gdn) step gdn "${GDN_LIMIT:-240}" python3 scripts/gpu/gdn.py --out "$OUT/gdn" ${GDN_ARGS:-} ;;
-    spec) step spec "${SPEC_LIMIT:-420}" python3 scripts/gpu/spec.py --out "$OUT/spec" ${SPEC_ARGS:-} ;;
     determinism) step determinism "${DET_LIMIT:-90}" python3 scripts/gpu/determinism_stress.py ;;
     gpu-tests) step gpu_tests "${GPU_TESTS_LIMIT:-300}" python3 -m pytest -q -s -m gpu \
                  tests/ops/test_attention_prefill_sdpa.py tests/engine/test_sched_gpu.py tests/ops/test_gdn_fla_gpu.py \
