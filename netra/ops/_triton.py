@@ -1,5 +1,5 @@
-"""Helpers for Triton tactics: the launcher ops bind, loading a tactic's entry by its contract (GPU
-scripts, interpreter tests), and the oracle comparison of a ``tolerance`` policy.
+"""Helpers for Triton tactics: the launcher ops bind, and loading a tactic's entry by its contract (the harness
+specs, interpreter tests). The comparison against the oracle is `netra.validate.compare`.
 
 A Triton tactic's contract names its source (``kernels/<target>/<family>/<name>.py``) and one host
 entry function (``kernel.symbol``), called as ``entry(launch, **op_args)`` with the contract's
@@ -65,22 +65,3 @@ def entry(contract_doc: Mapping[str, Any]) -> Callable[..., Any]:
     fn: Callable[..., Any] = getattr(load_source(kernel["source"]), kernel["symbol"])
     return fn
 
-
-def tolerance_report(got: Any, ref: Any, rtol: float, atol: float) -> dict[str, Any]:
-    """A tactic's output against its oracle under a ``tolerance`` policy, both upcast to FP32: every
-    element within ``atol * max(1, max|ref|) + rtol * |ref|`` (an absolute floor scaled to the
-    tensor, so that inputs of any magnitude are judged alike), and NaN/Inf exactly where the
-    reference has them. Returns ``ok``, the count of elements outside, max abs and relative-L2 error."""
-    import torch
-
-    g, r = got.float(), ref.float()
-    finite = torch.isfinite(r)
-    scale = max(1.0, float(r[finite].abs().max())) if bool(finite.any()) else 1.0
-    err = torch.where(finite, (g - r).abs(), 0.0)
-    bad = (err > atol * scale + rtol * r.abs()) & finite
-    bad |= finite & ~torch.isfinite(g)
-    bad |= ~finite & ~((g == r) | (g.isnan() & r.isnan()))
-    diff = torch.where(finite, g - r, 0.0)
-    denom = float(torch.where(finite, r, 0.0).norm())
-    return {"ok": not bool(bad.any()), "outside": int(bad.sum()), "max_abs": float(err.max()) if err.numel() else 0.0,
-            "rel_l2": float(diff.norm()) / denom if denom > 0 else float(diff.norm()), "elements": int(r.numel())}

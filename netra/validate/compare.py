@@ -10,6 +10,9 @@ A contract's ``numerics.policy`` names one of three and its thresholds:
 - ``elementwise``: every element within ``atol * max(1, max|ref|) + rtol * |ref|`` (an absolute floor
   scaled to the tensor, so inputs of any magnitude are judged alike), and NaN/Inf exactly where the
   reference has them. Used where one element must not hide behind a large norm (a recurrent state).
+  The floor scales with the tensor's largest finite value: a tensor that holds extreme values on purpose
+  (an adversarial channel at 3e38) must be judged in blocks, the extreme ones apart, or the floor
+  covers any error elsewhere (the GDN/conv specs judge such channels one by one).
 
 `compare` returns ``{"ok", "policy", ...errors}`` with the same error fields under every policy
 (``rel_l2``, ``max_abs``, ``cosine``, ``outside``, ``elements``), so a record reads alike whatever the

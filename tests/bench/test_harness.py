@@ -105,6 +105,7 @@ def _defs(names: set[str]) -> list[str]:
             for node in ast.walk(tree):
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in names:
                     hits.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}")
+            for node in tree.body:  # a module-level name bound to one (a local variable is not a definition)
                 if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in names
                                                          for t in node.targets):
                     hits.append(f"{path.relative_to(REPO)}:{node.lineno} (assignment)")
