@@ -112,19 +112,7 @@ class ControlPlane:
         return path
 
     def stop(self) -> None:
-        for pid in reversed(self.pids):
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
-            for _ in range(100):
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    break
-                time.sleep(0.1)
-            else:
-                os.kill(pid, signal.SIGKILL)
+        _stop_pids(self.pids)  # reaps them: a zombie answers kill(pid, 0), so waiting on that took 10 s each
 
 
 def _sh(*argv: str, cwd: Path) -> None:
@@ -328,7 +316,7 @@ def _stop_pids(pids: list[int]) -> None:
             try:
                 if os.waitpid(pid, os.WNOHANG) != (0, 0):
                     break
-            except ChildProcessError:
+            except ChildProcessError:  # not our child: gone when kill(pid, 0) says so
                 try:
                     os.kill(pid, 0)
                 except ProcessLookupError:
@@ -336,6 +324,10 @@ def _stop_pids(pids: list[int]) -> None:
             time.sleep(0.1)
         else:
             os.kill(pid, signal.SIGKILL)
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
     pids.clear()
 
 
