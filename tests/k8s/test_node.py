@@ -33,7 +33,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -94,16 +94,13 @@ def _code_objects() -> Path:
 
 @dataclass
 class Worker:
-    """The applied render: its documents, the pod's name, the StatefulSet, SMG's URL."""
+    """The applied render: its documents, namespace, StatefulSet (as applied) and the pod's name."""
 
     node: cluster.Node
     docs: dict[str, list[dict[str, Any]]]
     ns: str
     sts: dict[str, Any]
     pod_name: str
-    lock_env: dict[str, str]
-    smg_url: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def pod(self) -> dict[str, Any]:
         return self.node.cp.request("GET", f"/api/v1/namespaces/{self.ns}/pods/{self.pod_name}")
@@ -237,8 +234,7 @@ def worker(node: cluster.Node, image: dict[str, str], tmp_path_factory: pytest.T
     for name in APPLIED:
         for d in docs[name]:
             node.cp.create(d)
-    w = Worker(node, docs, docs["namespace.yaml"][0]["metadata"]["name"], sts, sts["metadata"]["name"] + "-0",
-               {k: v for k, v in image.items() if k.startswith("NETRA_")})
+    w = Worker(node, docs, docs["namespace.yaml"][0]["metadata"]["name"], sts, sts["metadata"]["name"] + "-0")
     _wait(lambda: _pod_ready(w), 420, lambda: _why(w))
     TIMES["pod Ready (apply to Ready)"] = time.monotonic() - t0
     return w
