@@ -66,6 +66,11 @@ class Endpoint:
                       keep_stop=req.no_stop_trim, skip_special_tokens=req.skip_special_tokens,
                       endpoint=self.name, metrics=self.state.metrics, t0=self.t0, timed=stream)
 
+    def envelope(self, model: str, choices: list[dict[str, Any]], *, chunk: bool) -> dict[str, Any]:
+        """A response body (a stream event's when ``chunk``) around ``choices``."""
+        return {"id": self.id, "object": self.chunk_kind if chunk else self.object_kind, "created": self.created,
+                "model": model, "choices": choices}
+
     def usage(self, choices: list[Choice], n: int) -> Usage:
         total = Usage()
         for c in choices:
@@ -162,8 +167,7 @@ class Endpoint:
                         events += 1
                         yield data
                     if include_usage:
-                        data = sse({"id": self.id, "object": self.chunk_kind, "created": self.created,
-                                    "model": self.state.model_name_now(), "choices": [],
+                        data = sse({**self.envelope(self.state.model_name_now(), [], chunk=True),
                                     "usage": self.usage(choices, n).body()})
                         sent += len(data)
                         events += 1
@@ -243,6 +247,13 @@ def _seeded(params: dict[str, Any], j: int) -> dict[str, Any]:
     return params
 
 
+def _stopped(choice: dict[str, Any], d: Delta) -> dict[str, Any]:
+    """``choice`` with the stop string that ended it, if one did (SGLang's `matched_stop`)."""
+    if d.matched_stop is not None:
+        choice["matched_stop"] = d.matched_stop
+    return choice
+
+
 def _logprob_fields(body: dict[str, Any], top: int | None) -> None:
     """Ask the worker for logprobs (SGLang's top-level keys)."""
     body["return_logprob"] = True
@@ -293,10 +304,7 @@ async def completions(state: ServeState, request: Request, req: CompletionReques
             if req.logprobs is not None:
                 choice["logprobs"] = completion_logprobs(d.logprobs, names, offsets[d.index])
                 offsets[d.index] += sum(len(t) for t in choice["logprobs"]["tokens"])
-            if d.matched_stop is not None:
-                choice["matched_stop"] = d.matched_stop
-            return {"id": ep.id, "object": "text_completion", "created": ep.created, "model": model,
-                    "choices": [choice]}
+            return ep.envelope(model, [_stopped(choice, d)], chunk=True)
 
         return await ep.streamed(request, choices, req.n, req.stream_options, chunk)
 
@@ -308,11 +316,8 @@ async def completions(state: ServeState, request: Request, req: CompletionReques
                                  "finish_reason": d.finish_reason}
             if req.logprobs is not None:
                 c["logprobs"] = completion_logprobs(d.logprobs, names, len(prefix))
-            if d.matched_stop is not None:
-                c["matched_stop"] = d.matched_stop
-            out.append(c)
-        return {"id": ep.id, "object": "text_completion", "created": ep.created, "model": model,
-                "choices": out, "usage": usage.body()}
+            out.append(_stopped(c, d))
+        return {**ep.envelope(model, out, chunk=False), "usage": usage.body()}
 
     return await ep.whole(request, choices, req.n, render)
 
@@ -385,10 +390,7 @@ async def chat_completions(state: ServeState, request: Request, req: ChatComplet
                                       "finish_reason": finish_reason(d.index, d.finish_reason)}
             if req.logprobs:
                 choice["logprobs"] = chat_logprobs(d.logprobs, names)
-            if d.matched_stop is not None:
-                choice["matched_stop"] = d.matched_stop
-            return {"id": ep.id, "object": "chat.completion.chunk", "created": ep.created, "model": model,
-                    "choices": [choice]}
+            return ep.envelope(model, [_stopped(choice, d)], chunk=True)
 
         return await ep.streamed(request, choices, req.n, req.stream_options, chunk)
 
@@ -408,10 +410,7 @@ async def chat_completions(state: ServeState, request: Request, req: ChatComplet
             c: dict[str, Any] = {"index": d.index, "message": message,
                                  "logprobs": chat_logprobs(d.logprobs, names) if req.logprobs else None,
                                  "finish_reason": finish_reason(d.index, d.finish_reason)}
-            if d.matched_stop is not None:
-                c["matched_stop"] = d.matched_stop
-            out.append(c)
-        return {"id": ep.id, "object": "chat.completion", "created": ep.created, "model": model,
-                "choices": out, "usage": usage.body()}
+            out.append(_stopped(c, d))
+        return {**ep.envelope(model, out, chunk=False), "usage": usage.body()}
 
     return await ep.whole(request, choices, req.n, render)
