@@ -115,13 +115,22 @@ def entry(contract: str) -> tuple[Callable[..., Any], dict[str, Any]]:
 
 
 def code_objects(contracts: Iterable[str]) -> dict[str, Any]:
-    """The sources measured: contract -> {source, sha256} (a record is evidence for exactly these bytes)."""
-    from netra.catalog import contract_doc
+    """The code objects measured, as kernels/lock.json pins them (a record is evidence for exactly these bytes):
+    object name -> {contract, source, sha256}, every object of a plan contract included; the sha256 is the lock's
+    (the cubin's for a CUDA object, the source's for a Triton one: what the runtime verifies before it loads one),
+    the source's own where the lock has no entry."""
+    from netra.catalog import Catalog
+    from netra.kernel_lock import read_lock
 
+    lock = {e["name"]: e for e in read_lock()["code_objects"]}
+    cat = Catalog.load()
     out: dict[str, Any] = {}
     for name in contracts:
-        src = contract_doc(name)["kernel"]["source"]
-        out[name] = {"source": src, "sha256": hashlib.sha256((REPO_ROOT / src).read_bytes()).hexdigest()}
+        for obj in cat.by_name(name).objects:
+            src = obj.kernel["source"]
+            e = lock.get(obj.name)
+            out[obj.name] = {"contract": name, "source": src, "kind": e["kind"] if e else None,
+                             "sha256": e["sha256"] if e else hashlib.sha256((REPO_ROOT / src).read_bytes()).hexdigest()}
     return out
 
 
