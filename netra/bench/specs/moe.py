@@ -392,14 +392,6 @@ def cases(opts: argparse.Namespace) -> Iterator[CaseBuilder]:
                     yield functools.partial(gpu_case, section, m, False, str(c.name))
 
 
-def locked_objects(names: tuple[str, ...] | None = None) -> dict[str, Any]:
-    """The MoE code objects measured: lock name -> sha256 (a record is evidence for exactly these)."""
-    from netra.kernel_lock import read_lock
-
-    return {e["name"]: {"sha256": e["sha256"]} for e in read_lock()["code_objects"]
-            if e["family"] == "moe" and (names is None or e["name"] in names)}
-
-
 def load_peer(w: Any, root: str | None) -> tuple[Any, str]:
     """SGLang 0.5.23's pipeline on these weights, or None with the reason (the record says which)."""
     try:
@@ -421,8 +413,7 @@ def setup(opts: argparse.Namespace) -> dict[str, Any]:
     _STATE["ties"] = with_router_ties(w)
     _STATE["peer"], note = load_peer(w, getattr(opts, "moe_sglang_root", None) or os.environ.get("NETRA_SGLANG_PEER"))
     print(f"moe peer: {note}", flush=True)
-    return {"min_maturity": "experiment", "layer": "qwen36-35b-a3b layer 0 (seed 0)", "peer": note,
-            "code_objects": locked_objects()}
+    return {"min_maturity": "experiment", "layer": "qwen36-35b-a3b layer 0 (seed 0)", "peer": note}
 
 
 def targets(record: dict[str, Any]) -> dict[str, Any]:
@@ -466,5 +457,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="moe, moe_prefill: the staged SGLang peer (default $NETRA_SGLANG_PEER, else .sglang_peer)")
 
 
+CONTRACTS = ("moe_block_t1", "moe_block_stream_fold", "moe_block_stream", "moe_routed_t1", "moe_routed_stream")
+
 SPEC = Spec(name="moe", family="moe", doc="MoE block and routed experts (1..128 tokens) against SGLang's",
-            cases=cases, smoke=smoke, setup=setup, targets=targets, add_arguments=add_arguments, samples=40)
+            cases=cases, smoke=smoke, setup=setup, targets=targets, add_arguments=add_arguments, samples=40,
+            contracts=CONTRACTS)

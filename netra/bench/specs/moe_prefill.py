@@ -152,8 +152,6 @@ def setup(opts: argparse.Namespace) -> dict[str, Any]:
         info = moe.setup(opts)
     else:
         info = {"min_maturity": "experiment", "layer": "qwen36-35b-a3b layer 0 (seed 0)"}
-    if not getattr(opts, "smoke", False):
-        info["code_objects"] = moe.locked_objects((CONTRACT,))
     return info
 
 
