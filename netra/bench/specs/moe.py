@@ -8,8 +8,9 @@ Cases: ``block`` (op ``moe_fp8_block``: router + top-8 + routed + gated shared e
 ``moe_fp8_routed``: the experts from given top-8) at 1, 2, 4, 8, 16, 32, 64, 128 tokens (timed) and 3, 5, 33, 127
 (checked only: half-filled warps, passes and chunks); the contract of a case is the one dispatch picks there. Every
 other contract of the two ops (the two-launch ``moe_block_stream``, which the one-launch fold outranks) is checked
-on its own at 2, 33 and 128 tokens through its own tactic, and timed as a provider beside the contract dispatch
-picks (``netra:<contract>``).
+on its own at 2, 33 and 128 tokens through its own tactic (its outputs also compared bitwise with the picked
+contract's: ``bitwise_vs_selected``, recorded), and timed as a provider beside the contract dispatch picks
+(``netra:<contract>``).
 
 Check (`check`, the same code on the GPU and in the smoke path; device, layer and provider are parameters): fresh
 random inputs at every count, and at 1, 8 and 128 tokens also router ties (router rows 2j and 2j + 1 equal), zero,
@@ -254,11 +255,13 @@ def selected(section: str, x: Any, w: Any) -> str:
 
 def check(section: str, m: int, contract: str, layer: Any, ties: Any, run: Run, device: str,
           kinds: tuple[str, ...] | None = None, own_routing: Callable[[Any], tuple[Any, Any]] | None = None,
-          expect: bool = False, peer: Run | None = None) -> dict[str, Any]:
+          expect: bool = False, peer: Run | None = None, twin: Run | None = None) -> dict[str, Any]:
     """``run`` on fresh and adversarial inputs at ``m`` tokens, each output judged under ``contract``'s numerics
     against its oracle: the block on its own routing (``own_routing(x)``: the tactic's top-k; the reference's
     when None) with the routing judged apart, run to run bitwise, on the GPU eager == graph replay; ``expect``:
-    dispatch must pick ``contract``; ``peer``: judged against the oracle as well (recorded, not deciding)."""
+    dispatch must pick ``contract``; ``peer``: judged against the oracle as well (recorded, not deciding); ``twin``:
+    another plan of the same arithmetic (the contract dispatch picks), bitwise against it (recorded, not deciding:
+    the A/B of the one-launch fold and the two-launch block)."""
     import torch
 
     from netra.catalog import contract_doc
@@ -300,6 +303,8 @@ def check(section: str, m: int, contract: str, layer: Any, ties: Any, run: Run, 
             torch.cuda.synchronize()
             case["eager_equals_replay"] = bool(torch.equal(got, replayed))
             del g
+        if twin is not None:
+            case["bitwise_vs_selected"] = bool(torch.equal(got, twin(x, w, ids, tw)))
         if peer is not None and kind == "normal":
             case["peer"] = compare(numerics, peer(x, w, ids, tw), ref_fn(x, w) if section == "block" else ref)
         case["ok"] = bool(case["compare"]["ok"] and case["run_to_run_bitwise"]
@@ -354,7 +359,7 @@ def gpu_case(section: str, m: int, timed: bool, contract: str | None = None) -> 
     run = tactic_run(section, name) if direct else engine_run(section)
     own = tactic_routing if section == "block" else None
     chk = functools.partial(check, section, m, name, w, ties, run, "cuda", own_routing=own, expect=not direct,
-                            peer=peer_run(section) if timed else None)
+                            peer=peer_run(section) if timed else None, twin=engine_run(section) if direct else None)
     case = Case(key=f"{section} tokens={m}" + (f" {name}" if direct else ""), op=OPS[section],
                 shape={"tokens": m}, dtype="fp8_e4m3_block128", check=chk, contract=name)
     if timed:
