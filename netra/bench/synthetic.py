@@ -26,7 +26,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,6 +88,23 @@ def create_app(cfg: Config) -> Any:
             sent = nxt
             yield sent
 
+    async def paced(fault: str, emit: int, event: Callable[[int, int], bytes], last: bytes) -> AsyncIterator[bytes]:
+        """One request's stream: ``event(prev, n)`` at each tick (tokens prev..n), then ``last`` (if any) and
+        [DONE]; ``fault`` turns it into an error event half way, or cuts it before its last token."""
+        prev = 0
+        async for n in ticks(emit):
+            if fault == "error-event" and n > emit // 2:
+                yield sse({"error": {"message": "synthetic error event", "code": 500}})
+                yield b"data: [DONE]\n\n"
+                return
+            if fault == "truncate" and n == emit:
+                return
+            yield event(prev, n)
+            prev = n
+        if last:
+            yield last
+        yield b"data: [DONE]\n\n"
+
     def bad_request(msg: str) -> Any:
         return JSONResponse({"error": {"message": msg, "type": "invalid_request_error", "code": 400}},
                             status_code=400)
@@ -120,21 +137,13 @@ def create_app(cfg: Config) -> Any:
                 pass
             return JSONResponse({"text": "", "output_ids": out, "meta_info": meta(emit, True)})
 
-        async def stream() -> AsyncIterator[bytes]:
-            prev = 0
-            async for n in ticks(emit):
-                if fault == "error-event" and n > emit // 2:
-                    yield sse({"error": {"message": "synthetic error event", "code": 500}})
-                    yield b"data: [DONE]\n\n"
-                    return
-                if fault == "truncate" and n == emit:
-                    return
-                ids_out = out[prev:n] if cfg.incremental else out[:n]
-                yield sse({"text": "", "output_ids": ids_out, "meta_info": meta(n, n == emit)})
-                prev = n
-            if emit == 0:
-                yield sse({"text": "", "output_ids": [], "meta_info": meta(0, True)})
-            yield b"data: [DONE]\n\n"
+        def event(prev: int, n: int) -> bytes:
+            ids_out = out[prev:n] if cfg.incremental else out[:n]
+            return sse({"text": "", "output_ids": ids_out, "meta_info": meta(n, n == emit)})
+
+        def stream() -> AsyncIterator[bytes]:
+            last = sse({"text": "", "output_ids": [], "meta_info": meta(0, True)}) if emit == 0 else b""
+            return paced(fault, emit, event, last)
 
         if cfg.rate <= 0 and fault == "none":
             # Burst mode: the whole stream in one body, as fast as the server can send it, so the
@@ -160,29 +169,18 @@ def create_app(cfg: Config) -> Any:
             return {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n,
                     "prompt_tokens_details": {"cached_tokens": cached}}
 
-        async def stream() -> AsyncIterator[bytes]:
-            prev = 0
-            async for n in ticks(emit):
-                if fault == "error-event" and n > emit // 2:
-                    yield sse({"error": {"message": "synthetic error event", "code": 500}})
-                    yield b"data: [DONE]\n\n"
-                    return
-                if fault == "truncate" and n == emit:
-                    return
-                text = "".join(f" t{output_token(psum, i, cfg.vocab_size)}" for i in range(prev, n))
-                fin = ("abort" if fault == "abort" else "length") if n == emit else None
-                chunk: dict[str, Any] = {"id": "cmpl-syn", "object": "text_completion", "model": "synthetic",
-                                         "choices": [{"index": 0, "text": text, "finish_reason": fin}]}
-                if opts.get("continuous_usage_stats"):
-                    chunk["usage"] = usage(n)
-                yield sse(chunk)
-                prev = n
-            if opts.get("include_usage"):
-                yield sse({"id": "cmpl-syn", "object": "text_completion", "model": "synthetic", "choices": [],
-                           "usage": usage(emit)})
-            yield b"data: [DONE]\n\n"
+        def event(prev: int, n: int) -> bytes:
+            text = "".join(f" t{output_token(psum, i, cfg.vocab_size)}" for i in range(prev, n))
+            fin = ("abort" if fault == "abort" else "length") if n == emit else None
+            chunk: dict[str, Any] = {"id": "cmpl-syn", "object": "text_completion", "model": "synthetic",
+                                     "choices": [{"index": 0, "text": text, "finish_reason": fin}]}
+            if opts.get("continuous_usage_stats"):
+                chunk["usage"] = usage(n)
+            return sse(chunk)
 
-        return StreamingResponse(stream(), media_type="text/event-stream")
+        last = (sse({"id": "cmpl-syn", "object": "text_completion", "model": "synthetic", "choices": [],
+                     "usage": usage(emit)}) if opts.get("include_usage") else b"")
+        return StreamingResponse(paced(fault, emit, event, last), media_type="text/event-stream")
 
     @app.get("/v1/models")
     async def models() -> Any:
