@@ -32,18 +32,11 @@ def _add_profile_args(p: argparse.ArgumentParser, *, default: str | None) -> Non
 
 def _resolve(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """(base profile, profile with --set applied, overrides)."""
-    import yaml
-
     from netra.deploy.plan import Overrides
-    from netra.deploy.profile import ProfileError, load_profile
+    from netra.deploy.profile import load_profile
 
     base = load_profile(args.profile)
-    prof = base
-    for item in args.sets:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise ProfileError(f"--set {item!r}: expected KEY=VALUE")
-        prof = prof.replace(key.strip(), yaml.safe_load(raw))
+    prof = base.with_sets(args.sets)
     ov = Overrides(front_port=args.front_port, front_host=args.front_host, port_base=args.port_base,
                    run_dir=args.run_dir, workers=args.workers)
     return base, prof, ov

@@ -374,12 +374,7 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         base = load_profile(args.profile)
-        profile = base
-        for item in args.sets:
-            key, sep, raw = item.partition("=")
-            if not sep:
-                raise ProfileError(f"--set {item!r}: expected KEY=VALUE")
-            profile = profile.replace(key.strip(), yaml.safe_load(raw))
+        profile = base.with_sets(args.sets)
         from netra.deploy.plan import Overrides
 
         ov = Overrides(front_port=getattr(args, "front_port", None), port_base=getattr(args, "port_base", None))

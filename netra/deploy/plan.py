@@ -8,14 +8,13 @@ identify exactly what `netra launch` starts; the launch record keeps that hash.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from netra import settings
-from netra.deploy.profile import Profile, ProfileError, _to_plain, canonical_json, netra_model_dir
+from netra.deploy.profile import Canonical, Profile, ProfileError, _to_plain, netra_model_dir
 from netra.deploy.topology import Placement, PlacementError, Topology, format_cpulist, place, read_topology
 from netra.plugins.sglang import DOMAINS, enabled
 
@@ -108,7 +107,7 @@ class FrontPlan:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(Canonical):
     profile_name: str
     profile_sha256: str
     profile: dict[str, Any]
@@ -124,15 +123,6 @@ class Plan:
     supervisor: dict[str, Any]
     version: int = PLAN_VERSION
     notes: tuple[str, ...] = field(default=())
-
-    def to_dict(self) -> dict[str, Any]:
-        return _to_plain(self)
-
-    def canonical_json(self) -> str:
-        return canonical_json(self.to_dict())
-
-    def sha256(self) -> str:
-        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
 
 def front_sizing(target: int, keepalive: int) -> tuple[int, int, int]:

@@ -17,6 +17,7 @@ import json
 import re
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -193,8 +194,21 @@ class Checkpoint:
     revision: str | None = field(default=None, metadata=_meta("Hugging Face revision (commit)"))
 
 
+class Canonical:
+    """A frozen dataclass's identity: its plain dict, that dict's canonical JSON and the JSON's sha256."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_plain(self)
+
+    def canonical_json(self) -> str:
+        return canonical_json(self.to_dict())
+
+    def sha256(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+
 @dataclass(frozen=True)
-class Profile:
+class Profile(Canonical):
     name: str = field(metadata=_meta("profile name (= file stem)", pattern=NAME_RE.pattern))
     description: str = field(metadata=_meta("one line: what this profile is for"))
     target: Target = field(metadata=_meta("kernel target: cpu, sm90 (H100/H200) or gfx950 (MI350X)"))
@@ -217,15 +231,6 @@ class Profile:
     def uses_gpus(self) -> bool:
         return self.gpu_vendor is not None
 
-    def to_dict(self) -> dict[str, Any]:
-        return _to_plain(self)
-
-    def canonical_json(self) -> str:
-        return canonical_json(self.to_dict())
-
-    def sha256(self) -> str:
-        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
-
     def replace(self, dotted: str, value: Any) -> Profile:
         """A copy with one dotted key changed (``engine.stream_interval``), re-validated."""
         raw = self.to_dict()
@@ -239,6 +244,16 @@ class Profile:
             raise ProfileError(f"override {dotted!r}: unknown key {leaf!r}")
         node[leaf] = value
         return profile_from_dict(raw, source=f"{self.name} with {dotted}={value!r}")
+
+    def with_sets(self, sets: Iterable[str]) -> Profile:
+        """A copy with each ``KEY=VALUE`` of the CLI's ``--set`` (the value read as YAML) applied in order."""
+        prof = self
+        for item in sets:
+            key, sep, raw = item.partition("=")
+            if not sep:
+                raise ProfileError(f"--set {item!r}: expected KEY=VALUE")
+            prof = prof.replace(key.strip(), yaml.safe_load(raw))
+        return prof
 
 
 def canonical_json(obj: Any) -> str:
