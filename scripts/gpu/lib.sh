@@ -1,4 +1,6 @@
-# Shared by the device scripts (session.sh, serve_h200.sh): sourced from the repository root with OUT and SHA set.
+# Shared by the device scripts (session.sh, serve_h200.sh): sourced from the repository root with OUT and
+# DEFAULT_PARTS set and the script's arguments (`source scripts/gpu/lib.sh "$@"`):
+# - reads them as SHA [PART...] into SHA and PARTS (DEFAULT_PARTS where none is named);
 # - installs the carried wheels (.whl, when present) into /tmp/site and puts the tree and them on PYTHONPATH;
 # - records the commit measured (NETRA_GIT_SHA: a device copy's .git is not the tree's) and lets dispatch select
 #   contracts not yet promoted (NETRA_TACTIC_MIN_MATURITY=experiment unless set);
@@ -6,6 +8,10 @@
 #   script's start, less a 25 s margin), output in $OUT/NAME.log, one line in $OUT/summary.txt (plus the lines of
 #   the log matching $STEP_GREP);
 # - `pack`: the device returns at most 8 files: everything under $OUT but the summary goes into one tarball.
+SHA=${1:-unknown}
+shift || true
+PARTS=("$@")
+[[ ${#PARTS[@]} -eq 0 ]] && PARTS=("${DEFAULT_PARTS[@]}")
 mkdir -p "$OUT"
 summary=$OUT/summary.txt
 : > "$summary"

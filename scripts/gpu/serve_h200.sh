@@ -23,12 +23,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/netra-serve-out}
-SHA=${1:-unknown}
-shift || true
-PARTS=("$@")
-[[ ${#PARTS[@]} -eq 0 ]] && PARTS=(c128 sweep)
+DEFAULT_PARTS=(c128 sweep)
 STEP_GREP="output tok/s|output throughput|exact checks|BENCH FAILED|K= *[0-9]+ rep"
-source scripts/gpu/lib.sh
+source scripts/gpu/lib.sh "$@"
 unset NETRA_TACTIC_MIN_MATURITY  # the profile says which contracts its workers select (engine.tactic_min_maturity)
 export PATH=$PWD/.nginx/bin:$PATH
 REC=$OUT/serving

@@ -9,11 +9,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/netra-session-out}
-SHA=${1:-unknown}
-shift || true
-PARTS=("$@")
-[[ ${#PARTS[@]} -eq 0 ]] && PARTS=(moe-tests moe step)
-source scripts/gpu/lib.sh
+DEFAULT_PARTS=(moe-tests moe step)
+source scripts/gpu/lib.sh "$@"
 export NETRA_SGLANG_PEER=${NETRA_SGLANG_PEER:-$PWD/.sglang_peer}
 for part in "${PARTS[@]}"; do
   case "$part" in
