@@ -23,6 +23,7 @@ from netra.serve.protocol import ChatCompletionRequest, CompletionRequest, Strea
 from netra.serve.reasoning import THINK_CLOSE, TOOL_OPEN, ReasoningCounter, opens_reasoning
 from netra.serve.sse import DONE, SSEResponse, all_or_abort, guard, json_response, sse
 from netra.serve.state import ServeState, check_choices
+from netra.serve.tokenizer import ModelText
 from netra.serve.tools import parser_for
 from netra.web.errors import OpenAIError
 
@@ -260,16 +261,23 @@ def _logprob_fields(body: dict[str, Any], top: int | None) -> None:
     body["top_logprobs_num"] = top or 0
 
 
-async def completions(state: ServeState, request: Request, req: CompletionRequest) -> Response:
-    prompts = req.prompts()
-    check_choices(state, len(prompts), req.n)
+async def _endpoint(state: ServeState, request: Request, req: CompletionRequest | ChatCompletionRequest,
+                    name: str, object_kind: str, chunk_kind: str) -> tuple[Endpoint, str, ModelText, int | None]:
+    """The checks every OpenAI endpoint makes first (fields it refuses, the model's name, the worker's health),
+    then its `Endpoint`, the model's text side and the context length."""
     req.refuse_unsupported()
     model = await state.check_model(req.model)
     state.check_worker()
-    ep = Endpoint(state, "completions", "text_completion", "text_completion")
+    ep = Endpoint(state, name, object_kind, chunk_kind)
     ep.attach(request)
-    model_text = await state.model_text()
-    context = await state.context_length()
+    return ep, model, await state.model_text(), await state.context_length()
+
+
+async def completions(state: ServeState, request: Request, req: CompletionRequest) -> Response:
+    prompts = req.prompts()
+    check_choices(state, len(prompts), req.n)
+    ep, model, model_text, context = await _endpoint(state, request, req, "completions", "text_completion",
+                                                     "text_completion")
     token_prompts: list[list[int]] = []
     for prompt in prompts:  # tokenized here, so the length is checked before anything goes upstream
         if isinstance(prompt, str):
@@ -324,13 +332,8 @@ async def completions(state: ServeState, request: Request, req: CompletionReques
 
 async def chat_completions(state: ServeState, request: Request, req: ChatCompletionRequest) -> Response:
     check_choices(state, 1, req.n)
-    req.refuse_unsupported()
-    model = await state.check_model(req.model)
-    state.check_worker()
-    ep = Endpoint(state, "chat", "chat.completion", "chat.completion.chunk")
-    ep.attach(request)
-    model_text = await state.model_text()
-    context = await state.context_length()
+    ep, model, model_text, context = await _endpoint(state, request, req, "chat", "chat.completion",
+                                                     "chat.completion.chunk")
     template = model_text.chat_template
     plain = template.source is None
     tools = req.prompt_tools()
