@@ -14,7 +14,7 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 # Verb -> (module that registers it, help). Order is the help order; a module may register several.
@@ -61,6 +61,15 @@ def add_verb(sub: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
     text = VERBS[name][1]
     parser: argparse.ArgumentParser = sub.add_parser(name, help=text, description=text, **kwargs)
     return parser
+
+
+def run_module(prog: str, doc: str | None, add_arguments: Callable[[argparse.ArgumentParser], None],
+               cli: Callable[[argparse.Namespace], int], argv: list[str] | None = None) -> int:
+    """A verb's module run on its own (``python -m``): its parser (described by the docstring's first
+    line) parses ``argv``, and ``cli`` runs with the result."""
+    p = NetraParser(prog=prog, description=(doc or "").splitlines()[0])
+    add_arguments(p)
+    return cli(p.parse_args(argv))
 
 
 def nested_word(words: Sequence[str], verb: str) -> str | None:

@@ -225,11 +225,9 @@ def cli(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from netra.cli import NetraParser
+    from netra.cli import run_module
 
-    p = NetraParser(prog="netra bench engine", description=__doc__.splitlines()[0])
-    add_arguments(p)
-    return cli(p.parse_args(argv))
+    return run_module("netra bench engine", __doc__, add_arguments, cli, argv)
 
 
 if __name__ == "__main__":
