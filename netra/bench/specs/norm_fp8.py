@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 from netra.bench.harness import Case, CaseBuilder, Spec, entry
@@ -156,7 +157,7 @@ def cases(opts: argparse.Namespace) -> Iterator[CaseBuilder]:
     rows = [int(v) for v in str(getattr(opts, "norm_rows", "") or ",".join(map(str, ROWS))).split(",")]
     for label, producer, ns, k in PAIRS:
         for m in rows:
-            yield lambda a=(label, producer, ns, k, m): gpu_case(*a)
+            yield partial(gpu_case, label, producer, ns, k, m)
 
 
 def smoke_check(producer: str, m: int) -> dict[str, Any]:
@@ -175,13 +176,13 @@ def smoke_check(producer: str, m: int) -> dict[str, Any]:
         x, _, w = inputs("plain", m, k, 0, "cpu")
         rows, q, s = fused(x=x, weight=w, eps=1e-6)
         want = plain(x=x, weight=w, eps=1e-6)
-        res = {}
+        res: dict[str, Any] = {}
     elif producer == "gated":
         x, proj, w = inputs("gated", m, 4096, 0, "cpu")
         z = proj[:, 32 * 128:].reshape(m, 32, 128)
         rows, q, s = fused(x=x, z=z, weight=w, eps=1e-6)
         want = plain(x=x, z=z, weight=w, eps=1e-6)
-        res = {}
+        res = {}  # the plain norm writes no residual
     else:
         x, r, w = inputs("add", m, k, 0, "cpu")
         rows, q, s, new_res = fused(x=x, residual=r, weight=w, eps=1e-6)
@@ -199,8 +200,8 @@ def smoke_check(producer: str, m: int) -> dict[str, Any]:
 
 def smoke() -> Iterator[CaseBuilder]:
     for producer, m in (("add", 5), ("gated", 3), ("plain", 4)):
-        yield lambda p=producer, m=m: Case(key=f"{p} m={m}", op="norm_" + p, shape={"m": m}, dtype="fp8",
-                                           check=lambda: smoke_check(p, m), contract=fused_contract(p, m))
+        yield partial(Case, key=f"{producer} m={m}", op="norm_" + producer, shape={"m": m}, dtype="fp8",
+                      check=partial(smoke_check, producer, m), contract=fused_contract(producer, m))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
