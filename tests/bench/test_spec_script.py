@@ -7,18 +7,13 @@ rows. No graphs, timing or peers (those need the GPU)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
-from tests.bench.test_specs_gdn import smoke
 
 pytestmark = pytest.mark.triton_interp
 
 
-def test_gdn_replay_smoke_runs_the_checks(tmp_path: Path) -> None:
-    pytest.importorskip("triton", reason="triton is not installed: the interpreter smoke run needs it")
-    record = smoke("gdn_replay", tmp_path)
+def test_gdn_replay_smoke_runs_the_checks(smoke_record) -> None:  # type: ignore[no-untyped-def]
+    record = smoke_record("gdn_replay")
     cases = record["checks"]["by_case"]  # type: ignore[index]
     assert {k.split()[0] for k in cases} == {f"gdn_{op}_{v}_hv32" for op in ("verify", "commit")
                                              for v in ("f32_small", "f32", "bf16")}

@@ -321,18 +321,15 @@ def check(section: str, m: int, contract: str, layer: Any, ties: Any, run: Run, 
 def check_contract(contract: Any, w: Any, ties: Any, tokens: tuple[int, ...] = TOKENS + CHECK_TOKENS
                    ) -> dict[str, Any]:
     """One contract checked through its own tactic at every count of ``tokens`` in its range (GPU): the GPU
-    tests' entry. The prefill contract goes through `netra.bench.specs.moe_prefill.check`."""
-    if contract.op == OPS["block"] and contract.name == "moe_block_prefill":
-        from netra.bench.specs import moe_prefill
-
-        res = {m: moe_prefill.check(m, w, ties, "cuda", moe_prefill.engine_run(), kinds=moe_prefill.KINDS,
-                                    expect=True) for m in tokens if contract.dims["tokens"].contains(m)}
-    else:
-        section = "block" if contract.op == OPS["block"] else "routed"
-        run = tactic_run(section, contract.name)
-        own = tactic_routing if section == "block" else None
-        res = {m: check(section, m, contract.name, w, ties, run, "cuda", own_routing=own)
-               for m in tokens if contract.dims["tokens"].contains(m)}
+    tests' entry. The prefill contract's is `netra.bench.specs.moe_prefill.check_contract` (that spec imports
+    this one, not the other way round)."""
+    if contract.name == "moe_block_prefill":
+        raise ValueError("moe_block_prefill is checked by netra.bench.specs.moe_prefill.check_contract")
+    section = "block" if contract.op == OPS["block"] else "routed"
+    run = tactic_run(section, contract.name)
+    own = tactic_routing if section == "block" else None
+    res = {m: check(section, m, contract.name, w, ties, run, "cuda", own_routing=own)
+           for m in tokens if contract.dims["tokens"].contains(m)}
     failing = [{"tokens": m, **r} for m, r in res.items() if not r["ok"]]
     return {"contract": contract.name, "cases": sum(len(r["cases"]) for r in res.values()), "failing": failing,
             "ok": bool(res) and not failing}

@@ -173,3 +173,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 SPEC = Spec(name="moe_prefill", family="moe", doc="prefill MoE block (Triton, 129..8192 tokens) against SGLang's",
             cases=cases, smoke=smoke, setup=setup, contracts=(CONTRACT,), add_arguments=add_arguments, samples=15)
+
+def check_contract(contract: Any, w: Any, ties: Any, tokens: tuple[int, ...]) -> dict[str, Any]:
+    """``moe_block_prefill`` checked as the engine calls it at every count of ``tokens`` in its range (GPU), every
+    input kind: the GPU tests' entry (the decode contracts': `netra.bench.specs.moe.check_contract`)."""
+    res = {m: check(m, w, ties, "cuda", engine_run(), kinds=KINDS, expect=True)
+           for m in tokens if contract.dims["tokens"].contains(m)}
+    failing = [{"tokens": m, **r} for m, r in res.items() if not r["ok"]]
+    return {"contract": contract.name, "cases": sum(len(r["cases"]) for r in res.values()), "failing": failing,
+            "ok": bool(res) and not failing}
