@@ -26,8 +26,8 @@ SCANNED = ("netra", "kernels")
 EXCLUDED = (
     # The bytes of these sources are what their accepted contracts' records measured (kernels/lock.json pins them,
     # tests/kernels/test_kernel_records.py holds the records to them): their docstrings change with each source's
-    # next H200 record. The figures are in results/sm90/NOTES.md already; the rewrite is on branch
-    # issue34-pinned-docstrings.
+    # next H200 record. The figures are in results/sm90/NOTES.md already; the rewrite is
+    # results/sm90/pinned-docstrings.patch (NOTES.md says how to apply it).
     "kernels/sm90/attention/decode_fp8.py",
     "kernels/sm90/attention/qk_norm_rope_store.py",
     "kernels/sm90/gdn/gdn_decode.py",
