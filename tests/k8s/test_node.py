@@ -164,9 +164,9 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
                         entry["digest"] = prev["id"]
         lock.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     build_dir = _code_objects()
-    saved = {k: os.environ.get(k) for k in ("NETRA_IMAGE_LOCK", "NETRA_BUILD_DIR")}
-    os.environ.update(NETRA_IMAGE_LOCK=str(lock), NETRA_BUILD_DIR=str(build_dir))
-    try:
+    with pytest.MonkeyPatch.context() as mp:  # the test lock and build dir for this module only
+        mp.setenv("NETRA_IMAGE_LOCK", str(lock))
+        mp.setenv("NETRA_BUILD_DIR", str(build_dir))
         t0 = time.monotonic()
         imagebuild.make_base(path=lock)
         kept.parent.mkdir(parents=True, exist_ok=True)
@@ -175,12 +175,6 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         TIMES["image build (cached layers when unchanged)"] = time.monotonic() - t0
         assert entry.built_id is not None
         yield {"NETRA_IMAGE_LOCK": str(lock), "NETRA_BUILD_DIR": str(build_dir), "tag": entry.tag}
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @pytest.fixture(scope="module")
